@@ -1,0 +1,419 @@
+//! `mens`: the command line. Thin: parse flags, call the engine, print. Every error exits with code 2.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use mens::chat::{ChatTemplate, Message};
+use mens::engine::{Session, SessionOptions};
+use mens::generate::{generate, GenerateOptions, Stats};
+use mens::model::Model;
+use mens::sample::{Sampler, SamplerConfig};
+use mens::tokenizer::Tokenizer;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+mod perplexity;
+
+#[derive(Parser)]
+#[command(
+    name = "mens",
+    version,
+    about = "Local LLM inference: GGUF models on your own machine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion (or, with --chat, a chat answer) for one prompt, streamed to stdout.
+    Run(RunArgs),
+    /// Interactive multi-turn chat in the terminal; the KV cache is kept between turns.
+    Chat(ChatArgs),
+    /// Perplexity of a text file over non-overlapping windows, as llama-perplexity computes it.
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Path to a GGUF model file.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Context length in tokens (default: 4096, or the model's trained context if smaller).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Threads for the CPU kernels (default: all logical cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+struct SampleArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temperature: f32,
+    /// Top-k (0 disables).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (1 disables).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0 disables).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1 disables).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Random seed (same seed, same output).
+    #[arg(long, default_value_t = 0xDEC0DE)]
+    seed: u64,
+    /// Stop when this string is generated (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    n_predict: usize,
+    /// Re-run the whole sequence for every token instead of using the KV cache (a baseline).
+    #[arg(long)]
+    no_kv_cache: bool,
+}
+
+impl SampleArgs {
+    fn config(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
+    /// The prompt.
+    #[arg(short, long)]
+    prompt: String,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message (with --chat).
+    #[arg(long)]
+    system: Option<String>,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
+    /// System message.
+    #[arg(long)]
+    system: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text file.
+    #[arg(short = 'f', long)]
+    file: PathBuf,
+    /// Score only the first N windows.
+    #[arg(long)]
+    chunks: Option<usize>,
+}
+
+/// A loaded model with its tokenizer and chat template.
+pub(crate) struct Loaded {
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+}
+
+fn init_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    if n == 0 || n > 1024 {
+        bail!("invalid argument: --threads must be between 1 and 1024");
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .ok();
+    Ok(())
+}
+
+pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
+    init_threads(args.threads)?;
+    let t0 = Instant::now();
+    let model = Model::open(&args.model)?;
+    let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
+    if tokenizer.vocab_size() > model.config.vocab_size {
+        bail!(
+            "unsupported or inconsistent model: the vocabulary has {} tokens but the embedding only {} rows",
+            tokenizer.vocab_size(),
+            model.config.vocab_size
+        );
+    }
+    prefault(&model);
+    let g = &model.gguf;
+    let source = g.get_str("tokenizer.chat_template")?.map(str::to_string);
+    let tok_text = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(tokenizer.token_bytes(i)).into_owned())
+            .unwrap_or_default()
+    };
+    let template = ChatTemplate::new(
+        source,
+        tok_text(tokenizer.bos),
+        tok_text(Some(tokenizer.eos)),
+    );
+    let c = &model.config;
+    eprintln!(
+        "mens: loaded {} ({:?}, {} layers, d={}, {} heads / {} kv, vocab {}) — {:.0} MiB of weights in {:.2} s",
+        c.name,
+        c.arch,
+        c.n_layer,
+        c.dim,
+        c.n_head,
+        c.n_kv_head,
+        c.vocab_size,
+        model.weight_bytes() as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(Loaded {
+        model: Arc::new(model),
+        tokenizer,
+        template,
+    })
+}
+
+/// Touch every page of the mapped file so the first token does not pay for disk reads; with a progress
+/// bar, since a cold multi-GB file takes a while.
+fn prefault(model: &Model) {
+    let bytes: &[u8] = &model.gguf.storage;
+    let bar = indicatif::ProgressBar::new(bytes.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    // Only draw when loading takes more than a moment.
+    bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    let t0 = Instant::now();
+    let mut sum = 0u8;
+    for (i, chunk) in bytes.chunks(16 << 20).enumerate() {
+        for p in chunk.iter().step_by(4096) {
+            sum = sum.wrapping_add(*p);
+        }
+        if i == 0 || t0.elapsed().as_millis() > 300 {
+            if bar.is_hidden() && t0.elapsed().as_millis() > 300 {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            }
+            bar.set_position((i as u64 + 1) * (16 << 20));
+        }
+    }
+    std::hint::black_box(sum);
+    bar.finish_and_clear();
+}
+
+fn session(l: &Loaded, args: &ModelArgs) -> Result<Session> {
+    let ctx = args.ctx_size.unwrap_or(4096.min(l.model.config.train_ctx));
+    if ctx == 0 {
+        bail!("invalid argument: --ctx-size must be > 0");
+    }
+    if ctx > l.model.config.train_ctx {
+        eprintln!(
+            "mens: warning: context {ctx} is larger than the model's trained context {}",
+            l.model.config.train_ctx
+        );
+    }
+    if ctx > 1 << 20 {
+        bail!(
+            "invalid argument: --ctx-size {ctx} is over the limit of {}",
+            1 << 20
+        );
+    }
+    let opts = SessionOptions {
+        ctx,
+        batch: 512.min(ctx),
+        logit_rows: 16,
+    };
+    Ok(Session::new(l.model.clone(), opts)?)
+}
+
+fn print_stats(s: &Stats) {
+    eprintln!();
+    eprintln!(
+        "mens: prompt {} tokens, {:.1} ms, {:.2} tokens/s",
+        s.prompt_tokens,
+        s.prefill.as_secs_f64() * 1e3,
+        s.prefill_tps()
+    );
+    eprintln!(
+        "mens: generated {} tokens, decode {} steps, {:.1} ms, {:.2} tokens/s (stop: {:?})",
+        s.generated,
+        s.decode_steps,
+        s.decode.as_secs_f64() * 1e3,
+        s.decode_tps(),
+        s.stop
+    );
+}
+
+fn gen_options(a: &SampleArgs) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: a.n_predict,
+        stop: a.stop.clone(),
+        no_kv_cache: a.no_kv_cache,
+    }
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let config = args.sample.config();
+    config.validate()?;
+    let l = load(&args.model)?;
+    let mut sess = session(&l, &args.model)?;
+    let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
+    let text = if args.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &args.system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", &args.prompt));
+        l.template.render(&msgs, true)?
+    } else {
+        args.prompt.clone()
+    };
+    let tokens = l.tokenizer.encode(&text)?;
+    let mut out = std::io::stdout().lock();
+    if !args.chat {
+        write!(out, "{}", args.prompt)?;
+    }
+    let stats = generate(
+        &mut sess,
+        &l.tokenizer,
+        &mut sampler,
+        &tokens,
+        &gen_options(&args.sample),
+        |t| {
+            let _ = write!(out, "{t}");
+            let _ = out.flush();
+            true
+        },
+    )?;
+    writeln!(out)?;
+    print_stats(&stats);
+    Ok(())
+}
+
+fn chat(args: ChatArgs) -> Result<()> {
+    let config = args.sample.config();
+    config.validate()?;
+    let l = load(&args.model)?;
+    let mut sess = session(&l, &args.model)?;
+    let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(Message::new("system", s));
+    }
+    eprintln!("mens: chat; an empty line or end of input quits, /reset forgets the conversation");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if line == "/reset" {
+            messages.retain(|m: &Message| m.role == "system");
+            sess.reset();
+            continue;
+        }
+        messages.push(Message::new("user", line));
+        let text = l.template.render(&messages, true)?;
+        let all = l.tokenizer.encode(&text)?;
+        // Reuse the cached prefix: only the new turn is prefilled.
+        let common = sess
+            .tokens()
+            .iter()
+            .zip(&all)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(all.len() - 1);
+        sess.truncate(common);
+        let mut answer = String::new();
+        let mut out = std::io::stdout().lock();
+        let stats = generate(
+            &mut sess,
+            &l.tokenizer,
+            &mut sampler,
+            &all[common..],
+            &gen_options(&args.sample),
+            |t| {
+                answer.push_str(t);
+                let _ = write!(out, "{t}");
+                let _ = out.flush();
+                true
+            },
+        );
+        let stats = match stats {
+            Ok(s) => s,
+            Err(mens::Error::Context(m)) => {
+                eprintln!("mens: {m}; the conversation is reset");
+                messages.retain(|m: &Message| m.role == "system");
+                sess.reset();
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        writeln!(out)?;
+        eprintln!(
+            "mens: [{} new prompt tokens ({} reused), {:.1} tokens/s decode]",
+            stats.prompt_tokens,
+            common,
+            stats.decode_tps()
+        );
+        messages.push(Message::new("assistant", &answer));
+    }
+    Ok(())
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MENS_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Run(a) => run(a),
+        Command::Chat(a) => chat(a),
+        Command::Perplexity(a) => perplexity::run(a).context("perplexity"),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}

@@ -1,0 +1,394 @@
+//! A `Session` is one sequence: its KV cache and a `RunState` holding every activation buffer, both
+//! allocated once for the session's context length and batch size (llama2.c's RunState). `forward`
+//! runs a batch of tokens through the model, writing into those buffers; a decode step is a batch of
+//! one and allocates nothing.
+
+use crate::error::{Error, Result};
+use crate::kernels::ops::{self, QkvLayout, RopeTable};
+use crate::kernels::{act_type, matmul, ActType, QuantizedInput};
+use crate::model::Model;
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Context length: tokens the KV cache holds.
+    pub ctx: usize,
+    /// Largest number of tokens one forward pass processes (prompt chunks).
+    pub batch: usize,
+    /// Positions whose logits one LM-head pass computes when every position's logits are wanted.
+    pub logit_rows: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            ctx: 4096,
+            batch: 512,
+            logit_rows: 16,
+        }
+    }
+}
+
+/// The K and V cache of every layer, [layer][position][kv_dim], one allocation each.
+pub struct KvCache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    per_layer: usize,
+}
+
+impl KvCache {
+    fn new(n_layer: usize, ctx: usize, kv_dim: usize) -> Self {
+        let per_layer = ctx * kv_dim;
+        KvCache {
+            k: vec![0f32; n_layer * per_layer],
+            v: vec![0f32; n_layer * per_layer],
+            per_layer,
+        }
+    }
+    fn layer(&mut self, l: usize) -> (&mut [f32], &mut [f32]) {
+        let r = l * self.per_layer..(l + 1) * self.per_layer;
+        (&mut self.k[r.clone()], &mut self.v[r])
+    }
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4
+    }
+}
+
+/// Every buffer one forward pass writes, sized for `batch` tokens.
+pub struct RunState {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    tmp: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    gate_up: Vec<f32>,
+    hidden: Vec<f32>,
+    in_norm: QuantizedInput,
+    in_att: QuantizedInput,
+    in_ffn: QuantizedInput,
+    in_head: QuantizedInput,
+    /// [logit_rows, vocab]
+    logits: Vec<f32>,
+    rope: RopeTable,
+}
+
+impl RunState {
+    fn new(m: &Model, o: &SessionOptions) -> Self {
+        let c = &m.config;
+        let b = o.batch;
+        let types = |ts: &[&crate::kernels::QTensor]| -> Vec<ActType> {
+            ts.iter().map(|t| act_type(t.ttype)).collect()
+        };
+        let mut norm_types = Vec::new();
+        let mut att_types = Vec::new();
+        let mut ffn_types = Vec::new();
+        for l in &m.layers {
+            norm_types.extend(types(&[&l.q, &l.k, &l.v, &l.gate, &l.up]));
+            att_types.extend(types(&[&l.o]));
+            ffn_types.extend(types(&[&l.down]));
+        }
+        RunState {
+            x: vec![0f32; b * c.dim],
+            xb: vec![0f32; b * c.dim],
+            tmp: vec![0f32; b * c.dim],
+            qkv: vec![0f32; b * (c.q_dim() + 2 * c.kv_dim())],
+            att: vec![0f32; b * c.q_dim()],
+            gate_up: vec![0f32; b * 2 * c.ffn_dim],
+            hidden: vec![0f32; b * c.ffn_dim],
+            in_norm: QuantizedInput::new(b, c.dim, &norm_types),
+            in_att: QuantizedInput::new(b, c.q_dim(), &att_types),
+            in_ffn: QuantizedInput::new(b, c.ffn_dim, &ffn_types),
+            in_head: QuantizedInput::new(o.logit_rows, c.dim, &[act_type(m.output.ttype)]),
+            logits: vec![0f32; o.logit_rows * c.vocab_size],
+            rope: RopeTable::new(o.ctx, c.head_dim, c.rope_base),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let f = |v: &Vec<f32>| v.len() * 4;
+        f(&self.x)
+            + f(&self.xb)
+            + f(&self.tmp)
+            + f(&self.qkv)
+            + f(&self.att)
+            + f(&self.gate_up)
+            + f(&self.hidden)
+            + self.in_norm.bytes()
+            + self.in_att.bytes()
+            + self.in_ffn.bytes()
+            + self.in_head.bytes()
+            + f(&self.logits)
+            + f(&self.rope.cos)
+            + f(&self.rope.sin)
+    }
+}
+
+/// Bytes a session of these options allocates (KV cache + RunState), without allocating it.
+pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
+    let c = &m.config;
+    let kv = c.kv_bytes_per_token() * o.ctx as u64;
+    let b = o.batch as u64;
+    let (d, q, kv_d, f, v) = (
+        c.dim as u64,
+        c.q_dim() as u64,
+        c.kv_dim() as u64,
+        c.ffn_dim as u64,
+        c.vocab_size as u64,
+    );
+    // f32 activations; quantized inputs take at most ~1.2 bytes per value per format (two formats at most).
+    let acts = 4 * b * (3 * d + q + 2 * kv_d + q + 3 * f) + 3 * b * (d + q + f);
+    let logits = 4 * o.logit_rows as u64 * v;
+    let rope = 4 * o.ctx as u64 * c.head_dim as u64;
+    kv + acts + logits + rope
+}
+
+pub struct Session {
+    pub model: Arc<Model>,
+    pub options: SessionOptions,
+    kv: KvCache,
+    run: RunState,
+    /// Tokens in the cache, in order (capacity = ctx, never grows past it).
+    tokens: Vec<u32>,
+}
+
+/// Which logits a forward pass produces.
+pub enum Logits<'a> {
+    /// Only the last token's (generation).
+    Last,
+    /// Every position's from index `from` on, handed to the callback as (index in the tokens given
+    /// to `forward`, logits).
+    All {
+        from: usize,
+        f: &'a mut dyn FnMut(usize, &[f32]),
+    },
+}
+
+impl Session {
+    pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Self> {
+        if options.ctx == 0 || options.batch == 0 || options.logit_rows == 0 {
+            return Err(Error::InvalidArgument(
+                "context, batch and logit rows must be > 0".into(),
+            ));
+        }
+        let c = &model.config;
+        let kv = KvCache::new(c.n_layer, options.ctx, c.kv_dim());
+        let run = RunState::new(&model, &options);
+        Ok(Session {
+            tokens: Vec::with_capacity(options.ctx),
+            kv,
+            run,
+            options,
+            model,
+        })
+    }
+
+    /// Tokens now in the cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn pos(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Bytes allocated by this session (KV cache and run state).
+    pub fn bytes(&self) -> usize {
+        self.kv.bytes() + self.run.bytes()
+    }
+
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// Forget everything: the next forward starts at position 0. The buffers stay.
+    pub fn reset(&mut self) {
+        self.tokens.clear();
+    }
+
+    /// Drop the cache entries after `n` tokens (to reuse a common prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+    }
+
+    /// The logits of the last token of the last forward pass with `Logits::Last`.
+    pub fn logits(&self) -> &[f32] {
+        &self.run.logits[..self.model.config.vocab_size]
+    }
+
+    pub fn logits_mut(&mut self) -> &mut [f32] {
+        let v = self.model.config.vocab_size;
+        &mut self.run.logits[..v]
+    }
+
+    /// The last logits (mutable, for in-place penalties) and the cached tokens, borrowed together.
+    pub fn logits_and_tokens(&mut self) -> (&mut [f32], &[u32]) {
+        let v = self.model.config.vocab_size;
+        (&mut self.run.logits[..v], &self.tokens)
+    }
+
+    /// Run `tokens` through the model after what the cache already holds.
+    pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
+        let c = &self.model.config;
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to process".into()));
+        }
+        if self.pos() + tokens.len() > self.options.ctx {
+            return Err(Error::Context(format!(
+                "{} tokens in the cache + {} new exceed the context of {} tokens",
+                self.pos(),
+                tokens.len(),
+                self.options.ctx
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                c.vocab_size
+            )));
+        }
+        let b = self.options.batch;
+        let mut done = 0;
+        for chunk in tokens.chunks(b) {
+            let last = done + chunk.len() == tokens.len();
+            match &mut logits {
+                Logits::Last => self.forward_batch(chunk, if last { Some(None) } else { None }),
+                Logits::All { from, f } => {
+                    let skip = from.saturating_sub(done);
+                    let mut cb = |i: usize, l: &[f32]| f(done + i, l);
+                    if skip >= chunk.len() {
+                        self.forward_batch(chunk, None)
+                    } else {
+                        self.forward_batch(chunk, Some(Some((skip, &mut cb))))
+                    }
+                }
+            }
+            done += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// One batch (≤ options.batch tokens). `head`: None = no logits, Some(None) = last token's into
+    /// `run.logits`, Some(Some((from, f))) = those of positions from `from` on through `f`.
+    #[allow(clippy::type_complexity)]
+    fn forward_batch(
+        &mut self,
+        tokens: &[u32],
+        head: Option<Option<(usize, &mut dyn FnMut(usize, &[f32]))>>,
+    ) {
+        let m = self.model.clone();
+        let c = &m.config;
+        let t = tokens.len();
+        let pos0 = self.tokens.len();
+        let (d, f) = (c.dim, c.ffn_dim);
+        let l = QkvLayout {
+            q_dim: c.q_dim(),
+            kv_dim: c.kv_dim(),
+            head_dim: c.head_dim,
+        };
+        let row = l.q_dim + 2 * l.kv_dim;
+        let r = &mut self.run;
+
+        for (i, &tok) in tokens.iter().enumerate() {
+            m.embedding
+                .dequantize_row(tok as usize, &mut r.x[i * d..(i + 1) * d]);
+        }
+        ops::rmsnorm(
+            &r.x[..t * d],
+            &m.layers[0].attn_norm,
+            c.rms_eps,
+            &mut r.xb[..t * d],
+        );
+        for (li, layer) in m.layers.iter().enumerate() {
+            r.in_norm.set(&r.xb[..t * d], t);
+            matmul(
+                &[
+                    (&layer.q, 0),
+                    (&layer.k, l.q_dim),
+                    (&layer.v, l.q_dim + l.kv_dim),
+                ],
+                &r.in_norm,
+                &mut r.qkv,
+                row,
+            );
+            let (kc, vc) = self.kv.layer(li);
+            ops::bias_rope_store(
+                &mut r.qkv,
+                t,
+                &l,
+                layer.qkv_bias.as_deref(),
+                &r.rope,
+                c.rope_style,
+                pos0,
+                kc,
+                vc,
+            );
+            ops::attention(
+                &r.qkv,
+                t,
+                &l,
+                c.n_head,
+                c.n_kv_head,
+                pos0,
+                kc,
+                vc,
+                &mut r.att,
+            );
+            r.in_att.set(&r.att[..t * l.q_dim], t);
+            matmul(&[(&layer.o, 0)], &r.in_att, &mut r.tmp, d);
+            ops::add_rmsnorm(
+                &mut r.x[..t * d],
+                &r.tmp[..t * d],
+                &layer.ffn_norm,
+                c.rms_eps,
+                &mut r.xb[..t * d],
+            );
+            r.in_norm.set(&r.xb[..t * d], t);
+            matmul(
+                &[(&layer.gate, 0), (&layer.up, f)],
+                &r.in_norm,
+                &mut r.gate_up,
+                2 * f,
+            );
+            ops::swiglu(&r.gate_up, t, f, &mut r.hidden);
+            r.in_ffn.set(&r.hidden[..t * f], t);
+            matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
+            match m.layers.get(li + 1) {
+                Some(next) => ops::add_rmsnorm(
+                    &mut r.x[..t * d],
+                    &r.tmp[..t * d],
+                    &next.attn_norm,
+                    c.rms_eps,
+                    &mut r.xb[..t * d],
+                ),
+                None => ops::add_rmsnorm(
+                    &mut r.x[..t * d],
+                    &r.tmp[..t * d],
+                    &m.output_norm,
+                    c.rms_eps,
+                    &mut r.xb[..t * d],
+                ),
+            }
+        }
+        self.tokens.extend_from_slice(tokens);
+
+        let v = c.vocab_size;
+        match head {
+            None => {}
+            Some(None) => {
+                r.in_head.set(&r.xb[(t - 1) * d..t * d], 1);
+                matmul(&[(&m.output, 0)], &r.in_head, &mut r.logits, v);
+            }
+            Some(Some((from, cb))) => {
+                let rows = self.options.logit_rows;
+                for r0 in (from..t).step_by(rows) {
+                    let n = rows.min(t - r0);
+                    r.in_head.set(&r.xb[r0 * d..(r0 + n) * d], n);
+                    matmul(&[(&m.output, 0)], &r.in_head, &mut r.logits, v);
+                    for i in 0..n {
+                        cb(r0 + i, &r.logits[i * v..(i + 1) * v]);
+                    }
+                }
+            }
+        }
+    }
+}

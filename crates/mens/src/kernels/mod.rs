@@ -1,0 +1,495 @@
+//! CPU kernels: quantized matrix-vector / matrix-matrix products over weights that stay in the GGUF
+//! memory map, and the small fused elementwise kernels of a transformer layer.
+//!
+//! Quantized dot products come from candle's block types (`candle_core::quantized::k_quants`), which
+//! carry llama.cpp's AVX2 kernels for Q4_0, Q8_0 and the K-quants. Candle's Q5_0 and Q4_1 dots are
+//! scalar, so `simd.rs` has AVX2 versions (checked against candle's scalar code in the tests).
+
+pub mod ops;
+mod simd;
+
+use crate::error::{Error, Result};
+use crate::gguf::{Storage, TensorType};
+use candle_core::quantized::k_quants::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0, BlockQ8_1, GgmlType,
+};
+use half::{bf16, f16};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counts kernel dispatches (one per matmul or fused elementwise kernel call), for `mens bench`.
+pub static DISPATCHES: AtomicU64 = AtomicU64::new(0);
+
+#[inline]
+pub(crate) fn count_dispatch() {
+    DISPATCHES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A 2-D weight matrix (`rows` outputs × `cols` inputs) stored as in the file, inside the mmap.
+#[derive(Clone)]
+pub struct QTensor {
+    pub ttype: TensorType,
+    pub rows: usize,
+    pub cols: usize,
+    storage: Arc<Storage>,
+    offset: usize,
+    len: usize,
+}
+
+impl QTensor {
+    pub fn new(
+        ttype: TensorType,
+        rows: usize,
+        cols: usize,
+        storage: Arc<Storage>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Self> {
+        let need = ttype.bytes_for((rows * cols) as u64);
+        if need != Some(len as u64) || offset + len > storage.len() {
+            return Err(Error::Model(format!(
+                "tensor of {rows}x{cols} {} has {len} bytes",
+                ttype.name()
+            )));
+        }
+        let align = match ttype {
+            TensorType::F32
+            | TensorType::Q2K
+            | TensorType::Q3K
+            | TensorType::Q4K
+            | TensorType::Q5K
+            | TensorType::Q6K => 4,
+            _ => 2,
+        };
+        if (storage.as_ptr() as usize + offset) % align != 0 {
+            return Err(Error::Model(format!(
+                "tensor data at offset {offset} is not {align}-byte aligned"
+            )));
+        }
+        Ok(QTensor {
+            ttype,
+            rows,
+            cols,
+            storage,
+            offset,
+            len,
+        })
+    }
+
+    pub fn data(&self) -> &[u8] {
+        &self.storage[self.offset..self.offset + self.len]
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.len / self.rows
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.len
+    }
+
+    /// Dequantize row `r` into `out` (len = cols).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        let row = &self.data()[r * rb..(r + 1) * rb];
+        fn deq<T: GgmlType>(row: &[u8], out: &mut [f32]) {
+            T::to_float(cast::<T>(row), out)
+        }
+        match self.ttype {
+            TensorType::F32 => deq::<f32>(row, out),
+            TensorType::F16 => deq::<f16>(row, out),
+            TensorType::BF16 => deq::<bf16>(row, out),
+            TensorType::Q4_0 => deq::<BlockQ4_0>(row, out),
+            TensorType::Q4_1 => deq::<BlockQ4_1>(row, out),
+            TensorType::Q5_0 => deq::<BlockQ5_0>(row, out),
+            TensorType::Q5_1 => deq::<BlockQ5_1>(row, out),
+            TensorType::Q8_0 => deq::<BlockQ8_0>(row, out),
+            TensorType::Q2K => deq::<BlockQ2K>(row, out),
+            TensorType::Q3K => deq::<BlockQ3K>(row, out),
+            TensorType::Q4K => deq::<BlockQ4K>(row, out),
+            TensorType::Q5K => deq::<BlockQ5K>(row, out),
+            TensorType::Q6K => deq::<BlockQ6K>(row, out),
+        }
+    }
+}
+
+/// Reinterpret bytes as a slice of blocks. Callers guarantee length is a whole number of blocks and
+/// alignment (checked in `QTensor::new` and by `Vec` allocation for activations).
+#[inline]
+fn cast<T>(bytes: &[u8]) -> &[T] {
+    debug_assert_eq!(bytes.len() % std::mem::size_of::<T>(), 0);
+    debug_assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0);
+    // SAFETY: T is a plain-old-data block type (repr(C), no invalid bit patterns), length and alignment as above.
+    unsafe {
+        std::slice::from_raw_parts(
+            bytes.as_ptr() as *const T,
+            bytes.len() / std::mem::size_of::<T>(),
+        )
+    }
+}
+
+/// The activation format a weight type's dot product wants.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ActType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q8_1,
+    Q8K,
+}
+
+pub fn act_type(t: TensorType) -> ActType {
+    match t {
+        TensorType::F32 => ActType::F32,
+        TensorType::F16 => ActType::F16,
+        TensorType::BF16 => ActType::BF16,
+        TensorType::Q4_0 | TensorType::Q5_0 | TensorType::Q8_0 => ActType::Q8_0,
+        TensorType::Q4_1 | TensorType::Q5_1 => ActType::Q8_1,
+        _ => ActType::Q8K,
+    }
+}
+
+/// Bytes one activation row of `cols` values takes in format `a`.
+fn act_row_bytes(a: ActType, cols: usize) -> usize {
+    match a {
+        ActType::F32 => cols * 4,
+        ActType::F16 | ActType::BF16 => cols * 2,
+        ActType::Q8_0 => cols / 32 * 34,
+        ActType::Q8_1 => cols / 32 * 36,
+        ActType::Q8K => cols / 256 * std::mem::size_of::<BlockQ8K>(),
+    }
+}
+
+/// Preallocated buffers holding `rows` activation vectors quantized for the dot products.
+/// One per matmul input (the normed hidden state, the attention output, the FFN hidden state).
+pub struct QuantizedInput {
+    cols: usize,
+    rows: usize,
+    // u32-backed so that every block type (alignment ≤ 4) can be cast from it.
+    bufs: [(ActType, Vec<u32>, bool); 6],
+}
+
+impl QuantizedInput {
+    pub fn new(max_rows: usize, cols: usize, types: &[ActType]) -> Self {
+        let all = [
+            ActType::F32,
+            ActType::F16,
+            ActType::BF16,
+            ActType::Q8_0,
+            ActType::Q8_1,
+            ActType::Q8K,
+        ];
+        let bufs = all.map(|a| {
+            let used = types.contains(&a);
+            let n = if used {
+                (act_row_bytes(a, cols) * max_rows).div_ceil(4)
+            } else {
+                0
+            };
+            (a, vec![0u32; n], false)
+        });
+        QuantizedInput {
+            cols,
+            rows: 0,
+            bufs,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bufs.iter().map(|b| b.1.len() * 4).sum()
+    }
+
+    /// Quantize `x` (`rows` × `cols`, row-major) into every format this input was built for.
+    pub fn set(&mut self, x: &[f32], rows: usize) {
+        let cols = self.cols;
+        self.rows = rows;
+        for (a, buf, valid) in self.bufs.iter_mut() {
+            *valid = false;
+            if buf.is_empty() {
+                continue;
+            }
+            let rb = act_row_bytes(*a, cols);
+            let bytes: &mut [u8] = bytemuck_mut(buf);
+            let bytes = &mut bytes[..rb * rows];
+            let a = *a;
+            let quantize = |(dst, src): (&mut [u8], &[f32])| {
+                fn q<T: GgmlType>(src: &[f32], dst: &mut [u8]) {
+                    let n = dst.len() / std::mem::size_of::<T>();
+                    // SAFETY: as `cast`, mutable.
+                    let d =
+                        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut T, n) };
+                    T::from_float(src, d)
+                }
+                match a {
+                    ActType::F32 => q::<f32>(src, dst),
+                    ActType::F16 => q::<f16>(src, dst),
+                    ActType::BF16 => q::<bf16>(src, dst),
+                    ActType::Q8_0 => q::<BlockQ8_0>(src, dst),
+                    ActType::Q8_1 => q::<BlockQ8_1>(src, dst),
+                    ActType::Q8K => q::<BlockQ8K>(src, dst),
+                }
+            };
+            if rows < 8 {
+                bytes.chunks_mut(rb).zip(x.chunks(cols)).for_each(quantize);
+            } else {
+                bytes
+                    .par_chunks_mut(rb)
+                    .zip(x.par_chunks(cols))
+                    .for_each(quantize);
+            }
+            *valid = true;
+        }
+    }
+
+    fn get(&self, a: ActType) -> (&[u8], usize) {
+        let b = self
+            .bufs
+            .iter()
+            .find(|b| b.0 == a)
+            .expect("activation type");
+        assert!(
+            b.2,
+            "activation format {a:?} was not prepared for this input"
+        );
+        let rb = act_row_bytes(a, self.cols);
+        let bytes: &[u8] = bytemuck_ref(&b.1);
+        (&bytes[..rb * self.rows], rb)
+    }
+}
+
+fn bytemuck_mut(v: &mut [u32]) -> &mut [u8] {
+    // SAFETY: u8 has no alignment or validity requirements.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 4) }
+}
+fn bytemuck_ref(v: &[u32]) -> &[u8] {
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) }
+}
+
+/// A raw output pointer shared by the matmul tasks, each writing a disjoint set of elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// For each weight matrix `(w, offset)` in `ws`: out[t * stride + offset + r] = dot(w.row(r), input.row(t))
+/// for every row r and input row t. Several matrices sharing one input (Q, K, V; gate, up) run in one
+/// parallel region and write side by side into one buffer: one dispatch instead of three.
+pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32], stride: usize) {
+    assert!(!ws.is_empty() && ws.len() <= 4);
+    let t = input.rows;
+    assert!(t > 0);
+    for (w, off) in ws {
+        assert_eq!(w.cols, input.cols, "matmul shape mismatch");
+        assert!(
+            out.len() >= (t - 1) * stride + off + w.rows,
+            "matmul output too small"
+        );
+    }
+    count_dispatch();
+    let threads = rayon::current_num_threads().max(1);
+    let total_rows: usize = ws.iter().map(|(w, _)| w.rows).sum();
+    // Enough chunks to balance the threads, each long enough to amortise scheduling.
+    let min_rows = if t == 1 { 16 } else { 4 };
+    let chunk = (total_rows / (threads * 4)).max(min_rows);
+    let mut ends = [0usize; 4];
+    let mut total = 0;
+    for (i, (w, _)) in ws.iter().enumerate() {
+        total += w.rows.div_ceil(chunk);
+        ends[i] = total;
+    }
+    let out = OutPtr(out.as_mut_ptr());
+    let work = |c: usize| {
+        let mi = ends.iter().position(|&e| c < e).unwrap_or(0);
+        let first = if mi == 0 { 0 } else { ends[mi - 1] };
+        let (w, off) = ws[mi];
+        let r0 = (c - first) * chunk;
+        let r1 = (r0 + chunk).min(w.rows);
+        rows(w, input, out, stride, off, r0, r1);
+    };
+    if total == 1 {
+        work(0);
+    } else {
+        (0..total).into_par_iter().for_each(work);
+    }
+}
+
+fn rows(
+    w: &QTensor,
+    input: &QuantizedInput,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let f = match w.ttype {
+        TensorType::F32 => rows_typed::<f32>,
+        TensorType::F16 => rows_typed::<f16>,
+        TensorType::BF16 => rows_typed::<bf16>,
+        TensorType::Q4_0 => rows_typed::<BlockQ4_0>,
+        TensorType::Q4_1 => rows_typed::<BlockQ4_1>,
+        TensorType::Q5_0 => rows_typed::<BlockQ5_0>,
+        TensorType::Q5_1 => rows_typed::<BlockQ5_1>,
+        TensorType::Q8_0 => rows_typed::<BlockQ8_0>,
+        TensorType::Q2K => rows_typed::<BlockQ2K>,
+        TensorType::Q3K => rows_typed::<BlockQ3K>,
+        TensorType::Q4K => rows_typed::<BlockQ4K>,
+        TensorType::Q5K => rows_typed::<BlockQ5K>,
+        TensorType::Q6K => rows_typed::<BlockQ6K>,
+    };
+    f(w, input, out, stride, off, r0, r1)
+}
+
+/// One dot product of a weight row with an activation row, through mens's own SIMD kernels where
+/// candle's are scalar.
+#[inline]
+fn dot<T: GgmlType>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    if simd::available() {
+        if T::DTYPE == candle_core::quantized::GgmlDType::Q5_0 {
+            // SAFETY: AVX2+FMA checked by `available`; lengths are whole blocks.
+            return unsafe { simd::vec_dot_q5_0_q8_0(n, row, act) };
+        }
+        if T::DTYPE == candle_core::quantized::GgmlDType::Q4_1 {
+            // SAFETY: as above.
+            return unsafe { simd::vec_dot_q4_1_q8_1(n, row, act) };
+        }
+    }
+    T::vec_dot(n, cast::<T>(row), cast::<T::VecDotType>(act))
+}
+
+fn rows_typed<T: GgmlType>(
+    w: &QTensor,
+    input: &QuantizedInput,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let (acts, arb) = input.get(act_type(w.ttype));
+    let n = w.cols;
+    let rb = w.row_bytes();
+    let data = w.data();
+    for r in r0..r1 {
+        let row = &data[r * rb..(r + 1) * rb];
+        for ti in 0..input.rows {
+            let v = dot::<T>(n, row, &acts[ti * arb..(ti + 1) * arb]);
+            // SAFETY: (ti, r) pairs are disjoint across tasks and in bounds (asserted in `matmul`).
+            unsafe { *out.0.add(ti * stride + off + r) = v };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random_tensor<T: GgmlType>(
+        rows: usize,
+        cols: usize,
+        ttype: TensorType,
+        seed: u64,
+    ) -> (QTensor, Vec<f32>) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let x: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let nb = rows * cols / T::BLCK_SIZE;
+        let mut blocks = vec![T::zeros(); nb];
+        T::from_float(&x, &mut blocks);
+        let bytes = unsafe {
+            std::slice::from_raw_parts(blocks.as_ptr() as *const u8, nb * std::mem::size_of::<T>())
+                .to_vec()
+        };
+        let len = bytes.len();
+        let storage = Arc::new(Storage::Bytes(bytes));
+        (QTensor::new(ttype, rows, cols, storage, 0, len).unwrap(), x)
+    }
+
+    /// The SIMD dots equal candle's scalar reference on random blocks.
+    #[test]
+    fn simd_dots_match_scalar_reference() {
+        if !simd::available() {
+            eprintln!("SKIP: no AVX2+FMA on this CPU, the SIMD kernels are not used");
+            return;
+        }
+        let cols = 1024;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let y: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+
+        let (w, _) = random_tensor::<BlockQ5_0>(3, cols, TensorType::Q5_0, 1);
+        let mut q8 = vec![BlockQ8_0::zeros(); cols / 32];
+        BlockQ8_0::from_float(&y, &mut q8);
+        let act = unsafe { std::slice::from_raw_parts(q8.as_ptr() as *const u8, q8.len() * 34) };
+        for r in 0..3 {
+            let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+            let simd = unsafe { simd::vec_dot_q5_0_q8_0(cols, row, act) };
+            let reference = BlockQ5_0::vec_dot_unopt(cols, cast::<BlockQ5_0>(row), &q8);
+            assert!(
+                (simd - reference).abs() <= 1e-4 * reference.abs().max(1.0),
+                "q5_0 {simd} vs {reference}"
+            );
+        }
+
+        let (w, _) = random_tensor::<BlockQ4_1>(3, cols, TensorType::Q4_1, 2);
+        let mut q81 = vec![BlockQ8_1::zeros(); cols / 32];
+        BlockQ8_1::from_float(&y, &mut q81);
+        let act = unsafe { std::slice::from_raw_parts(q81.as_ptr() as *const u8, q81.len() * 36) };
+        for r in 0..3 {
+            let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+            let simd = unsafe { simd::vec_dot_q4_1_q8_1(cols, row, act) };
+            let reference = BlockQ4_1::vec_dot_unopt(cols, cast::<BlockQ4_1>(row), &q81);
+            assert!(
+                (simd - reference).abs() <= 1e-4 * reference.abs().max(1.0),
+                "q4_1 {simd} vs {reference}"
+            );
+        }
+    }
+
+    /// Quantized matmul against an f32 reference on the dequantized weights, batched and single-row.
+    #[test]
+    fn matmul_matches_f32_reference() {
+        let (rows, cols, t) = (37, 512, 5);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let x: Vec<f32> = (0..t * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for (w, _) in [
+            random_tensor::<BlockQ4K>(rows, cols, TensorType::Q4K, 4),
+            random_tensor::<BlockQ6K>(rows, cols, TensorType::Q6K, 5),
+            random_tensor::<BlockQ5_0>(rows, cols, TensorType::Q5_0, 6),
+            random_tensor::<BlockQ8_0>(rows, cols, TensorType::Q8_0, 7),
+            random_tensor::<BlockQ4_1>(rows, cols, TensorType::Q4_1, 8),
+            random_tensor::<BlockQ4_0>(rows, cols, TensorType::Q4_0, 9),
+            random_tensor::<f16>(rows, cols, TensorType::F16, 10),
+            random_tensor::<f32>(rows, cols, TensorType::F32, 11),
+        ] {
+            let mut input = QuantizedInput::new(t, cols, &[act_type(w.ttype)]);
+            input.set(&x, t);
+            let mut out = vec![0f32; t * rows];
+            matmul(&[(&w, 0)], &input, &mut out, rows);
+            let mut wrow = vec![0f32; cols];
+            let (mut err, mut norm) = (0f64, 0f64);
+            for r in 0..rows {
+                w.dequantize_row(r, &mut wrow);
+                for ti in 0..t {
+                    let reference: f32 = wrow
+                        .iter()
+                        .zip(&x[ti * cols..(ti + 1) * cols])
+                        .map(|(a, b)| a * b)
+                        .sum();
+                    err += ((out[ti * rows + r] - reference) as f64).powi(2);
+                    norm += (reference as f64).powi(2);
+                }
+            }
+            let rel = (err / norm).sqrt();
+            assert!(rel < 2e-2, "{}: relative L2 error {rel}", w.ttype.name());
+            // Single-row matmul gives the same numbers as the batched one.
+            input.set(&x[..cols], 1);
+            let mut one = vec![0f32; rows];
+            matmul(&[(&w, 0)], &input, &mut one, rows);
+            assert_eq!(&one[..], &out[..rows], "{}", w.ttype.name());
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Model configuration (from GGUF metadata) and weights (quantized, inside the memory map).
+//! Qwen2 and Llama share this code: they differ in Q/K/V biases, RoPE pairing and tied embeddings.
+
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, TensorInfo, TensorType};
+use crate::kernels::ops::{RopeStyle, MAX_HEAD_DIM};
+use crate::kernels::QTensor;
+use std::path::Path;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arch {
+    Qwen2,
+    Llama,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub arch: Arch,
+    pub name: String,
+    pub n_layer: usize,
+    pub dim: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub vocab_size: usize,
+    /// The context length the model was trained for.
+    pub train_ctx: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub rope_style: RopeStyle,
+}
+
+impl Config {
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+    /// Bytes of K and V cache per token of context (f32 entries).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        (2 * self.n_layer * self.kv_dim() * 4) as u64
+    }
+}
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub q: QTensor,
+    pub k: QTensor,
+    pub v: QTensor,
+    /// Q, K and V biases concatenated (Qwen2), in the layout of the fused QKV buffer.
+    pub qkv_bias: Option<Vec<f32>>,
+    pub o: QTensor,
+    pub ffn_norm: Vec<f32>,
+    pub gate: QTensor,
+    pub up: QTensor,
+    pub down: QTensor,
+}
+
+pub struct Model {
+    pub config: Config,
+    pub gguf: Gguf,
+    pub embedding: QTensor,
+    pub layers: Vec<Layer>,
+    pub output_norm: Vec<f32>,
+    /// The LM head (`output.weight`, or the embedding when tied).
+    pub output: QTensor,
+}
+
+fn tensor_info<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
+    g.tensor(name)
+        .ok_or_else(|| Error::Model(format!("tensor {name} is missing")))
+}
+
+/// A matrix with `rows` outputs of `cols` inputs (GGUF dims = [cols, rows]).
+fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+    let t = tensor_info(g, name)?;
+    if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
+        return Err(Error::Model(format!(
+            "tensor {name} has shape {:?}, expected [{cols}, {rows}]",
+            t.dims
+        )));
+    }
+    QTensor::new(
+        t.ttype,
+        rows,
+        cols,
+        g.storage.clone(),
+        t.offset as usize,
+        t.bytes as usize,
+    )
+}
+
+fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = tensor_info(g, name)?;
+    if t.elements() != len as u64 || t.dims.len() != 1 {
+        return Err(Error::Model(format!(
+            "tensor {name} has shape {:?}, expected [{len}]",
+            t.dims
+        )));
+    }
+    let q = QTensor::new(
+        t.ttype,
+        1,
+        len,
+        g.storage.clone(),
+        t.offset as usize,
+        t.bytes as usize,
+    )?;
+    let mut out = vec![0f32; len];
+    q.dequantize_row(0, &mut out);
+    Ok(out)
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        let arch_name = g
+            .get_str("general.architecture")?
+            .ok_or_else(|| Error::Model("general.architecture is missing".into()))?;
+        let (arch, rope_style) = match arch_name {
+            "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
+            "llama" => (Arch::Llama, RopeStyle::Normal),
+            other => {
+                return Err(Error::Model(format!(
+                    "architecture {other:?} is not supported (supported: qwen2, llama)"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let n_layer = g.require_u64(&key("block_count"))? as usize;
+        let dim = g.require_u64(&key("embedding_length"))? as usize;
+        let n_head = g.require_u64(&key("attention.head_count"))? as usize;
+        let n_kv_head = g
+            .get_u64(&key("attention.head_count_kv"))?
+            .unwrap_or(n_head as u64) as usize;
+        let ffn_dim = g.require_u64(&key("feed_forward_length"))? as usize;
+        let train_ctx = g.get_u64(&key("context_length"))?.unwrap_or(4096) as usize;
+        let rms_eps = g
+            .get_f64(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-6) as f32;
+        let rope_base = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+        let name = g.get_str("general.name")?.unwrap_or(arch_name).to_string();
+
+        let bad = |m: String| Err(Error::Model(m));
+        if n_layer == 0 || n_layer > 1024 {
+            return bad(format!("block_count {n_layer} is out of range (1..=1024)"));
+        }
+        if dim == 0 || dim > 1 << 16 || ffn_dim == 0 || ffn_dim > 1 << 18 {
+            return bad(format!(
+                "embedding_length {dim} or feed_forward_length {ffn_dim} is out of range"
+            ));
+        }
+        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 || dim % n_head != 0 {
+            return bad(format!(
+                "head_count {n_head} and head_count_kv {n_kv_head} do not divide embedding_length {dim}"
+            ));
+        }
+        let head_dim = g
+            .get_u64(&key("attention.key_length"))?
+            .map(|v| v as usize)
+            .unwrap_or(dim / n_head);
+        if head_dim == 0 || head_dim % 2 != 0 || head_dim > MAX_HEAD_DIM {
+            return bad(format!(
+                "head dimension {head_dim} is not even and at most {MAX_HEAD_DIM}"
+            ));
+        }
+        if !(rms_eps > 0.0 && rms_eps < 1.0) || !(rope_base > 1.0 && rope_base.is_finite()) {
+            return bad(format!(
+                "rms epsilon {rms_eps} or rope base {rope_base} is out of range"
+            ));
+        }
+        if train_ctx == 0 {
+            return bad("context_length is 0".into());
+        }
+        let emb = tensor_info(g, "token_embd.weight")?;
+        if emb.dims.len() != 2 || emb.dims[0] != dim as u64 {
+            return bad(format!(
+                "token_embd.weight has shape {:?}, expected [{dim}, vocab]",
+                emb.dims
+            ));
+        }
+        let vocab_size = emb.dims[1] as usize;
+        Ok(Config {
+            arch,
+            name,
+            n_layer,
+            dim,
+            n_head,
+            n_kv_head,
+            head_dim,
+            ffn_dim,
+            vocab_size,
+            train_ctx: train_ctx.min(1 << 20),
+            rms_eps,
+            rope_base,
+            rope_style,
+        })
+    }
+}
+
+impl Model {
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::from_gguf(Gguf::open(path)?)
+    }
+
+    pub fn from_gguf(g: Gguf) -> Result<Self> {
+        let c = Config::from_gguf(&g)?;
+        let (d, qd, kd, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let embedding = matrix(&g, "token_embd.weight", c.vocab_size, d)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let qkv_bias = if g.tensor(&n("attn_q.bias")).is_some() {
+                let mut b = vector(&g, &n("attn_q.bias"), qd)?;
+                b.extend(vector(&g, &n("attn_k.bias"), kd)?);
+                b.extend(vector(&g, &n("attn_v.bias"), kd)?);
+                Some(b)
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: vector(&g, &n("attn_norm.weight"), d)?,
+                q: matrix(&g, &n("attn_q.weight"), qd, d)?,
+                k: matrix(&g, &n("attn_k.weight"), kd, d)?,
+                v: matrix(&g, &n("attn_v.weight"), kd, d)?,
+                qkv_bias,
+                o: matrix(&g, &n("attn_output.weight"), d, qd)?,
+                ffn_norm: vector(&g, &n("ffn_norm.weight"), d)?,
+                gate: matrix(&g, &n("ffn_gate.weight"), f, d)?,
+                up: matrix(&g, &n("ffn_up.weight"), f, d)?,
+                down: matrix(&g, &n("ffn_down.weight"), d, f)?,
+            });
+        }
+        let output_norm = vector(&g, "output_norm.weight", d)?;
+        let output = if g.tensor("output.weight").is_some() {
+            matrix(&g, "output.weight", c.vocab_size, d)?
+        } else {
+            embedding.clone()
+        };
+        Ok(Model {
+            config: c,
+            gguf: g,
+            embedding,
+            layers,
+            output_norm,
+            output,
+        })
+    }
+
+    /// Bytes of weights as stored (what the mmap brings into memory).
+    pub fn weight_bytes(&self) -> u64 {
+        self.gguf.tensors.iter().map(|t| t.bytes).sum()
+    }
+
+    /// Types of the matrices, for the activation formats the session must prepare.
+    pub fn types(&self) -> impl Iterator<Item = TensorType> + '_ {
+        self.gguf.tensors.iter().map(|t| t.ttype)
+    }
+}
