@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::kernels::ops::{self, QkvLayout, RopeTable};
 use crate::kernels::{act_type, matmul, ActType, QuantizedInput};
 use crate::model::Model;
+use half::f16;
 use std::sync::Arc;
 
 #[derive(Debug, Clone)]
@@ -29,10 +30,11 @@ impl Default for SessionOptions {
     }
 }
 
-/// The K and V cache of every layer, [layer][position][kv_dim], one allocation each.
+/// The K and V cache of every layer, [layer][position][kv_dim] in f16 (llama.cpp's default cache
+/// type), one allocation each.
 pub struct KvCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Vec<f16>,
+    v: Vec<f16>,
     per_layer: usize,
 }
 
@@ -40,17 +42,17 @@ impl KvCache {
     fn new(n_layer: usize, ctx: usize, kv_dim: usize) -> Self {
         let per_layer = ctx * kv_dim;
         KvCache {
-            k: vec![0f32; n_layer * per_layer],
-            v: vec![0f32; n_layer * per_layer],
+            k: vec![f16::ZERO; n_layer * per_layer],
+            v: vec![f16::ZERO; n_layer * per_layer],
             per_layer,
         }
     }
-    fn layer(&mut self, l: usize) -> (&mut [f32], &mut [f32]) {
+    fn layer(&mut self, l: usize) -> (&mut [f16], &mut [f16]) {
         let r = l * self.per_layer..(l + 1) * self.per_layer;
         (&mut self.k[r.clone()], &mut self.v[r])
     }
     pub fn bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * 4
+        (self.k.len() + self.v.len()) * 2
     }
 }
 

@@ -9,7 +9,9 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod perplexity;
 pub mod sample;
+pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -38,9 +38,9 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
     }
-    /// Bytes of K and V cache per token of context (f32 entries).
+    /// Bytes of K and V cache per token of context (f16 entries).
     pub fn kv_bytes_per_token(&self) -> u64 {
-        (2 * self.n_layer * self.kv_dim() * 4) as u64
+        (2 * self.n_layer * self.kv_dim() * 2) as u64
     }
 }
 

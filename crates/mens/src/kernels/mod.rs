@@ -115,6 +115,35 @@ impl QTensor {
     }
 }
 
+/// Quantize f32 values (whole blocks) to `t`'s bytes, as stored in GGUF (tests, `mens synth`, benches).
+pub fn quantize(t: TensorType, x: &[f32]) -> Vec<u8> {
+    fn q<T: GgmlType>(x: &[f32]) -> Vec<u8> {
+        let nb = x.len() / T::BLCK_SIZE;
+        let mut blocks = vec![T::zeros(); nb];
+        T::from_float(x, &mut blocks);
+        // SAFETY: plain-old-data blocks viewed as bytes.
+        unsafe {
+            std::slice::from_raw_parts(blocks.as_ptr() as *const u8, nb * std::mem::size_of::<T>())
+                .to_vec()
+        }
+    }
+    match t {
+        TensorType::F32 => q::<f32>(x),
+        TensorType::F16 => q::<f16>(x),
+        TensorType::BF16 => q::<bf16>(x),
+        TensorType::Q4_0 => q::<BlockQ4_0>(x),
+        TensorType::Q4_1 => q::<BlockQ4_1>(x),
+        TensorType::Q5_0 => q::<BlockQ5_0>(x),
+        TensorType::Q5_1 => q::<BlockQ5_1>(x),
+        TensorType::Q8_0 => q::<BlockQ8_0>(x),
+        TensorType::Q2K => q::<BlockQ2K>(x),
+        TensorType::Q3K => q::<BlockQ3K>(x),
+        TensorType::Q4K => q::<BlockQ4K>(x),
+        TensorType::Q5K => q::<BlockQ5K>(x),
+        TensorType::Q6K => q::<BlockQ6K>(x),
+    }
+}
+
 /// Reinterpret bytes as a slice of blocks. Callers guarantee length is a whole number of blocks and
 /// alignment (checked in `QTensor::new` and by `Vec` allocation for activations).
 #[inline]
@@ -348,14 +377,17 @@ fn rows(
 /// candle's are scalar.
 #[inline]
 fn dot<T: GgmlType>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    use candle_core::quantized::GgmlDType as D;
     if simd::available() {
-        if T::DTYPE == candle_core::quantized::GgmlDType::Q5_0 {
-            // SAFETY: AVX2+FMA checked by `available`; lengths are whole blocks.
-            return unsafe { simd::vec_dot_q5_0_q8_0(n, row, act) };
-        }
-        if T::DTYPE == candle_core::quantized::GgmlDType::Q4_1 {
-            // SAFETY: as above.
-            return unsafe { simd::vec_dot_q4_1_q8_1(n, row, act) };
+        // SAFETY: AVX2+FMA+F16C checked by `available`; lengths are whole blocks.
+        unsafe {
+            match T::DTYPE {
+                D::Q5_0 => return simd::vec_dot_q5_0_q8_0(n, row, act),
+                D::Q8_0 => return simd::vec_dot_q8_0_q8_0(n, row, act),
+                D::Q4_0 => return simd::vec_dot_q4_0_q8_0(n, row, act),
+                D::Q4_1 => return simd::vec_dot_q4_1_q8_1(n, row, act),
+                _ => {}
+            }
         }
     }
     T::vec_dot(n, cast::<T>(row), cast::<T::VecDotType>(act))
@@ -374,13 +406,22 @@ fn rows_typed<T: GgmlType>(
     let n = w.cols;
     let rb = w.row_bytes();
     let data = w.data();
-    for r in r0..r1 {
-        let row = &data[r * rb..(r + 1) * rb];
+    // Blocks of ROW_BLOCK weight rows stay in L1 while every activation row passes by; the outputs of
+    // one activation row are then contiguous (a strided store per output misses the cache).
+    const ROW_BLOCK: usize = 8;
+    let mut b0 = r0;
+    while b0 < r1 {
+        let b1 = (b0 + ROW_BLOCK).min(r1);
         for ti in 0..input.rows {
-            let v = dot::<T>(n, row, &acts[ti * arb..(ti + 1) * arb]);
-            // SAFETY: (ti, r) pairs are disjoint across tasks and in bounds (asserted in `matmul`).
-            unsafe { *out.0.add(ti * stride + off + r) = v };
+            let a = &acts[ti * arb..(ti + 1) * arb];
+            let base = ti * stride + off;
+            for r in b0..b1 {
+                let v = dot::<T>(n, &data[r * rb..(r + 1) * rb], a);
+                // SAFETY: (ti, r) pairs are disjoint across tasks and in bounds (asserted in `matmul`).
+                unsafe { *out.0.add(base + r) = v };
+            }
         }
+        b0 = b1;
     }
 }
 

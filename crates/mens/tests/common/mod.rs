@@ -1,0 +1,57 @@
+//! Shared helpers for the integration tests: real models (fetched once into a cache directory) and
+//! the reference data copied from llama.cpp's outputs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+static FETCH: Mutex<()> = Mutex::new(());
+
+/// Path of a real model, fetched with `scripts/fetch-models.sh` into `$MENS_MODELS` (default
+/// `<repo>/.cache/models`) the first time it is needed.
+pub fn real_model(name: &str) -> PathBuf {
+    let dir = std::env::var_os("MENS_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cache/models"));
+    let path = dir.join(format!("{name}.gguf"));
+    let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.exists() {
+        eprintln!("fetching {name} into {}", dir.display());
+        let status = std::process::Command::new("bash")
+            .arg(repo_root().join("scripts/fetch-models.sh"))
+            .arg(&dir)
+            .arg(name)
+            .status()
+            .expect("run scripts/fetch-models.sh");
+        assert!(status.success(), "fetching {name} failed");
+    }
+    path
+}
+
+pub struct Loaded {
+    pub model: Arc<mens::model::Model>,
+    pub tokenizer: mens::tokenizer::Tokenizer,
+}
+
+pub fn load(name: &str) -> Loaded {
+    let model = mens::model::Model::open(&real_model(name)).expect("load model");
+    let tokenizer = mens::tokenizer::Tokenizer::from_gguf(&model.gguf).expect("tokenizer");
+    Loaded {
+        model: Arc::new(model),
+        tokenizer,
+    }
+}
+
+pub fn json(name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(data(name)).unwrap()).unwrap()
+}

@@ -1,0 +1,235 @@
+//! Fast tests on tiny random-weight models that the tests write themselves.
+
+use mens::engine::{Logits, Session, SessionOptions};
+use mens::generate::{generate, GenerateOptions};
+use mens::gguf::Gguf;
+use mens::model::Model;
+use mens::sample::{Sampler, SamplerConfig};
+use mens::synth::{synth_model, SynthSpec};
+use mens::tokenizer::Tokenizer;
+use std::sync::Arc;
+
+fn tiny(spec: &SynthSpec) -> (Arc<Model>, Tokenizer) {
+    let model = Model::from_gguf(Gguf::from_bytes(synth_model(spec)).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.gguf).unwrap();
+    (Arc::new(model), tok)
+}
+
+/// Greedy decoding with the KV cache and by re-running the whole sequence each step give the same
+/// tokens, and logits that agree within 1e-4 at every step.
+fn kv_cache_parity(spec: SynthSpec) {
+    let (model, tok) = tiny(&spec);
+    let opts = SessionOptions {
+        ctx: 256,
+        batch: 64,
+        logit_rows: 4,
+    };
+    let mut cached = Session::new(model.clone(), opts.clone()).unwrap();
+    let mut uncached = Session::new(model.clone(), opts).unwrap();
+    let prompt = tok.encode("the theory of everything in the").unwrap();
+    cached.forward(&prompt, Logits::Last).unwrap();
+    let mut seq = prompt.clone();
+    let mut max_diff = 0f32;
+    for step in 0..100 {
+        uncached.reset();
+        uncached.forward(&seq, Logits::Last).unwrap();
+        let d = cached
+            .logits()
+            .iter()
+            .zip(uncached.logits())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        max_diff = max_diff.max(d);
+        let next = mens::kernels::ops::argmax(cached.logits());
+        assert_eq!(
+            next,
+            mens::kernels::ops::argmax(uncached.logits()),
+            "step {step}"
+        );
+        assert!(cached.logits().iter().all(|v| v.is_finite()));
+        seq.push(next);
+        cached.forward(&[next], Logits::Last).unwrap();
+    }
+    eprintln!(
+        "{}: max |logit difference| cached vs uncached over 100 steps: {max_diff:e}",
+        spec.arch
+    );
+    assert!(max_diff < 1e-4, "max logit difference {max_diff}");
+}
+
+#[test]
+fn kv_cache_parity_qwen2() {
+    kv_cache_parity(SynthSpec::tiny_qwen2());
+}
+
+#[test]
+fn kv_cache_parity_llama() {
+    kv_cache_parity(SynthSpec::tiny_llama());
+}
+
+/// A prompt processed in several batches gives the same logits as one batch.
+#[test]
+fn batched_prefill_equals_single_batch() {
+    let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
+    let prompt = tok.encode(&"the cat sat on the mat. ".repeat(8)).unwrap();
+    let mut one = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx: 512,
+            batch: 512,
+            logit_rows: 4,
+        },
+    )
+    .unwrap();
+    let mut many = Session::new(
+        model,
+        SessionOptions {
+            ctx: 512,
+            batch: 7,
+            logit_rows: 4,
+        },
+    )
+    .unwrap();
+    one.forward(&prompt, Logits::Last).unwrap();
+    many.forward(&prompt, Logits::Last).unwrap();
+    assert_eq!(one.logits(), many.logits());
+}
+
+/// Logits::All gives, at each position, the logits a forward pass ending there gives.
+#[test]
+fn all_logits_match_last_logits() {
+    let (model, tok) = tiny(&SynthSpec::tiny_llama());
+    let prompt = tok.encode("in the theory").unwrap();
+    let mut s = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx: 64,
+            batch: 64,
+            logit_rows: 3,
+        },
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    s.forward(
+        &prompt,
+        Logits::All {
+            from: 0,
+            f: &mut |i, l| all.push((i, l.to_vec())),
+        },
+    )
+    .unwrap();
+    assert_eq!(all.len(), prompt.len());
+    for (i, l) in all {
+        let mut t = Session::new(
+            model.clone(),
+            SessionOptions {
+                ctx: 64,
+                batch: 64,
+                logit_rows: 3,
+            },
+        )
+        .unwrap();
+        t.forward(&prompt[..=i], Logits::Last).unwrap();
+        assert_eq!(t.logits(), &l[..], "position {i}");
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_stops_at_length() {
+    let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
+    let run = |seed: u64| {
+        let mut s = Session::new(
+            model.clone(),
+            SessionOptions {
+                ctx: 128,
+                batch: 32,
+                logit_rows: 1,
+            },
+        )
+        .unwrap();
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..Default::default()
+        };
+        let mut sampler = Sampler::new(cfg, model.config.vocab_size).unwrap();
+        let prompt = tok.encode("the").unwrap();
+        let mut text = String::new();
+        let opts = GenerateOptions {
+            max_tokens: 24,
+            ..Default::default()
+        };
+        let stats = generate(&mut s, &tok, &mut sampler, &prompt, &opts, |t| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
+        (text, stats.generated, s.tokens().to_vec())
+    };
+    let (a, n, ta) = run(7);
+    let (b, _, tb) = run(7);
+    let (_, _, tc) = run(8);
+    assert_eq!(a, b);
+    assert_eq!(ta, tb);
+    assert_ne!(
+        ta, tc,
+        "different seeds should give different samples at temperature 1"
+    );
+    assert!(n <= 24);
+}
+
+#[test]
+fn prompt_longer_than_context_is_an_error() {
+    let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
+    let mut s = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx: 16,
+            batch: 16,
+            logit_rows: 1,
+        },
+    )
+    .unwrap();
+    let prompt = tok.encode(&"x".repeat(40)).unwrap();
+    let mut sampler = Sampler::new(SamplerConfig::greedy(), model.config.vocab_size).unwrap();
+    let err = generate(
+        &mut s,
+        &tok,
+        &mut sampler,
+        &prompt,
+        &GenerateOptions {
+            max_tokens: 4,
+            ..Default::default()
+        },
+        |_| true,
+    )
+    .unwrap_err();
+    assert!(matches!(err, mens::Error::Context(_)), "{err}");
+    assert!(
+        s.forward(&[100_000], Logits::Last).is_err(),
+        "token id outside the vocabulary"
+    );
+}
+
+#[test]
+fn tokenizer_round_trips_and_parses_special_tokens() {
+    let (_, tok) = tiny(&SynthSpec::tiny_qwen2());
+    let text = "<|im_start|>user\nthe naïve 日本 🦀<|im_end|>";
+    let ids = tok.encode(text).unwrap();
+    assert_eq!(ids[0], tok.token_id("<|im_start|>").unwrap());
+    assert_eq!(*ids.last().unwrap(), tok.token_id("<|im_end|>").unwrap());
+    assert_eq!(tok.decode(&ids), text);
+    // Streaming decode emits only whole characters, and all of them.
+    let mut d = mens::tokenizer::StreamDecoder::new();
+    let mut out = String::new();
+    for &id in &ids {
+        let before = out.len();
+        d.push(&tok, id, &mut out);
+        assert!(std::str::from_utf8(&out.as_bytes()[before..]).is_ok());
+    }
+    d.finish(&mut out);
+    assert_eq!(out, text);
+}
