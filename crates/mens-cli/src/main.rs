@@ -38,9 +38,10 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct ModelArgs {
-    /// Path to a GGUF model file.
+    /// Path to a GGUF model file [default: $MENS_MODELS/qwen2.5-coder-0.5b.gguf, where MENS_MODELS
+    /// defaults to ~/.cache/mens/models; `scripts/fetch-models.sh` puts it there].
     #[arg(short, long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Context length in tokens (default: 4096, or the model's trained context if smaller).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -52,16 +53,16 @@ struct ModelArgs {
 #[derive(Args, Clone)]
 struct SampleArgs {
     /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
     /// Top-k (0 disables).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Top-p (1 disables).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// Min-p (0 disables).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     min_p: f32,
     /// Repetition penalty (1 disables).
     #[arg(long, default_value_t = 1.0)]
@@ -162,10 +163,31 @@ fn init_threads(threads: Option<usize>) -> Result<()> {
     Ok(())
 }
 
+/// The model path: `-m`, or the default model in the models directory.
+fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    if let Some(p) = &args.model {
+        return Ok(p.clone());
+    }
+    let dir = match std::env::var_os("MENS_MODELS") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/mens/models")
+        }
+    };
+    let p = dir.join("qwen2.5-coder-0.5b.gguf");
+    if !p.exists() {
+        bail!(
+            "no model given and the default model {} is missing: run scripts/fetch-models.sh, or pass -m MODEL.gguf",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
 pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
     init_threads(args.threads)?;
     let t0 = Instant::now();
-    let model = Model::open(&args.model)?;
+    let model = Model::open(&model_path(args)?)?;
     let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
     if tokenizer.vocab_size() > model.config.vocab_size {
         bail!(
