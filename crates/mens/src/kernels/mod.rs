@@ -199,6 +199,10 @@ pub struct QuantizedInput {
     rows: usize,
     // u32-backed so that every block type (alignment ≤ 4) can be cast from it.
     bufs: [(ActType, Vec<u32>, bool); 6],
+    /// For Q8_0 / Q8_1 rows: each block's scale d, and (Q8_1) d·Σq, as f32 for the SIMD kernels.
+    q8_0_d: Vec<f32>,
+    q8_1_d: Vec<f32>,
+    q8_1_s: Vec<f32>,
 }
 
 impl QuantizedInput {
@@ -220,15 +224,35 @@ impl QuantizedInput {
             };
             (a, vec![0u32; n], false)
         });
+        let blocks = |a| {
+            if types.contains(&a) {
+                max_rows * cols / 32
+            } else {
+                0
+            }
+        };
         QuantizedInput {
             cols,
             rows: 0,
             bufs,
+            q8_0_d: vec![0f32; blocks(ActType::Q8_0)],
+            q8_1_d: vec![0f32; blocks(ActType::Q8_1)],
+            q8_1_s: vec![0f32; blocks(ActType::Q8_1)],
         }
     }
 
     pub fn bytes(&self) -> usize {
-        self.bufs.iter().map(|b| b.1.len() * 4).sum()
+        self.bufs.iter().map(|b| b.1.len() * 4).sum::<usize>()
+            + 4 * (self.q8_0_d.len() + self.q8_1_d.len() + self.q8_1_s.len())
+    }
+
+    /// Activation rows as the SIMD kernels take them.
+    fn act_rows(&self, a: ActType) -> (&[u8], usize, &[f32], &[f32]) {
+        let (q, rb) = self.get(a);
+        match a {
+            ActType::Q8_0 => (q, rb, &self.q8_0_d, &self.q8_0_d),
+            _ => (q, rb, &self.q8_1_d, &self.q8_1_s),
+        }
     }
 
     /// Quantize `x` (`rows` × `cols`, row-major) into every format this input was built for.
@@ -270,6 +294,24 @@ impl QuantizedInput {
                     .for_each(quantize);
             }
             *valid = true;
+        }
+        // f32 copies of the Q8_0 / Q8_1 block scales.
+        let nb = rows * cols / 32;
+        let f16_at =
+            |b: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
+        for (a, buf, _) in self.bufs.iter() {
+            let q: &[u8] = bytemuck_ref(buf);
+            if *a == ActType::Q8_0 && !q.is_empty() {
+                for (i, d) in self.q8_0_d[..nb].iter_mut().enumerate() {
+                    *d = f16_at(q, i * 34);
+                }
+            }
+            if *a == ActType::Q8_1 && !q.is_empty() {
+                for i in 0..nb {
+                    self.q8_1_d[i] = f16_at(q, i * 36);
+                    self.q8_1_s[i] = f16_at(q, i * 36 + 2);
+                }
+            }
         }
     }
 
@@ -355,6 +397,19 @@ fn rows(
     r0: usize,
     r1: usize,
 ) {
+    let level = simd::level();
+    if level != simd::Level::None {
+        let kind = match w.ttype {
+            TensorType::Q4_0 => Some(simd::Kind::Q4_0),
+            TensorType::Q4_1 => Some(simd::Kind::Q4_1),
+            TensorType::Q5_0 => Some(simd::Kind::Q5_0),
+            TensorType::Q8_0 => Some(simd::Kind::Q8_0),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            return rows_simd(level, kind, w, input, out, stride, off, r0, r1);
+        }
+    }
     let f = match w.ttype {
         TensorType::F32 => rows_typed::<f32>,
         TensorType::F16 => rows_typed::<f16>,
@@ -373,23 +428,88 @@ fn rows(
     f(w, input, out, stride, off, r0, r1)
 }
 
-/// One dot product of a weight row with an activation row, through mens's own SIMD kernels where
-/// candle's are scalar.
+/// Rows `r0..r1` through the x86 kernels: each weight block is decoded once for four activation rows.
+#[allow(clippy::too_many_arguments)]
+fn rows_simd(
+    level: simd::Level,
+    kind: simd::Kind,
+    w: &QTensor,
+    input: &QuantizedInput,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let (acts, arb, d, s) = input.act_rows(act_type(w.ttype));
+    let nb = w.cols / 32;
+    let rb = w.row_bytes();
+    let data = w.data();
+    assert!(
+        data.len() >= r1 * rb
+            && acts.len() >= input.rows * arb
+            && d.len() >= input.rows * nb
+            && s.len() >= input.rows * nb
+    );
+    let act = |ti: usize| simd::ActRow {
+        q: acts[ti * arb..].as_ptr(),
+        d: d[ti * nb..].as_ptr(),
+        s: s[ti * nb..].as_ptr(),
+    };
+    const ROW_BLOCK: usize = 8;
+    let t = input.rows;
+    let mut b0 = r0;
+    while b0 < r1 {
+        let b1 = (b0 + ROW_BLOCK).min(r1);
+        let mut ti = 0;
+        while ti + 4 <= t {
+            let ys = [act(ti), act(ti + 1), act(ti + 2), act(ti + 3)];
+            for r in b0..b1 {
+                // SAFETY: level checked by the caller; bounds asserted above; outputs disjoint per task.
+                unsafe {
+                    let v = simd::dot::<4>(level, kind, nb, data.as_ptr().add(r * rb), &ys);
+                    for (k, v) in v.iter().enumerate() {
+                        *out.0.add((ti + k) * stride + off + r) = *v;
+                    }
+                }
+            }
+            ti += 4;
+        }
+        while ti < t {
+            let y = act(ti);
+            let mut r = b0;
+            while r + 2 <= b1 {
+                // SAFETY: as above.
+                unsafe {
+                    let v = simd::dot_2rows(
+                        level,
+                        kind,
+                        nb,
+                        data.as_ptr().add(r * rb),
+                        data.as_ptr().add((r + 1) * rb),
+                        &y,
+                    );
+                    *out.0.add(ti * stride + off + r) = v[0];
+                    *out.0.add(ti * stride + off + r + 1) = v[1];
+                }
+                r += 2;
+            }
+            if r < b1 {
+                // SAFETY: as above.
+                unsafe {
+                    *out.0.add(ti * stride + off + r) =
+                        simd::dot::<1>(level, kind, nb, data.as_ptr().add(r * rb), &[y])[0]
+                };
+            }
+            ti += 1;
+        }
+        b0 = b1;
+    }
+}
+
+/// One dot product of a weight row with an activation row, through candle's kernels.
 #[inline]
 fn dot<T: GgmlType>(n: usize, row: &[u8], act: &[u8]) -> f32 {
-    use candle_core::quantized::GgmlDType as D;
-    if simd::available() {
-        // SAFETY: AVX2+FMA+F16C checked by `available`; lengths are whole blocks.
-        unsafe {
-            match T::DTYPE {
-                D::Q5_0 => return simd::vec_dot_q5_0_q8_0(n, row, act),
-                D::Q8_0 => return simd::vec_dot_q8_0_q8_0(n, row, act),
-                D::Q4_0 => return simd::vec_dot_q4_0_q8_0(n, row, act),
-                D::Q4_1 => return simd::vec_dot_q4_1_q8_1(n, row, act),
-                _ => {}
-            }
-        }
-    }
     T::vec_dot(n, cast::<T>(row), cast::<T::VecDotType>(act))
 }
 
@@ -450,44 +570,90 @@ mod tests {
         (QTensor::new(ttype, rows, cols, storage, 0, len).unwrap(), x)
     }
 
-    /// The SIMD dots equal candle's scalar reference on random blocks.
+    /// The x86 kernels (AVX2 and, where the CPU has it, VNNI; one and four rows at a time) equal
+    /// candle's scalar reference on random blocks.
     #[test]
     fn simd_dots_match_scalar_reference() {
-        if !simd::available() {
-            eprintln!("SKIP: no AVX2+FMA on this CPU, the SIMD kernels are not used");
+        if simd::level() == simd::Level::None {
+            eprintln!("SKIP: no AVX2+FMA+F16C on this CPU, the x86 kernels are not used");
             return;
         }
         let cols = 1024;
+        let nb = cols / 32;
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let y: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
-
-        let (w, _) = random_tensor::<BlockQ5_0>(3, cols, TensorType::Q5_0, 1);
-        let mut q8 = vec![BlockQ8_0::zeros(); cols / 32];
-        BlockQ8_0::from_float(&y, &mut q8);
-        let act = unsafe { std::slice::from_raw_parts(q8.as_ptr() as *const u8, q8.len() * 34) };
-        for r in 0..3 {
-            let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-            let simd = unsafe { simd::vec_dot_q5_0_q8_0(cols, row, act) };
-            let reference = BlockQ5_0::vec_dot_unopt(cols, cast::<BlockQ5_0>(row), &q8);
-            assert!(
-                (simd - reference).abs() <= 1e-4 * reference.abs().max(1.0),
-                "q5_0 {simd} vs {reference}"
-            );
+        let ys: Vec<f32> = (0..4 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let levels: &[simd::Level] = if simd::level() == simd::Level::Vnni {
+            &[simd::Level::Avx2, simd::Level::Vnni]
+        } else {
+            &[simd::Level::Avx2]
+        };
+        fn check<T: GgmlType>(
+            kind: simd::Kind,
+            ttype: TensorType,
+            levels: &[simd::Level],
+            ys: &[f32],
+            cols: usize,
+            nb: usize,
+        ) {
+            let (w, _) = random_tensor::<T>(3, cols, ttype, kind as u64 + 1);
+            let mut input = QuantizedInput::new(4, cols, &[act_type(ttype)]);
+            input.set(ys, 4);
+            let (q, arb, d, s) = input.act_rows(act_type(ttype));
+            let act = |ti: usize| simd::ActRow {
+                q: q[ti * arb..].as_ptr(),
+                d: d[ti * nb..].as_ptr(),
+                s: s[ti * nb..].as_ptr(),
+            };
+            for r in 0..3 {
+                let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                let reference: Vec<f32> = (0..4)
+                    .map(|ti| {
+                        T::vec_dot_unopt(
+                            cols,
+                            cast::<T>(row),
+                            cast::<T::VecDotType>(&q[ti * arb..(ti + 1) * arb]),
+                        )
+                    })
+                    .collect();
+                for &level in levels {
+                    let four = unsafe {
+                        simd::dot::<4>(
+                            level,
+                            kind,
+                            nb,
+                            row.as_ptr(),
+                            &[act(0), act(1), act(2), act(3)],
+                        )
+                    };
+                    for ti in 0..4 {
+                        let one =
+                            unsafe { simd::dot::<1>(level, kind, nb, row.as_ptr(), &[act(ti)]) }[0];
+                        let want = reference[ti];
+                        let tol = 1e-4 * want.abs().max(1.0);
+                        assert!(
+                            (one - want).abs() <= tol,
+                            "{kind:?} {level:?} row {r} act {ti}: {one} vs {want}"
+                        );
+                        assert!(
+                            (four[ti] - want).abs() <= tol,
+                            "{kind:?} {level:?} x4 row {r} act {ti}: {} vs {want}",
+                            four[ti]
+                        );
+                        let two = unsafe {
+                            simd::dot_2rows(level, kind, nb, row.as_ptr(), row.as_ptr(), &act(ti))
+                        };
+                        assert!(
+                            (two[0] - want).abs() <= tol && (two[1] - want).abs() <= tol,
+                            "{kind:?} {level:?} 2 rows: {two:?} vs {want}"
+                        );
+                    }
+                }
+            }
         }
-
-        let (w, _) = random_tensor::<BlockQ4_1>(3, cols, TensorType::Q4_1, 2);
-        let mut q81 = vec![BlockQ8_1::zeros(); cols / 32];
-        BlockQ8_1::from_float(&y, &mut q81);
-        let act = unsafe { std::slice::from_raw_parts(q81.as_ptr() as *const u8, q81.len() * 36) };
-        for r in 0..3 {
-            let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-            let simd = unsafe { simd::vec_dot_q4_1_q8_1(cols, row, act) };
-            let reference = BlockQ4_1::vec_dot_unopt(cols, cast::<BlockQ4_1>(row), &q81);
-            assert!(
-                (simd - reference).abs() <= 1e-4 * reference.abs().max(1.0),
-                "q4_1 {simd} vs {reference}"
-            );
-        }
+        check::<BlockQ5_0>(simd::Kind::Q5_0, TensorType::Q5_0, levels, &ys, cols, nb);
+        check::<BlockQ8_0>(simd::Kind::Q8_0, TensorType::Q8_0, levels, &ys, cols, nb);
+        check::<BlockQ4_0>(simd::Kind::Q4_0, TensorType::Q4_0, levels, &ys, cols, nb);
+        check::<BlockQ4_1>(simd::Kind::Q4_1, TensorType::Q4_1, levels, &ys, cols, nb);
     }
 
     /// Quantized matmul against an f32 reference on the dequantized weights, batched and single-row.

@@ -1,49 +1,131 @@
-//! AVX2 dot products for the 32-value block types (Q4_0, Q4_1, Q5_0, Q8_0).
+//! x86 dot products for the 32-value block types (Q4_0, Q4_1, Q5_0, Q8_0) against Q8_0/Q8_1
+//! activations, each weight block decoded once and dotted with up to R activation rows.
+//!
 //! Hand-written because candle's Q5_0 and Q4_1 dots are scalar, and its Q4_0/Q8_0 AVX loops convert
-//! the f16 scales through `vpinsrw` into a live register: a false dependency that serialises the loop
-//! (measured 15 cycles a block, 5 GMAC/s a core). Q5_0 carries most of Qwen2.5-Coder-0.5B's weights
+//! the f16 scales through `vpinsrw` into a live register, a false dependency that serialised the loop
+//! (measured: 15 cycles a block, 5 GMAC/s a core). Q5_0 carries most of Qwen2.5-Coder-0.5B's weights
 //! (rows of 896 are not a multiple of 256, so Q4_K_M falls back to Q5_0) and Q8_0 its LM head.
-//! Same arithmetic as ggml's `ggml_vec_dot_*`; candle's scalar `vec_dot_unopt` is the reference in
-//! the tests.
+//! Two builds of each kernel: AVX2 (`vpmaddubsw` + `vpmaddwd`) and AVX512-VNNI (`vpdpbusd`), chosen
+//! at run time. Same arithmetic as ggml's `ggml_vec_dot_*`; candle's scalar `vec_dot_unopt` is the
+//! reference in the tests.
 
 use std::sync::OnceLock;
 
-pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
+/// One activation row: its quantized blocks (34 bytes for Q8_0, 36 for Q8_1), the blocks' scales as
+/// f32, and (Q8_1) the blocks' d·Σq as f32.
+#[derive(Clone, Copy)]
+pub struct ActRow {
+    pub q: *const u8,
+    pub d: *const f32,
+    pub s: *const f32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Level {
+    None,
+    Avx2,
+    Vnni,
+}
+
+pub fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            is_x86_feature_detected!("avx2")
+            let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
+                && is_x86_feature_detected!("f16c");
+            let vnni =
+                is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
+            match (avx2, vnni, std::env::var_os("MENS_NO_VNNI").is_some()) {
+                (true, true, false) => Level::Vnni,
+                (true, _, _) => Level::Avx2,
+                _ => Level::None,
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            false
+            Level::None
         }
     })
 }
 
+/// The weight block types with kernels here.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q8_0,
+}
+
+/// Dot products of one weight row (`nb` blocks at `x`) with R activation rows.
+///
+/// # Safety
+/// `level()` must not be `None`; `x` must hold `nb` blocks of `kind`, and each row of `ys` `nb`
+/// activation blocks and scales.
+#[inline]
+pub unsafe fn dot<const R: usize>(
+    level: Level,
+    kind: Kind,
+    nb: usize,
+    x: *const u8,
+    ys: &[ActRow; R],
+) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match (level, kind) {
+            (Level::Vnni, Kind::Q4_0) => vnni::q4_0(nb, x, ys),
+            (Level::Vnni, Kind::Q4_1) => vnni::q4_1(nb, x, ys),
+            (Level::Vnni, Kind::Q5_0) => vnni::q5_0(nb, x, ys),
+            (Level::Vnni, Kind::Q8_0) => vnni::q8_0(nb, x, ys),
+            (_, Kind::Q4_0) => avx2::q4_0(nb, x, ys),
+            (_, Kind::Q4_1) => avx2::q4_1(nb, x, ys),
+            (_, Kind::Q5_0) => avx2::q5_0(nb, x, ys),
+            (_, Kind::Q8_0) => avx2::q8_0(nb, x, ys),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, kind, nb, x, ys);
+        unreachable!("the x86 kernels are only called when level() is not None")
+    }
+}
+
+/// Dot products of two weight rows with one activation row.
+///
+/// # Safety
+/// As `dot`.
+#[inline]
+pub unsafe fn dot_2rows(
+    level: Level,
+    kind: Kind,
+    nb: usize,
+    x0: *const u8,
+    x1: *const u8,
+    y: &ActRow,
+) -> [f32; 2] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match level {
+            Level::Vnni => vnni::rows2(kind, nb, x0, x1, y),
+            _ => avx2::rows2(kind, nb, x0, x1, y),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, kind, nb, x0, x1, y);
+        unreachable!("the x86 kernels are only called when level() is not None")
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// f16 at byte offset `i` of `p` → f32 in lane 0, through vmovd + vcvtph2ps (no false dependency).
-    #[inline(always)]
-    unsafe fn f16_at(p: *const u8, i: usize) -> __m128 {
-        let bits = (p.add(i) as *const u16).read_unaligned();
-        _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
-    }
-
-    /// Broadcast of the product of two f16 scales.
-    #[inline(always)]
-    unsafe fn scale(x: *const u8, y: *const u8) -> __m256 {
-        _mm256_broadcastss_ps(_mm_mul_ss(f16_at(x, 0), f16_at(y, 0)))
-    }
+mod common {
+    pub use std::arch::x86_64::*;
 
     /// 32 nibbles → 32 bytes: low nibbles in lanes 0..16, high nibbles in lanes 16..32.
     #[inline(always)]
-    unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    pub unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
         let tmp = _mm_loadu_si128(p as *const __m128i);
         let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
         _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes)
@@ -51,32 +133,27 @@ mod x86 {
 
     /// 32 bits → 32 bytes of 0xFF (bit set) or 0x00.
     #[inline(always)]
-    unsafe fn bytes_from_bits_32(x32: u32) -> __m256i {
+    pub unsafe fn bytes_from_bits_32(x32: u32) -> __m256i {
         let shuf = _mm256_set_epi64x(
             0x0303030303030303,
             0x0202020202020202,
             0x0101010101010101,
-            0x0000000000000000,
+            0,
         );
         let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
         let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
         _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
     }
 
+    /// f16 at `p` broadcast to 8 f32 lanes (vmovd + vcvtph2ps: no false dependency).
     #[inline(always)]
-    unsafe fn sum_i16_pairs_float(x: __m256i) -> __m256 {
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), x))
+    pub unsafe fn f16_bcast(p: *const u8) -> __m256 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
     }
 
     #[inline(always)]
-    unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
-        let ax = _mm256_sign_epi8(x, x);
-        let sy = _mm256_sign_epi8(y, x);
-        sum_i16_pairs_float(_mm256_maddubs_epi16(ax, sy))
-    }
-
-    #[inline(always)]
-    unsafe fn hsum_float_8(x: __m256) -> f32 {
+    pub unsafe fn hsum(x: __m256) -> f32 {
         let mut res = _mm256_extractf128_ps(x, 1);
         res = _mm_add_ps(res, _mm256_castps256_ps128(x));
         res = _mm_add_ps(res, _mm_movehl_ps(res, res));
@@ -84,107 +161,160 @@ mod x86 {
         _mm_cvtss_f32(res)
     }
 
-    /// Sum over blocks of scale(i) * dot(x_i, y_i), two independent accumulators; `block` returns
-    /// the (scale, int8 pair sums) of block i.
+    // Weight block decoders: 32 signed (or, for Q4_1, unsigned) bytes.
     #[inline(always)]
-    unsafe fn blocks2(nb: usize, mut block: impl FnMut(usize) -> __m256) -> __m256 {
+    pub unsafe fn q8_0_block(xb: *const u8) -> __m256i {
+        _mm256_loadu_si256(xb.add(2) as *const __m256i)
+    }
+    #[inline(always)]
+    pub unsafe fn q4_0_block(xb: *const u8) -> __m256i {
+        _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), _mm256_set1_epi8(8))
+    }
+    #[inline(always)]
+    pub unsafe fn q5_0_block(xb: *const u8) -> __m256i {
+        let qx = bytes_from_nibbles_32(xb.add(6));
+        let qh = (xb.add(2) as *const u32).read_unaligned();
+        let bxhi = _mm256_andnot_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(qx, bxhi)
+    }
+    #[inline(always)]
+    pub unsafe fn q4_1_block(xb: *const u8) -> __m256i {
+        bytes_from_nibbles_32(xb.add(4))
+    }
+}
+
+/// Signed weight blocks against Q8_0 rows: Σ_blocks dx·dy·Σ(qx·qy). A macro, so that the ISA's dot
+/// instruction expands inside the `target_feature` function that uses it.
+#[cfg(target_arch = "x86_64")]
+macro_rules! signed_body {
+    ($dot:ident, $R:ident, $nb:ident, $x:ident, $ys:ident, $bytes:expr, $decode:path) => {{
+        let mut acc = [_mm256_setzero_ps(); $R];
+        for i in 0..$nb {
+            let xb = $x.add(i * $bytes);
+            let qx = $decode(xb);
+            let dx = f16_bcast(xb);
+            let ax = _mm256_sign_epi8(qx, qx);
+            for r in 0..$R {
+                let qy = _mm256_loadu_si256($ys[r].q.add(i * 34 + 2) as *const __m256i);
+                let sy = _mm256_sign_epi8(qy, qx);
+                let p = _mm256_cvtepi32_ps($dot!(ax, sy));
+                let d = _mm256_mul_ps(dx, _mm256_broadcast_ss(&*$ys[r].d.add(i)));
+                acc[r] = _mm256_fmadd_ps(d, p, acc[r]);
+            }
+        }
+        let mut out = [0f32; $R];
+        for r in 0..$R {
+            out[r] = hsum(acc[r]);
+        }
+        out
+    }};
+}
+
+/// Two weight rows (`$x0`, `$x1`) against one Q8_0 row: the activation block is loaded once for
+/// both, and the two accumulators are independent chains (decode, where there is one activation row).
+#[cfg(target_arch = "x86_64")]
+macro_rules! signed_body_2rows {
+    ($dot:ident, $nb:ident, $x0:ident, $x1:ident, $y:ident, $bytes:expr, $decode:path) => {{
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 1 < nb {
-            acc0 = _mm256_add_ps(acc0, block(i));
-            acc1 = _mm256_add_ps(acc1, block(i + 1));
-            i += 2;
+        for i in 0..$nb {
+            let qy = _mm256_loadu_si256($y.q.add(i * 34 + 2) as *const __m256i);
+            let dy = _mm256_broadcast_ss(&*$y.d.add(i));
+            let xb0 = $x0.add(i * $bytes);
+            let qx0 = $decode(xb0);
+            let p0 =
+                _mm256_cvtepi32_ps($dot!(_mm256_sign_epi8(qx0, qx0), _mm256_sign_epi8(qy, qx0)));
+            acc0 = _mm256_fmadd_ps(_mm256_mul_ps(f16_bcast(xb0), dy), p0, acc0);
+            let xb1 = $x1.add(i * $bytes);
+            let qx1 = $decode(xb1);
+            let p1 =
+                _mm256_cvtepi32_ps($dot!(_mm256_sign_epi8(qx1, qx1), _mm256_sign_epi8(qy, qx1)));
+            acc1 = _mm256_fmadd_ps(_mm256_mul_ps(f16_bcast(xb1), dy), p1, acc1);
         }
-        if i < nb {
-            acc0 = _mm256_add_ps(acc0, block(i));
+        [hsum(acc0), hsum(acc1)]
+    }};
+}
+
+/// Generates one ISA's kernels; `$dot!(a_u8, b_i8)` sums groups of four u8·i8 products into i32 lanes.
+#[cfg(target_arch = "x86_64")]
+macro_rules! isa_kernels {
+    ($feat:literal, $dot:ident) => {
+        use super::common::*;
+        use super::ActRow;
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q8_0<const R: usize>(nb: usize, x: *const u8, ys: &[ActRow; R]) -> [f32; R] {
+            signed_body!($dot, R, nb, x, ys, 34, q8_0_block)
         }
-        _mm256_add_ps(acc0, acc1)
-    }
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_0<const R: usize>(nb: usize, x: *const u8, ys: &[ActRow; R]) -> [f32; R] {
+            signed_body!($dot, R, nb, x, ys, 18, q4_0_block)
+        }
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q5_0<const R: usize>(nb: usize, x: *const u8, ys: &[ActRow; R]) -> [f32; R] {
+            signed_body!($dot, R, nb, x, ys, 22, q5_0_block)
+        }
 
-    /// x: Q8_0 blocks (d f16, qs[32]) = 34 bytes; y: Q8_0.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_q8_0_q8_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        let nb = n / 32;
-        assert!(x.len() >= nb * 34 && y.len() >= nb * 34);
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let acc = blocks2(nb, |i| {
-            let (xb, yb) = (xp.add(i * 34), yp.add(i * 34));
-            let qx = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-            let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
-            _mm256_mul_ps(scale(xb, yb), mul_sum_i8_pairs_float(qx, qy))
-        });
-        hsum_float_8(acc)
-    }
+        #[target_feature(enable = $feat)]
+        pub unsafe fn rows2(
+            kind: super::Kind,
+            nb: usize,
+            x0: *const u8,
+            x1: *const u8,
+            y: &ActRow,
+        ) -> [f32; 2] {
+            match kind {
+                super::Kind::Q5_0 => signed_body_2rows!($dot, nb, x0, x1, y, 22, q5_0_block),
+                super::Kind::Q8_0 => signed_body_2rows!($dot, nb, x0, x1, y, 34, q8_0_block),
+                super::Kind::Q4_0 => signed_body_2rows!($dot, nb, x0, x1, y, 18, q4_0_block),
+                super::Kind::Q4_1 => [q4_1::<1>(nb, x0, &[*y])[0], q4_1::<1>(nb, x1, &[*y])[0]],
+            }
+        }
 
-    /// x: Q4_0 blocks (d f16, qs[16]) = 18 bytes; y: Q8_0.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_q4_0_q8_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        let nb = n / 32;
-        assert!(x.len() >= nb * 18 && y.len() >= nb * 34);
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let acc = blocks2(nb, |i| {
-            let (xb, yb) = (xp.add(i * 18), yp.add(i * 34));
-            let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), _mm256_set1_epi8(8));
-            let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
-            _mm256_mul_ps(scale(xb, yb), mul_sum_i8_pairs_float(qx, qy))
-        });
-        hsum_float_8(acc)
-    }
-
-    /// x: Q5_0 blocks (d f16, qh u32, qs[16]) = 22 bytes; y: Q8_0.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_q5_0_q8_0(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        let nb = n / 32;
-        assert!(x.len() >= nb * 22 && y.len() >= nb * 34);
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let acc = blocks2(nb, |i| {
-            let (xb, yb) = (xp.add(i * 22), yp.add(i * 34));
-            let mut qx = bytes_from_nibbles_32(xb.add(6));
-            let qh = (xb.add(2) as *const u32).read_unaligned();
-            let bxhi = _mm256_andnot_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0xF0u8 as i8));
-            qx = _mm256_or_si256(qx, bxhi);
-            let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
-            _mm256_mul_ps(scale(xb, yb), mul_sum_i8_pairs_float(qx, qy))
-        });
-        hsum_float_8(acc)
-    }
-
-    /// x: Q4_1 blocks (d f16, m f16, qs[16]) = 20 bytes; y: Q8_1 blocks (d f16, s f16, qs[32]) = 36 bytes.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_q4_1_q8_1(n: usize, x: &[u8], y: &[u8]) -> f32 {
-        let nb = n / 32;
-        assert!(x.len() >= nb * 20 && y.len() >= nb * 36);
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let mut summs = _mm_setzero_ps();
-        let acc = blocks2(nb, |i| {
-            let (xb, yb) = (xp.add(i * 20), yp.add(i * 36));
-            summs = _mm_add_ss(summs, _mm_mul_ss(f16_at(xb, 2), f16_at(yb, 2)));
-            let qx = bytes_from_nibbles_32(xb.add(4));
-            let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
-            let xy = sum_i16_pairs_float(_mm256_maddubs_epi16(qx, qy));
-            _mm256_mul_ps(scale(xb, yb), xy)
-        });
-        hsum_float_8(acc) + _mm_cvtss_f32(summs)
-    }
+        /// Q4_1 (unsigned nibbles, scale d and minimum m) against Q8_1 rows (scale d, s = d·Σq):
+        /// Σ_blocks dx·dy·Σ(qx·qy) + mx·sy.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_1<const R: usize>(nb: usize, x: *const u8, ys: &[ActRow; R]) -> [f32; R] {
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut mins = [0f32; R];
+            for i in 0..nb {
+                let xb = x.add(i * 20);
+                let qx = q4_1_block(xb);
+                let dx = f16_bcast(xb);
+                let mx = _mm_cvtss_f32(_mm256_castps256_ps128(f16_bcast(xb.add(2))));
+                for r in 0..R {
+                    let qy = _mm256_loadu_si256(ys[r].q.add(i * 36 + 4) as *const __m256i);
+                    let p = _mm256_cvtepi32_ps($dot!(qx, qy));
+                    let d = _mm256_mul_ps(dx, _mm256_broadcast_ss(&*ys[r].d.add(i)));
+                    acc[r] = _mm256_fmadd_ps(d, p, acc[r]);
+                    mins[r] += mx * *ys[r].s.add(i);
+                }
+            }
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]) + mins[r];
+            }
+            out
+        }
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use x86::{vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_1, vec_dot_q5_0_q8_0, vec_dot_q8_0_q8_0};
+mod avx2 {
+    macro_rules! dot_u8i8 {
+        ($a:expr, $b:expr) => {
+            _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16($a, $b))
+        };
+    }
+    isa_kernels!("avx2,fma,f16c", dot_u8i8);
+}
 
-#[cfg(not(target_arch = "x86_64"))]
-pub unsafe fn vec_dot_q5_0_q8_0(_n: usize, _x: &[u8], _y: &[u8]) -> f32 {
-    unreachable!("SIMD kernels are only used when available()")
-}
-#[cfg(not(target_arch = "x86_64"))]
-pub unsafe fn vec_dot_q8_0_q8_0(_n: usize, _x: &[u8], _y: &[u8]) -> f32 {
-    unreachable!("SIMD kernels are only used when available()")
-}
-#[cfg(not(target_arch = "x86_64"))]
-pub unsafe fn vec_dot_q4_0_q8_0(_n: usize, _x: &[u8], _y: &[u8]) -> f32 {
-    unreachable!("SIMD kernels are only used when available()")
-}
-#[cfg(not(target_arch = "x86_64"))]
-pub unsafe fn vec_dot_q4_1_q8_1(_n: usize, _x: &[u8], _y: &[u8]) -> f32 {
-    unreachable!("SIMD kernels are only used when available()")
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    macro_rules! dot_u8i8 {
+        ($a:expr, $b:expr) => {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), $a, $b)
+        };
+    }
+    isa_kernels!("avx2,fma,f16c,avx512vnni,avx512vl", dot_u8i8);
 }
