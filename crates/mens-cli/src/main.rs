@@ -156,10 +156,7 @@ fn init_threads(threads: Option<usize>) -> Result<()> {
     if n == 0 || n > 1024 {
         bail!("invalid argument: --threads must be between 1 and 1024");
     }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .ok();
+    mens::kernels::pool::set_threads(n);
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! scalar, so `simd.rs` has AVX2 versions (checked against candle's scalar code in the tests).
 
 pub mod ops;
+pub mod pool;
 mod simd;
 
 use crate::error::{Error, Result};
@@ -15,7 +16,6 @@ use candle_core::quantized::k_quants::{
     BlockQ8K, BlockQ8_0, BlockQ8_1, GgmlType,
 };
 use half::{bf16, f16};
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -288,10 +288,14 @@ impl QuantizedInput {
             if rows < 8 {
                 bytes.chunks_mut(rb).zip(x.chunks(cols)).for_each(quantize);
             } else {
-                bytes
-                    .par_chunks_mut(rb)
-                    .zip(x.par_chunks(cols))
-                    .for_each(quantize);
+                let dst = OutPtr(bytes.as_mut_ptr() as *mut f32);
+                pool::pool().run(rows, &|r| {
+                    // SAFETY: each task writes its own row of the buffer.
+                    let d = unsafe {
+                        std::slice::from_raw_parts_mut((dst.ptr() as *mut u8).add(r * rb), rb)
+                    };
+                    quantize((d, &x[r * cols..(r + 1) * cols]));
+                });
             }
             *valid = true;
         }
@@ -342,7 +346,15 @@ fn bytemuck_ref(v: &[u32]) -> &[u8] {
 
 /// A raw output pointer shared by the matmul tasks, each writing a disjoint set of elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so that closures capture the whole Sync wrapper).
+    #[inline]
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
@@ -361,7 +373,7 @@ pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32],
         );
     }
     count_dispatch();
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool::pool().threads();
     let total_rows: usize = ws.iter().map(|(w, _)| w.rows).sum();
     // Enough chunks to balance the threads, each long enough to amortise scheduling.
     let min_rows = if t == 1 { 16 } else { 4 };
@@ -384,7 +396,7 @@ pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32],
     if total == 1 {
         work(0);
     } else {
-        (0..total).into_par_iter().for_each(work);
+        pool::pool().run(total, &work);
     }
 }
 

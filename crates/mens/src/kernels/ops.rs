@@ -5,7 +5,6 @@
 use super::count_dispatch;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 /// out[i] = x[i] / sqrt(mean(x²) + eps) * w[i], for each row of `x`.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -201,7 +200,12 @@ pub fn attention(
     if t * n_head * (pos0 + t) < 4096 {
         out.chunks_exact_mut(hd).enumerate().for_each(work);
     } else {
-        out.par_chunks_exact_mut(hd).enumerate().for_each(work);
+        let base = super::OutPtr(out.as_mut_ptr());
+        super::pool::pool().run(t * n_head, &|i| {
+            // SAFETY: task i writes only its own head_dim slice of `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(i * hd), hd) };
+            work((i, o));
+        });
     }
 }
 
