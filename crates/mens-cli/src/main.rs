@@ -13,7 +13,29 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod bench;
 mod perplexity;
+
+/// Counts heap allocations (for `mens bench`'s allocations per decode step).
+struct CountingAllocator;
+pub(crate) static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::alloc::System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        std::alloc::System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::alloc::System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +56,8 @@ enum Command {
     Chat(ChatArgs),
     /// Perplexity of a text file over non-overlapping windows, as llama-perplexity computes it.
     Perplexity(PerplexityArgs),
+    /// Prefill and decode speed, memory, allocations and dispatches per step (like llama-bench).
+    Bench(BenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -138,6 +162,27 @@ pub(crate) struct PerplexityArgs {
     /// Score only the first N windows.
     #[arg(long)]
     chunks: Option<usize>,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt sizes for the prefill tests (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    prompt: Vec<usize>,
+    /// Tokens generated in each decode test.
+    #[arg(long, default_value_t = 128)]
+    gen: usize,
+    /// Context depths at which decode is timed (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0,512")]
+    depth: Vec<usize>,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Decode by re-running the whole sequence each step.
+    #[arg(long)]
+    no_kv_cache: bool,
 }
 
 /// A loaded model with its tokenizer and chat template.
@@ -430,6 +475,7 @@ fn main() {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
         Command::Perplexity(a) => perplexity::run(a).context("perplexity"),
+        Command::Bench(a) => bench::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

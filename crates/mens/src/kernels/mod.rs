@@ -108,9 +108,68 @@ impl QTensor {
             TensorType::Q8_0 => deq::<BlockQ8_0>(row, out),
             TensorType::Q2K => deq::<BlockQ2K>(row, out),
             TensorType::Q3K => deq::<BlockQ3K>(row, out),
-            TensorType::Q4K => deq::<BlockQ4K>(row, out),
+            // Own code for the Q4_K_M types: candle's K-quant to_float allocates on every call.
+            TensorType::Q4K => dequantize_q4k(row, out),
             TensorType::Q5K => deq::<BlockQ5K>(row, out),
-            TensorType::Q6K => deq::<BlockQ6K>(row, out),
+            TensorType::Q6K => dequantize_q6k(row, out),
+        }
+    }
+}
+
+fn f16_le(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Q4_K blocks (d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles) → f32, as ggml's
+/// `dequantize_row_q4_K`.
+fn dequantize_q4k(row: &[u8], out: &mut [f32]) {
+    for (b, y) in row.chunks_exact(144).zip(out.chunks_exact_mut(256)) {
+        let (d, dmin) = (f16_le(b, 0), f16_le(b, 2));
+        let sc = &b[4..16];
+        let scale_min = |j: usize| -> (f32, f32) {
+            if j < 4 {
+                ((sc[j] & 63) as f32, (sc[j + 4] & 63) as f32)
+            } else {
+                (
+                    ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4)) as f32,
+                    ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)) as f32,
+                )
+            }
+        };
+        for g in 0..4 {
+            let q = &b[16 + 32 * g..16 + 32 * (g + 1)];
+            let (s1, m1) = scale_min(2 * g);
+            let (s2, m2) = scale_min(2 * g + 1);
+            let y = &mut y[64 * g..64 * (g + 1)];
+            for l in 0..32 {
+                y[l] = d * s1 * (q[l] & 0xF) as f32 - dmin * m1;
+                y[l + 32] = d * s2 * (q[l] >> 4) as f32 - dmin * m2;
+            }
+        }
+    }
+}
+
+/// Q6_K blocks (128 bytes low nibbles, 64 bytes high bits, 16 int8 scales, d) → f32, as ggml's
+/// `dequantize_row_q6_K`.
+fn dequantize_q6k(row: &[u8], out: &mut [f32]) {
+    for (b, y) in row.chunks_exact(210).zip(out.chunks_exact_mut(256)) {
+        let d = f16_le(b, 208);
+        for h in 0..2 {
+            let ql = &b[64 * h..64 * h + 64];
+            let qh = &b[128 + 32 * h..128 + 32 * h + 32];
+            let sc = &b[192 + 8 * h..192 + 8 * h + 8];
+            let y = &mut y[128 * h..128 * (h + 1)];
+            for l in 0..32 {
+                let is = l / 16;
+                let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+            }
         }
     }
 }
@@ -666,6 +725,30 @@ mod tests {
         check::<BlockQ8_0>(simd::Kind::Q8_0, TensorType::Q8_0, levels, &ys, cols, nb);
         check::<BlockQ4_0>(simd::Kind::Q4_0, TensorType::Q4_0, levels, &ys, cols, nb);
         check::<BlockQ4_1>(simd::Kind::Q4_1, TensorType::Q4_1, levels, &ys, cols, nb);
+    }
+
+    /// The allocation-free K-quant dequantizers equal candle's.
+    #[test]
+    fn k_quant_dequantize_matches_candle() {
+        let (w, _) = random_tensor::<BlockQ4K>(2, 512, TensorType::Q4K, 21);
+        let (mut a, mut b) = (vec![0f32; 512], vec![0f32; 512]);
+        for r in 0..2 {
+            w.dequantize_row(r, &mut a);
+            BlockQ4K::to_float(
+                cast::<BlockQ4K>(&w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()]),
+                &mut b,
+            );
+            assert_eq!(a, b);
+        }
+        let (w, _) = random_tensor::<BlockQ6K>(2, 512, TensorType::Q6K, 22);
+        for r in 0..2 {
+            w.dequantize_row(r, &mut a);
+            BlockQ6K::to_float(
+                cast::<BlockQ6K>(&w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()]),
+                &mut b,
+            );
+            assert_eq!(a, b);
+        }
     }
 
     /// Quantized matmul against an f32 reference on the dequantized weights, batched and single-row.

@@ -1,0 +1,83 @@
+//! Heap allocations per decode step, counted by a counting global allocator (one test in this binary,
+//! so that nothing else allocates while it counts).
+
+use mens::engine::{Logits, Session, SessionOptions};
+use mens::gguf::Gguf;
+use mens::model::Model;
+use mens::sample::{Sampler, SamplerConfig};
+use mens::synth::{synth_model, SynthSpec};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// A steady decode step (forward of one token + sampling, greedy and with temperature) allocates nothing.
+#[test]
+fn decode_step_allocates_nothing() {
+    // A Q4_K embedding as in the real Q4_K_M files (one row is dequantized every step).
+    let mut spec = SynthSpec::tiny_qwen2();
+    spec.types[5] = mens::gguf::TensorType::Q4K;
+    for spec in [spec, SynthSpec::tiny_llama()] {
+        steady_steps_allocate_nothing(&spec);
+    }
+}
+
+fn steady_steps_allocate_nothing(spec: &SynthSpec) {
+    let model = Arc::new(Model::from_gguf(Gguf::from_bytes(synth_model(spec)).unwrap()).unwrap());
+    let vocab = model.config.vocab_size;
+    let mut s = Session::new(
+        model,
+        SessionOptions {
+            ctx: 256,
+            batch: 64,
+            logit_rows: 1,
+        },
+    )
+    .unwrap();
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), vocab).unwrap();
+    let mut warm = Sampler::new(
+        SamplerConfig {
+            repeat_penalty: 1.1,
+            ..Default::default()
+        },
+        vocab,
+    )
+    .unwrap();
+    s.forward(&[1, 2, 3, 4, 5, 6, 7, 8], Logits::Last).unwrap();
+    for _ in 0..4 {
+        let t = s.sample_next(&mut warm);
+        s.forward(&[t], Logits::Last).unwrap();
+    }
+    let before = ALLOCS.load(Ordering::SeqCst);
+    let steps = 32;
+    for i in 0..steps {
+        let sampler = if i % 2 == 0 { &mut greedy } else { &mut warm };
+        let t = s.sample_next(sampler);
+        s.forward(&[t], Logits::Last).unwrap();
+    }
+    let n = ALLOCS.load(Ordering::SeqCst) - before;
+    eprintln!(
+        "{}: heap allocations in {steps} decode steps: {n}",
+        spec.arch
+    );
+    assert_eq!(n, 0, "{n} heap allocations in {steps} decode steps");
+}
