@@ -25,6 +25,11 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
         ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::alloc::System.alloc(l)
     }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        // Forwarded, so that large zeroed buffers (the KV cache) stay lazily backed (calloc).
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::alloc::System.alloc_zeroed(l)
+    }
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
         std::alloc::System.dealloc(p, l)
     }
@@ -58,6 +63,8 @@ enum Command {
     Perplexity(PerplexityArgs),
     /// Prefill and decode speed, memory, allocations and dispatches per step (like llama-bench).
     Bench(BenchArgs),
+    /// What mens sees of this machine: CPU, memory, limits, GPUs, and the memory budget.
+    Probe(ProbeArgs),
 }
 
 #[derive(Args, Clone)]
@@ -66,9 +73,13 @@ struct ModelArgs {
     /// defaults to ~/.cache/mens/models; `scripts/fetch-models.sh` puts it there].
     #[arg(short, long)]
     model: Option<PathBuf>,
-    /// Context length in tokens (default: 4096, or the model's trained context if smaller).
+    /// Context length in tokens [default: the largest that fits the memory budget, up to the model's
+    /// trained context].
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
+    /// Memory budget for model + KV cache + buffers, e.g. 3G or 512M [default: from `mens probe`].
+    #[arg(long)]
+    memory_budget: Option<String>,
     /// Threads for the CPU kernels (default: all logical cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -165,6 +176,13 @@ pub(crate) struct PerplexityArgs {
 }
 
 #[derive(Args)]
+struct ProbeArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -190,6 +208,9 @@ pub(crate) struct Loaded {
     pub model: Arc<Model>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    /// Session options admitted by the memory budget.
+    pub options: SessionOptions,
+    pub estimate: mens::memory::Estimate,
 }
 
 fn init_threads(threads: Option<usize>) -> Result<()> {
@@ -230,6 +251,9 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
     init_threads(args.threads)?;
     let t0 = Instant::now();
     let model = Model::open(&model_path(args)?)?;
+    // Admission: before any weight page is touched.
+    let options = admit(&model, args, args.ctx_size)?;
+    let estimate = mens::memory::estimate(&model, &options);
     let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
     if tokenizer.vocab_size() > model.config.vocab_size {
         bail!(
@@ -267,7 +291,117 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
         model: Arc::new(model),
         tokenizer,
         template,
+        options,
+        estimate,
     })
+}
+
+fn budget(args: &ModelArgs) -> Result<mens::memory::Budget> {
+    use mens::memory::{Backend, Budget};
+    Ok(match &args.memory_budget {
+        Some(s) => {
+            let bytes = mens::memory::parse_size(s)?;
+            Budget {
+                backend: Backend::Cpu,
+                bytes,
+                base: bytes,
+                how: "--memory-budget".into(),
+            }
+        }
+        None => mens::memory::budget(&mens::memory::probe(), Backend::Cpu)?,
+    })
+}
+
+/// Check that the model and a context of `ctx` tokens (or, when None, the largest that fits) fit the
+/// memory budget; say what was chosen.
+pub(crate) fn admit(model: &Model, args: &ModelArgs, ctx: Option<usize>) -> Result<SessionOptions> {
+    if let Some(c) = ctx {
+        if c == 0 || c > 1 << 20 {
+            bail!(
+                "invalid argument: --ctx-size must be between 1 and {}",
+                1 << 20
+            );
+        }
+        if c > model.config.train_ctx {
+            eprintln!(
+                "mens: warning: context {c} is larger than the model's trained context {}",
+                model.config.train_ctx
+            );
+        }
+    }
+    let b = budget(args)?;
+    let options = mens::memory::fit_context(model, &b, ctx, 512)?;
+    let e = mens::memory::estimate(model, &options);
+    eprintln!(
+        "mens: memory budget {} MiB ({}); context {} tokens{}; estimated use {} MiB",
+        b.bytes >> 20,
+        b.how,
+        options.ctx,
+        if ctx.is_none() {
+            " (the largest that fits, up to the trained context)"
+        } else {
+            ""
+        },
+        e.total() >> 20
+    );
+    Ok(options)
+}
+
+fn probe(args: ProbeArgs) -> Result<()> {
+    use mens::memory::{budget, probe, Backend};
+    let m = probe();
+    let b = budget(&m, Backend::Cpu);
+    if args.json {
+        let v = serde_json::json!({
+            "machine": m,
+            "default_backend": "cpu",
+            "budget": b.as_ref().ok(),
+            "budget_error": b.as_ref().err().map(|e| e.to_string()),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let gib = |x: u64| format!("{:.1} GiB", x as f64 / (1u64 << 30) as f64);
+    println!("os:              {}", m.os);
+    println!(
+        "cpu:             {} ({} physical / {} logical cores)",
+        m.cpu, m.physical_cores, m.logical_cores
+    );
+    println!(
+        "simd:            {}",
+        if m.simd.is_empty() {
+            "none used".into()
+        } else {
+            m.simd.join(" ")
+        }
+    );
+    println!(
+        "memory:          {} total, {} available{}",
+        gib(m.total_ram),
+        gib(m.available_ram),
+        if m.unified_memory { " (unified)" } else { "" }
+    );
+    if let Some(c) = m.cgroup_limit {
+        println!("cgroup limit:    {}", gib(c));
+    }
+    if m.gpus.is_empty() {
+        println!("gpus:            none (this build has no CUDA or Metal backend)");
+    }
+    for g in &m.gpus {
+        println!(
+            "gpu:             {} ({}), {} total, {} free",
+            g.name,
+            g.api,
+            gib(g.total),
+            gib(g.free)
+        );
+    }
+    println!("default backend: cpu");
+    match b {
+        Ok(b) => println!("memory budget:   {} = {}", gib(b.bytes), b.how),
+        Err(e) => println!("memory budget:   none: {e}"),
+    }
+    Ok(())
 }
 
 /// Touch every page of the mapped file so the first token does not pay for disk reads; with a progress
@@ -298,29 +432,19 @@ fn prefault(model: &Model) {
     bar.finish_and_clear();
 }
 
-fn session(l: &Loaded, args: &ModelArgs) -> Result<Session> {
-    let ctx = args.ctx_size.unwrap_or(4096.min(l.model.config.train_ctx));
-    if ctx == 0 {
-        bail!("invalid argument: --ctx-size must be > 0");
-    }
-    if ctx > l.model.config.train_ctx {
+fn session(l: &Loaded) -> Result<Session> {
+    Ok(Session::new(l.model.clone(), l.options.clone())?)
+}
+
+/// The memory line printed after a run: the estimate against the measured peak.
+fn print_memory(l: &Loaded) {
+    if let Some(peak) = mens::memory::peak_rss() {
         eprintln!(
-            "mens: warning: context {ctx} is larger than the model's trained context {}",
-            l.model.config.train_ctx
+            "mens: memory: estimated {} MiB, peak RSS {} MiB",
+            l.estimate.total() >> 20,
+            peak >> 20
         );
     }
-    if ctx > 1 << 20 {
-        bail!(
-            "invalid argument: --ctx-size {ctx} is over the limit of {}",
-            1 << 20
-        );
-    }
-    let opts = SessionOptions {
-        ctx,
-        batch: 512.min(ctx),
-        logit_rows: 16,
-    };
-    Ok(Session::new(l.model.clone(), opts)?)
 }
 
 fn print_stats(s: &Stats) {
@@ -353,7 +477,7 @@ fn run(args: RunArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;
     let l = load(&args.model)?;
-    let mut sess = session(&l, &args.model)?;
+    let mut sess = session(&l)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let text = if args.chat {
         let mut msgs = Vec::new();
@@ -384,6 +508,7 @@ fn run(args: RunArgs) -> Result<()> {
     )?;
     writeln!(out)?;
     print_stats(&stats);
+    print_memory(&l);
     Ok(())
 }
 
@@ -391,7 +516,7 @@ fn chat(args: ChatArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;
     let l = load(&args.model)?;
-    let mut sess = session(&l, &args.model)?;
+    let mut sess = session(&l)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
@@ -476,6 +601,7 @@ fn main() {
         Command::Chat(a) => chat(a),
         Command::Perplexity(a) => perplexity::run(a).context("perplexity"),
         Command::Bench(a) => bench::run(a),
+        Command::Probe(a) => probe(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -41,9 +41,13 @@ pub struct KvCache {
 impl KvCache {
     fn new(n_layer: usize, ctx: usize, kv_dim: usize) -> Self {
         let per_layer = ctx * kv_dim;
+        // Zeroed allocations (calloc): pages are only backed by memory once written, so a session's
+        // resident size grows with the tokens actually cached.
+        let zeroed =
+            |n: usize| -> Vec<f16> { half::vec::HalfBitsVecExt::reinterpret_into(vec![0u16; n]) };
         KvCache {
-            k: vec![f16::ZERO; n_layer * per_layer],
-            v: vec![f16::ZERO; n_layer * per_layer],
+            k: zeroed(n_layer * per_layer),
+            v: zeroed(n_layer * per_layer),
             per_layer,
         }
     }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod kernels;
+pub mod memory;
 pub mod model;
 pub mod perplexity;
 pub mod sample;

@@ -233,3 +233,66 @@ fn tokenizer_round_trips_and_parses_special_tokens() {
     d.finish(&mut out);
     assert_eq!(out, text);
 }
+
+/// Admission: a budget below the model is refused with the numbers; a budget that fits the model but
+/// not its whole trained context gets the largest context that fits; a requested context that does
+/// not fit is refused naming what would.
+#[test]
+fn memory_admission() {
+    use mens::memory::{estimate, fit_context, Backend, Budget};
+    let mut spec = SynthSpec::tiny_qwen2();
+    spec.ctx = 32768;
+    let (model, _) = tiny(&spec);
+    let budget = |bytes: u64| Budget {
+        backend: Backend::Cpu,
+        bytes,
+        base: bytes,
+        how: "test".into(),
+    };
+    let opts = |ctx: usize| SessionOptions {
+        ctx,
+        batch: 512.min(ctx),
+        logit_rows: 16,
+    };
+    let minimum = estimate(&model, &opts(16)).total();
+    let err = fit_context(&model, &budget(minimum - 1), None, 512).unwrap_err();
+    assert!(
+        matches!(err, mens::Error::Memory(_)) && err.to_string().contains("the model needs"),
+        "{err}"
+    );
+
+    let at_4k = estimate(&model, &opts(4096)).total();
+    let full = estimate(&model, &opts(32768)).total();
+    assert!(at_4k < full);
+    let chosen = fit_context(&model, &budget(at_4k), None, 512).unwrap();
+    assert!(
+        chosen.ctx >= 4096 && chosen.ctx < 32768,
+        "chose {}",
+        chosen.ctx
+    );
+    assert!(estimate(&model, &chosen).total() <= at_4k);
+    assert!(
+        estimate(&model, &opts(chosen.ctx + 1)).total() > at_4k,
+        "not the largest that fits"
+    );
+    assert_eq!(
+        fit_context(&model, &budget(full * 2), None, 512)
+            .unwrap()
+            .ctx,
+        32768,
+        "capped at the trained context"
+    );
+
+    let err = fit_context(&model, &budget(at_4k), Some(32768), 512).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("up to {} tokens fits", chosen.ctx)),
+        "{err}"
+    );
+    assert_eq!(
+        fit_context(&model, &budget(at_4k), Some(1000), 512)
+            .unwrap()
+            .ctx,
+        1000
+    );
+}

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 /// One activation row: its quantized blocks (34 bytes for Q8_0, 36 for Q8_1), the blocks' scales as
 /// f32, and (Q8_1) the blocks' d·Σq as f32.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct ActRow {
     pub q: *const u8,
     pub d: *const f32,
@@ -21,6 +22,7 @@ pub struct ActRow {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub enum Level {
     None,
     Avx2,

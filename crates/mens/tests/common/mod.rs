@@ -10,9 +10,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 pub fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
+    repo_root().join("crates/mens/tests/data").join(name)
 }
 
 static FETCH: Mutex<()> = Mutex::new(());
