@@ -351,12 +351,18 @@ fn probe(args: ProbeArgs) -> Result<()> {
     use mens::memory::{budget, probe, Backend};
     let m = probe();
     let b = budget(&m, Backend::Cpu);
+    let cuda = m
+        .gpus
+        .iter()
+        .any(|g| g.api == "cuda")
+        .then(|| budget(&m, Backend::Cuda));
     if args.json {
         let v = serde_json::json!({
             "machine": m,
             "default_backend": "cpu",
             "budget": b.as_ref().ok(),
             "budget_error": b.as_ref().err().map(|e| e.to_string()),
+            "cuda_budget": cuda.as_ref().and_then(|c| c.as_ref().ok()),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -385,7 +391,7 @@ fn probe(args: ProbeArgs) -> Result<()> {
         println!("cgroup limit:    {}", gib(c));
     }
     if m.gpus.is_empty() {
-        println!("gpus:            none (this build has no CUDA or Metal backend)");
+        println!("gpus:            none found");
     }
     for g in &m.gpus {
         println!(
@@ -396,10 +402,13 @@ fn probe(args: ProbeArgs) -> Result<()> {
             gib(g.free)
         );
     }
-    println!("default backend: cpu");
+    println!("default backend: cpu (this build has no CUDA or Metal backend)");
     match b {
         Ok(b) => println!("memory budget:   {} = {}", gib(b.bytes), b.how),
         Err(e) => println!("memory budget:   none: {e}"),
+    }
+    if let Some(Ok(c)) = &cuda {
+        println!("cuda budget:     {} = {}", gib(c.bytes), c.how);
     }
     Ok(())
 }

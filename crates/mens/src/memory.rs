@@ -346,7 +346,44 @@ pub fn probe() -> Machine {
         gpus: Vec::new(),
     };
     os::adjust(&mut m);
+    m.gpus.extend(nvidia_gpus());
     m
+}
+
+/// NVIDIA GPUs as the driver reports them (`nvidia-smi`), with total and free memory. Used until a
+/// CUDA build queries the driver API itself; absent tool or driver → no GPUs.
+fn nvidia_gpus() -> Vec<Gpu> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,memory.total,memory.free",
+            "--format=csv,noheader,nounits",
+        ])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => parse_nvidia_smi(&String::from_utf8_lossy(&o.stdout)),
+        _ => Vec::new(),
+    }
+}
+
+/// Lines of `name, total MiB, free MiB`.
+fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            let (total, free) = (
+                f.get(1)?.parse::<u64>().ok()?,
+                f.get(2)?.parse::<u64>().ok()?,
+            );
+            Some(Gpu {
+                name: f[0].to_string(),
+                api: "cuda".into(),
+                total: total * MIB,
+                free: free * MIB,
+                working_set_limit: None,
+            })
+        })
+        .take(64)
+        .collect()
 }
 
 #[cfg(target_os = "macos")]
@@ -508,6 +545,18 @@ mod tests {
         for bad in ["", "G", "-1G", "3X", "1e400G", "0"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn nvidia_smi_lines_parse() {
+        let g = parse_nvidia_smi(
+            "NVIDIA H200, 143771, 142500\nbad line\nNVIDIA H100 80GB HBM3, 81559, 81000\n",
+        );
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].name, "NVIDIA H200");
+        assert_eq!(g[0].total, 143771 * MIB);
+        assert_eq!(g[1].free, 81000 * MIB);
+        assert!(parse_nvidia_smi("").is_empty());
     }
 
     #[test]
