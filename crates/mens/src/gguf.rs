@@ -322,6 +322,13 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// A vector for `n` items of `T` whose capacity never exceeds the bytes left in the file: a header
+/// count can make the vector grow only as far as the file actually holds items.
+fn bounded_vec<T>(n: usize, remaining: u64) -> Vec<T> {
+    let most = (remaining as usize) / std::mem::size_of::<T>().max(1);
+    Vec::with_capacity(n.min(most))
+}
+
 fn scalar_size(t: u32) -> Option<u64> {
     Some(match t {
         0 | 1 | 7 => 1,
@@ -377,28 +384,28 @@ fn read_value(c: &mut Cursor, f: &str) -> Result<Value> {
     let n = c.count(f, MAX_ARRAY, min)? as usize;
     let arr = match et {
         8 => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = bounded_vec(n, c.remaining());
             for _ in 0..n {
                 v.push(c.string(f)?);
             }
             Array::Strings(v)
         }
         7 => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = bounded_vec(n, c.remaining());
             for _ in 0..n {
                 v.push(read_scalar(c, et, f)?.as_bool().unwrap_or(false));
             }
             Array::Bools(v)
         }
         6 | 12 => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = bounded_vec(n, c.remaining());
             for _ in 0..n {
                 v.push(read_scalar(c, et, f)?.as_f64().unwrap_or(0.0));
             }
             Array::Floats(v)
         }
         _ => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = bounded_vec(n, c.remaining());
             for _ in 0..n {
                 v.push(match read_scalar(c, et, f)? {
                     Value::U8(x) => x as i64,
@@ -503,9 +510,10 @@ impl Gguf {
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut index = HashMap::with_capacity(n_tensors as usize);
-        let mut rel_offsets = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = bounded_vec(n_tensors as usize, c.remaining());
+        let mut index =
+            HashMap::with_capacity((n_tensors as usize).min(c.remaining() as usize / 64));
+        let mut rel_offsets = bounded_vec(n_tensors as usize, c.remaining());
         for i in 0..n_tensors {
             let at = c.pos as u64;
             let name = c.string("tensor name")?;

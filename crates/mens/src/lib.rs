@@ -16,3 +16,19 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
+
+/// Everything mens derives from an untrusted model file, in load order: header, metadata and tensor
+/// table, tokenizer (and one encode), chat template (one render), model configuration and weights.
+/// Used by the fuzz target and its regression tests; returns the first error.
+pub fn load_untrusted(bytes: &[u8]) -> Result<()> {
+    let g = gguf::Gguf::from_bytes(bytes.to_vec())?;
+    if let Ok(t) = tokenizer::Tokenizer::from_gguf(&g) {
+        t.encode("def f(x):\n    return <|im_start|>x 日本")?;
+    }
+    if let Ok(Some(src)) = g.get_str("tokenizer.chat_template") {
+        let t = chat::ChatTemplate::new(Some(src.to_string()), String::new(), String::new());
+        t.render(&[chat::Message::new("user", "hi")], true)?;
+    }
+    model::Model::from_gguf(g)?;
+    Ok(())
+}
