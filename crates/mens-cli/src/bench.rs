@@ -65,6 +65,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| c.name.clone());
     let threads = mens::kernels::pool::pool().threads();
+    let mut rows = Vec::new();
     println!("| model | threads | test | tokens/s | ms | notes |");
     println!("|---|---|---|---|---|---|");
     for &n in &args.prompt {
@@ -80,12 +81,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             tps.push(n as f64 / dt);
             ttft.push(dt * 1e3);
         }
-        println!(
-            "| {name} | {threads} | pp{n} | {:.1} | {:.0} | time to first token (median of {}) |",
-            median(tps),
-            median(ttft),
-            args.reps
-        );
+        let (t, ms) = (median(tps), median(ttft));
+        println!("| {name} | {threads} | pp{n} | {t:.1} | {ms:.0} | time to first token (median of {}) |", args.reps);
+        rows.push(serde_json::json!({"test": format!("pp{n}"), "n_prompt": n, "n_gen": 0, "n_depth": 0, "tokens_per_s": t, "ttft_ms": ms}));
     }
     for &d in &args.depth {
         let mut tps = Vec::new();
@@ -120,6 +118,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         } else {
             "KV cache"
         };
+        rows.push(serde_json::json!({
+            "test": format!("tg{}", args.gen), "n_prompt": 0, "n_gen": args.gen, "n_depth": d,
+            "tokens_per_s": median(tps.clone()), "kv_cache": !args.no_kv_cache,
+            "allocations_per_step": allocs as f64 / args.gen as f64, "dispatches_per_step": disp as f64 / args.gen as f64,
+        }));
         println!(
             "| {name} | {threads} | tg{} @ d{d} | {:.2} | {:.1} | {mode}; {:.1} heap allocations, {} kernel dispatches per step |",
             args.gen,
@@ -128,6 +131,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             allocs as f64 / args.gen as f64,
             disp / args.gen as u64
         );
+    }
+    if let Some(path) = &args.json {
+        let v = serde_json::json!({
+            "model": name, "threads": threads, "results": rows,
+            "kv_cache_bytes": s.kv_cache_bytes(), "session_bytes": s.bytes(),
+            "model_bytes": l.model.weight_bytes(), "peak_rss_bytes": mens::memory::peak_rss(),
+            "machine": mens::memory::probe(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }
     println!();
     println!(

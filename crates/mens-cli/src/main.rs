@@ -201,6 +201,9 @@ pub(crate) struct BenchArgs {
     /// Decode by re-running the whole sequence each step.
     #[arg(long)]
     no_kv_cache: bool,
+    /// Also write every figure and the machine as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// A loaded model with its tokenizer and chat template.

@@ -142,3 +142,89 @@ fn generates_on_a_tiny_model() {
         String::from_utf8_lossy(&chat.stderr)
     );
 }
+
+fn bench_json(m: &std::path::Path, extra: &[&str], name: &str) -> serde_json::Value {
+    let json = std::env::temp_dir().join(format!("mens-bench-{}-{name}.json", std::process::id()));
+    let mut args = vec![
+        "bench",
+        "-m",
+        m.to_str().unwrap(),
+        "--prompt",
+        "32",
+        "--reps",
+        "3",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--json", json.to_str().unwrap()]);
+    let out = mens().args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+/// `mens bench` reports every field; allocations and dispatches per step are as the engine says.
+#[test]
+fn bench_reports_every_field() {
+    let v = bench_json(&tiny(), &["--gen", "16", "--depth", "0,16"], "fields");
+    for key in [
+        "model",
+        "threads",
+        "results",
+        "kv_cache_bytes",
+        "session_bytes",
+        "model_bytes",
+        "machine",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    let r = v["results"].as_array().unwrap();
+    assert_eq!(r.len(), 3);
+    assert!(r[0]["ttft_ms"].as_f64().unwrap() > 0.0);
+    for t in &r[1..] {
+        assert!(t["tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(t["allocations_per_step"].as_f64().unwrap(), 0.0, "{t}");
+        assert_eq!(
+            t["dispatches_per_step"].as_f64().unwrap(),
+            20.0,
+            "2 layers × 9 + 2"
+        );
+    }
+}
+
+/// Uncached decode slows down with depth (it re-runs the sequence) while the cached one stays nearly
+/// flat, on a model large enough that matmuls, not attention, dominate (d = 1024, 4 layers).
+#[test]
+fn the_kv_cache_keeps_decode_flat() {
+    use mens::gguf::TensorType::Q8_0;
+    let spec = SynthSpec {
+        n_layer: 4,
+        dim: 1024,
+        n_head: 16,
+        n_kv_head: 4,
+        ffn_dim: 2816,
+        types: [Q8_0; 7],
+        ..SynthSpec::tiny_qwen2()
+    };
+    let m = tmp("medium.gguf", &synth_model(&spec));
+    let cached = bench_json(&m, &["--gen", "8", "--depth", "0,64"], "cached");
+    let uncached = bench_json(
+        &m,
+        &["--gen", "4", "--depth", "0,64", "--no-kv-cache"],
+        "uncached",
+    );
+    let tps = |v: &serde_json::Value, i: usize| v["results"][i]["tokens_per_s"].as_f64().unwrap();
+    let cached_ratio = tps(&cached, 2) / tps(&cached, 1);
+    let uncached_ratio = tps(&uncached, 2) / tps(&uncached, 1);
+    eprintln!("decode speed at depth 64 / depth 0: cached {cached_ratio:.2}, uncached {uncached_ratio:.2}");
+    assert!(
+        uncached_ratio < 0.25,
+        "uncached decode should slow down with depth: {uncached_ratio}"
+    );
+    assert!(
+        cached_ratio > 0.5,
+        "cached decode should stay nearly flat: {cached_ratio}"
+    );
+}
