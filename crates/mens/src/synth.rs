@@ -68,19 +68,10 @@ impl SynthSpec {
 
 /// The vocabulary of synthetic models: the 256 byte-level tokens, a few merges, and ChatML specials.
 pub fn synth_vocab() -> (Vec<String>, Vec<String>, Vec<i64>) {
-    let mut tokens = Vec::new();
-    let mut n = 0u32;
-    for b in 0u32..=255 {
-        let printable =
-            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-        let c = if printable {
-            char::from_u32(b).unwrap()
-        } else {
-            n += 1;
-            char::from_u32(255 + n).unwrap()
-        };
-        tokens.push(c.to_string());
-    }
+    let mut tokens: Vec<String> = crate::tokenizer::byte_chars()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
     let merges = vec![
         "Ġ t".to_string(),
         "h e".to_string(),

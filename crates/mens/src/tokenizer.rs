@@ -33,22 +33,29 @@ pub struct Tokenizer {
     vocab: HashMap<String, u32>,
 }
 
-/// GPT-2's byte ↔ printable-character map used by byte-level BPE vocabularies.
-fn byte_decoder() -> HashMap<char, u8> {
-    let mut map = HashMap::new();
+/// GPT-2's byte → printable-character map used by byte-level BPE vocabularies.
+pub fn byte_chars() -> [char; 256] {
+    let mut out = ['\0'; 256];
     let mut n = 0u32;
     for b in 0u32..=255 {
         let printable =
             (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-        let c = if printable {
-            char::from_u32(b).unwrap()
+        out[b as usize] = if printable {
+            char::from_u32(b).unwrap_or('?')
         } else {
             n += 1;
-            char::from_u32(255 + n).unwrap()
+            char::from_u32(255 + n).unwrap_or('?')
         };
-        map.insert(c, b as u8);
     }
-    map
+    out
+}
+
+fn byte_decoder() -> HashMap<char, u8> {
+    byte_chars()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect()
 }
 
 fn split(regex: &str) -> Result<PreTokenizerWrapper> {

@@ -19,6 +19,27 @@ use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Calls `$f::<BlockType>` for the block type of tensor type `$t` (one place for the 13-way match).
+macro_rules! by_type {
+    ($t:expr, $f:ident) => {
+        match $t {
+            TensorType::F32 => $f::<f32>,
+            TensorType::F16 => $f::<f16>,
+            TensorType::BF16 => $f::<bf16>,
+            TensorType::Q4_0 => $f::<BlockQ4_0>,
+            TensorType::Q4_1 => $f::<BlockQ4_1>,
+            TensorType::Q5_0 => $f::<BlockQ5_0>,
+            TensorType::Q5_1 => $f::<BlockQ5_1>,
+            TensorType::Q8_0 => $f::<BlockQ8_0>,
+            TensorType::Q2K => $f::<BlockQ2K>,
+            TensorType::Q3K => $f::<BlockQ3K>,
+            TensorType::Q4K => $f::<BlockQ4K>,
+            TensorType::Q5K => $f::<BlockQ5K>,
+            TensorType::Q6K => $f::<BlockQ6K>,
+        }
+    };
+}
+
 /// Counts kernel dispatches (one per matmul or fused elementwise kernel call), for `mens bench`.
 pub static DISPATCHES: AtomicU64 = AtomicU64::new(0);
 
@@ -98,20 +119,10 @@ impl QTensor {
             T::to_float(cast::<T>(row), out)
         }
         match self.ttype {
-            TensorType::F32 => deq::<f32>(row, out),
-            TensorType::F16 => deq::<f16>(row, out),
-            TensorType::BF16 => deq::<bf16>(row, out),
-            TensorType::Q4_0 => deq::<BlockQ4_0>(row, out),
-            TensorType::Q4_1 => deq::<BlockQ4_1>(row, out),
-            TensorType::Q5_0 => deq::<BlockQ5_0>(row, out),
-            TensorType::Q5_1 => deq::<BlockQ5_1>(row, out),
-            TensorType::Q8_0 => deq::<BlockQ8_0>(row, out),
-            TensorType::Q2K => deq::<BlockQ2K>(row, out),
-            TensorType::Q3K => deq::<BlockQ3K>(row, out),
             // Own code for the Q4_K_M types: candle's K-quant to_float allocates on every call.
             TensorType::Q4K => dequantize_q4k(row, out),
-            TensorType::Q5K => deq::<BlockQ5K>(row, out),
             TensorType::Q6K => dequantize_q6k(row, out),
+            t => by_type!(t, deq)(row, out),
         }
     }
 }
@@ -186,21 +197,7 @@ pub fn quantize(t: TensorType, x: &[f32]) -> Vec<u8> {
                 .to_vec()
         }
     }
-    match t {
-        TensorType::F32 => q::<f32>(x),
-        TensorType::F16 => q::<f16>(x),
-        TensorType::BF16 => q::<bf16>(x),
-        TensorType::Q4_0 => q::<BlockQ4_0>(x),
-        TensorType::Q4_1 => q::<BlockQ4_1>(x),
-        TensorType::Q5_0 => q::<BlockQ5_0>(x),
-        TensorType::Q5_1 => q::<BlockQ5_1>(x),
-        TensorType::Q8_0 => q::<BlockQ8_0>(x),
-        TensorType::Q2K => q::<BlockQ2K>(x),
-        TensorType::Q3K => q::<BlockQ3K>(x),
-        TensorType::Q4K => q::<BlockQ4K>(x),
-        TensorType::Q5K => q::<BlockQ5K>(x),
-        TensorType::Q6K => q::<BlockQ6K>(x),
-    }
+    by_type!(t, q)(x)
 }
 
 /// Reinterpret bytes as a slice of blocks. Callers guarantee length is a whole number of blocks and
@@ -481,21 +478,7 @@ fn rows(
             return rows_simd(level, kind, w, input, out, stride, off, r0, r1);
         }
     }
-    let f = match w.ttype {
-        TensorType::F32 => rows_typed::<f32>,
-        TensorType::F16 => rows_typed::<f16>,
-        TensorType::BF16 => rows_typed::<bf16>,
-        TensorType::Q4_0 => rows_typed::<BlockQ4_0>,
-        TensorType::Q4_1 => rows_typed::<BlockQ4_1>,
-        TensorType::Q5_0 => rows_typed::<BlockQ5_0>,
-        TensorType::Q5_1 => rows_typed::<BlockQ5_1>,
-        TensorType::Q8_0 => rows_typed::<BlockQ8_0>,
-        TensorType::Q2K => rows_typed::<BlockQ2K>,
-        TensorType::Q3K => rows_typed::<BlockQ3K>,
-        TensorType::Q4K => rows_typed::<BlockQ4K>,
-        TensorType::Q5K => rows_typed::<BlockQ5K>,
-        TensorType::Q6K => rows_typed::<BlockQ6K>,
-    };
+    let f = by_type!(w.ttype, rows_typed);
     f(w, input, out, stride, off, r0, r1)
 }
 

@@ -21,6 +21,8 @@ struct Shared {
     /// The current job, `*const &Job` (valid while its generation runs).
     job: AtomicPtr<()>,
     sleepers: AtomicUsize,
+    /// Workers that have started (`Pool::new` waits for all, so no start-up work happens later).
+    started: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
 }
@@ -61,6 +63,7 @@ impl Shared {
 
 fn worker(shared: Arc<Shared>) {
     let mut seen = 0u64;
+    shared.started.fetch_add(1, SeqCst);
     loop {
         let t0 = Instant::now();
         let mut spins = 0u32;
@@ -98,6 +101,7 @@ impl Pool {
             done: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             sleepers: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
@@ -107,6 +111,9 @@ impl Pool {
                 .name(format!("mens-worker-{i}"))
                 .spawn(move || worker(s))
                 .expect("spawn worker thread");
+        }
+        while shared.started.load(SeqCst) < threads - 1 {
+            std::thread::yield_now();
         }
         Pool {
             shared,
