@@ -258,13 +258,7 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
     let options = admit(&model, args, args.ctx_size)?;
     let estimate = mens::memory::estimate(&model, &options);
     let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
-    if tokenizer.vocab_size() > model.config.vocab_size {
-        bail!(
-            "unsupported or inconsistent model: the vocabulary has {} tokens but the embedding only {} rows",
-            tokenizer.vocab_size(),
-            model.config.vocab_size
-        );
-    }
+    tokenizer.check_model(model.config.vocab_size)?;
     prefault(&model);
     let g = &model.gguf;
     let source = g.get_str("tokenizer.chat_template")?.map(str::to_string);

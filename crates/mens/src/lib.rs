@@ -22,13 +22,15 @@ pub use error::{Error, Result};
 /// Used by the fuzz target and its regression tests; returns the first error.
 pub fn load_untrusted(bytes: &[u8]) -> Result<()> {
     let g = gguf::Gguf::from_bytes(bytes.to_vec())?;
-    if let Ok(t) = tokenizer::Tokenizer::from_gguf(&g) {
+    let tok = tokenizer::Tokenizer::from_gguf(&g);
+    if let Ok(t) = &tok {
         t.encode("def f(x):\n    return <|im_start|>x 日本")?;
     }
     if let Ok(Some(src)) = g.get_str("tokenizer.chat_template") {
         let t = chat::ChatTemplate::new(Some(src.to_string()), String::new(), String::new());
         t.render(&[chat::Message::new("user", "hi")], true)?;
     }
-    model::Model::from_gguf(g)?;
+    let m = model::Model::from_gguf(g)?;
+    tok?.check_model(m.config.vocab_size)?;
     Ok(())
 }

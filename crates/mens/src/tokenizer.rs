@@ -222,6 +222,17 @@ impl Tokenizer {
         self.token_bytes.len()
     }
 
+    /// The vocabulary must fit the model's embedding (as many rows or more).
+    pub fn check_model(&self, embedding_rows: usize) -> Result<()> {
+        if self.vocab_size() > embedding_rows {
+            return Err(Error::Model(format!(
+                "the vocabulary has {} tokens but the embedding only {embedding_rows} rows",
+                self.vocab_size()
+            )));
+        }
+        Ok(())
+    }
+
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) become their ids.
     /// A BOS is prepended when the model asks for one.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
