@@ -85,6 +85,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("| {name} | {threads} | pp{n} | {t:.1} | {ms:.0} | time to first token (median of {}) |", args.reps);
         rows.push(serde_json::json!({"test": format!("pp{n}"), "n_prompt": n, "n_gen": 0, "n_depth": 0, "tokens_per_s": t, "ttft_ms": ms}));
     }
+    let mut scratch = Vec::with_capacity(ctx);
     for &d in &args.depth {
         let mut tps = Vec::new();
         let (mut allocs, mut disp) = (0u64, 0u64);
@@ -101,10 +102,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             for _ in 0..args.gen {
                 let next = argmax(s.logits());
                 if args.no_kv_cache {
-                    let mut all = s.tokens().to_vec();
-                    all.push(next);
-                    s.reset();
-                    s.forward(&all, Logits::Last)?;
+                    s.rerun(&[next], &mut scratch)?;
                 } else {
                     s.forward(&[next], Logits::Last)?;
                 }

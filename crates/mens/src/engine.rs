@@ -221,15 +221,20 @@ impl Session {
         &self.run.logits[..self.model.config.vocab_size]
     }
 
-    pub fn logits_mut(&mut self) -> &mut [f32] {
-        let v = self.model.config.vocab_size;
-        &mut self.run.logits[..v]
-    }
-
     /// The last logits (mutable, for in-place penalties) and the cached tokens, borrowed together.
     pub fn logits_and_tokens(&mut self) -> (&mut [f32], &[u32]) {
         let v = self.model.config.vocab_size;
         (&mut self.run.logits[..v], &self.tokens)
+    }
+
+    /// The uncached baseline: re-run the whole sequence (the cached tokens, then `extra`) from
+    /// position 0. `scratch` holds the sequence (give it capacity `ctx` to keep this allocation-free).
+    pub fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
+        scratch.clear();
+        scratch.extend_from_slice(&self.tokens);
+        scratch.extend_from_slice(extra);
+        self.reset();
+        self.forward(scratch, Logits::Last)
     }
 
     /// Run `tokens` through the model after what the cache already holds.

@@ -114,12 +114,15 @@ pub fn generate(
             session.pos()
         )));
     }
+    // The uncached baseline re-runs this whole sequence each step (allocated once).
+    let mut all: Vec<u32> = if opts.no_kv_cache {
+        Vec::with_capacity(ctx)
+    } else {
+        Vec::new()
+    };
     let t0 = Instant::now();
     if opts.no_kv_cache {
-        let mut all = session.tokens().to_vec();
-        all.extend_from_slice(prompt);
-        session.reset();
-        session.forward(&all, Logits::Last)?;
+        session.rerun(prompt, &mut all)?;
     } else {
         session.forward(prompt, Logits::Last)?;
     }
@@ -140,12 +143,6 @@ pub fn generate(
     };
     let mut piece = String::with_capacity(64);
     let mut emit = String::with_capacity(64);
-    // The uncached baseline re-runs this whole sequence each step (allocated once).
-    let mut all: Vec<u32> = if opts.no_kv_cache {
-        Vec::with_capacity(ctx)
-    } else {
-        Vec::new()
-    };
 
     while stats.generated < opts.max_tokens {
         let next = session.sample_next(sampler);
@@ -172,11 +169,7 @@ pub fn generate(
         }
         let t = Instant::now();
         if opts.no_kv_cache {
-            all.clear();
-            all.extend_from_slice(session.tokens());
-            all.push(next);
-            session.reset();
-            session.forward(&all, Logits::Last)?;
+            session.rerun(&[next], &mut all)?;
         } else {
             session.forward(&[next], Logits::Last)?;
         }

@@ -604,24 +604,12 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    fn random_tensor<T: GgmlType>(
-        rows: usize,
-        cols: usize,
-        ttype: TensorType,
-        seed: u64,
-    ) -> (QTensor, Vec<f32>) {
+    fn random_tensor(rows: usize, cols: usize, ttype: TensorType, seed: u64) -> QTensor {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let x: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let nb = rows * cols / T::BLCK_SIZE;
-        let mut blocks = vec![T::zeros(); nb];
-        T::from_float(&x, &mut blocks);
-        let bytes = unsafe {
-            std::slice::from_raw_parts(blocks.as_ptr() as *const u8, nb * std::mem::size_of::<T>())
-                .to_vec()
-        };
+        let bytes = quantize(ttype, &x);
         let len = bytes.len();
-        let storage = Arc::new(Storage::Bytes(bytes));
-        (QTensor::new(ttype, rows, cols, storage, 0, len).unwrap(), x)
+        QTensor::new(ttype, rows, cols, Arc::new(Storage::Bytes(bytes)), 0, len).unwrap()
     }
 
     /// The x86 kernels (AVX2 and, where the CPU has it, VNNI; one and four rows at a time) equal
@@ -649,7 +637,7 @@ mod tests {
             cols: usize,
             nb: usize,
         ) {
-            let (w, _) = random_tensor::<T>(3, cols, ttype, kind as u64 + 1);
+            let w = random_tensor(3, cols, ttype, kind as u64 + 1);
             let mut input = QuantizedInput::new(4, cols, &[act_type(ttype)]);
             input.set(ys, 4);
             let (q, arb, d, s) = input.act_rows(act_type(ttype));
@@ -713,7 +701,7 @@ mod tests {
     /// The allocation-free K-quant dequantizers equal candle's.
     #[test]
     fn k_quant_dequantize_matches_candle() {
-        let (w, _) = random_tensor::<BlockQ4K>(2, 512, TensorType::Q4K, 21);
+        let w = random_tensor(2, 512, TensorType::Q4K, 21);
         let (mut a, mut b) = (vec![0f32; 512], vec![0f32; 512]);
         for r in 0..2 {
             w.dequantize_row(r, &mut a);
@@ -723,7 +711,7 @@ mod tests {
             );
             assert_eq!(a, b);
         }
-        let (w, _) = random_tensor::<BlockQ6K>(2, 512, TensorType::Q6K, 22);
+        let w = random_tensor(2, 512, TensorType::Q6K, 22);
         for r in 0..2 {
             w.dequantize_row(r, &mut a);
             BlockQ6K::to_float(
@@ -740,15 +728,15 @@ mod tests {
         let (rows, cols, t) = (37, 512, 5);
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let x: Vec<f32> = (0..t * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        for (w, _) in [
-            random_tensor::<BlockQ4K>(rows, cols, TensorType::Q4K, 4),
-            random_tensor::<BlockQ6K>(rows, cols, TensorType::Q6K, 5),
-            random_tensor::<BlockQ5_0>(rows, cols, TensorType::Q5_0, 6),
-            random_tensor::<BlockQ8_0>(rows, cols, TensorType::Q8_0, 7),
-            random_tensor::<BlockQ4_1>(rows, cols, TensorType::Q4_1, 8),
-            random_tensor::<BlockQ4_0>(rows, cols, TensorType::Q4_0, 9),
-            random_tensor::<f16>(rows, cols, TensorType::F16, 10),
-            random_tensor::<f32>(rows, cols, TensorType::F32, 11),
+        for w in [
+            random_tensor(rows, cols, TensorType::Q4K, 4),
+            random_tensor(rows, cols, TensorType::Q6K, 5),
+            random_tensor(rows, cols, TensorType::Q5_0, 6),
+            random_tensor(rows, cols, TensorType::Q8_0, 7),
+            random_tensor(rows, cols, TensorType::Q4_1, 8),
+            random_tensor(rows, cols, TensorType::Q4_0, 9),
+            random_tensor(rows, cols, TensorType::F16, 10),
+            random_tensor(rows, cols, TensorType::F32, 11),
         ] {
             let mut input = QuantizedInput::new(t, cols, &[act_type(w.ttype)]);
             input.set(&x, t);
