@@ -148,13 +148,175 @@ pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
     kv + acts + logits + rope
 }
 
+/// One sequence's state: its KV cache and the tokens it holds (capacity = ctx, never grows past it).
+pub struct Sequence {
+    kv: KvCache,
+    tokens: Vec<u32>,
+    ctx: usize,
+}
+
+impl Sequence {
+    fn new(m: &Model, ctx: usize) -> Self {
+        let c = &m.config;
+        Sequence {
+            kv: KvCache::new(c.n_layer, ctx, c.kv_dim()),
+            tokens: Vec::with_capacity(ctx),
+            ctx,
+        }
+    }
+
+    /// Tokens now in the cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn pos(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// Drop the cache entries after `n` tokens (to reuse a common prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+    }
+
+    /// Check that `tokens` may be appended.
+    fn check(&self, tokens: &[u32], vocab: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to process".into()));
+        }
+        if self.pos() + tokens.len() > self.ctx {
+            return Err(Error::Context(format!(
+                "{} tokens in the cache + {} new exceed the context of {} tokens",
+                self.pos(),
+                tokens.len(),
+                self.ctx
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Run the model's layers over `parts` (each: a sequence and the tokens to append to it, all
+/// together at most `run`'s batch size), leaving the final-normed hidden states of every new token,
+/// in order, in `run.xb`. Matrix products run once over all rows; RoPE, the cache write and
+/// attention run per sequence against its own cache.
+fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]) {
+    let c = &m.config;
+    let t: usize = parts.iter().map(|p| p.1.len()).sum();
+    let (d, f) = (c.dim, c.ffn_dim);
+    let l = QkvLayout {
+        q_dim: c.q_dim(),
+        kv_dim: c.kv_dim(),
+        head_dim: c.head_dim,
+    };
+    let row = l.q_dim + 2 * l.kv_dim;
+
+    for (i, &tok) in parts.iter().flat_map(|p| p.1.iter()).enumerate() {
+        m.embedding
+            .dequantize_row(tok as usize, &mut r.x[i * d..(i + 1) * d]);
+    }
+    ops::rmsnorm(
+        &r.x[..t * d],
+        &m.layers[0].attn_norm,
+        c.rms_eps,
+        &mut r.xb[..t * d],
+    );
+    for (li, layer) in m.layers.iter().enumerate() {
+        r.in_norm.set(&r.xb[..t * d], t);
+        matmul(
+            &[
+                (&layer.q, 0),
+                (&layer.k, l.q_dim),
+                (&layer.v, l.q_dim + l.kv_dim),
+            ],
+            &r.in_norm,
+            &mut r.qkv,
+            row,
+        );
+        let mut first = 0;
+        for (seq, toks) in parts.iter_mut() {
+            let n = toks.len();
+            let pos0 = seq.tokens.len();
+            let (kc, vc) = seq.kv.layer(li);
+            let qkv = &mut r.qkv[first * row..(first + n) * row];
+            ops::bias_rope_store(
+                qkv,
+                n,
+                &l,
+                layer.qkv_bias.as_deref(),
+                &r.rope,
+                c.rope_style,
+                pos0,
+                kc,
+                vc,
+            );
+            ops::attention(
+                qkv,
+                n,
+                &l,
+                c.n_head,
+                c.n_kv_head,
+                pos0,
+                kc,
+                vc,
+                &mut r.att[first * l.q_dim..(first + n) * l.q_dim],
+            );
+            first += n;
+        }
+        r.in_att.set(&r.att[..t * l.q_dim], t);
+        matmul(&[(&layer.o, 0)], &r.in_att, &mut r.tmp, d);
+        ops::add_rmsnorm(
+            &mut r.x[..t * d],
+            &r.tmp[..t * d],
+            &layer.ffn_norm,
+            c.rms_eps,
+            &mut r.xb[..t * d],
+        );
+        r.in_norm.set(&r.xb[..t * d], t);
+        matmul(
+            &[(&layer.gate, 0), (&layer.up, f)],
+            &r.in_norm,
+            &mut r.gate_up,
+            2 * f,
+        );
+        ops::swiglu(&r.gate_up, t, f, &mut r.hidden);
+        r.in_ffn.set(&r.hidden[..t * f], t);
+        matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
+        let norm = match m.layers.get(li + 1) {
+            Some(next) => &next.attn_norm,
+            None => &m.output_norm,
+        };
+        ops::add_rmsnorm(
+            &mut r.x[..t * d],
+            &r.tmp[..t * d],
+            norm,
+            c.rms_eps,
+            &mut r.xb[..t * d],
+        );
+    }
+    for (seq, toks) in parts.iter_mut() {
+        seq.tokens.extend_from_slice(toks);
+    }
+}
+
 pub struct Session {
     pub model: Arc<Model>,
     pub options: SessionOptions,
-    kv: KvCache,
+    seq: Sequence,
     run: RunState,
-    /// Tokens in the cache, in order (capacity = ctx, never grows past it).
-    tokens: Vec<u32>,
 }
 
 /// Which logits a forward pass produces.
@@ -176,12 +338,10 @@ impl Session {
                 "context, batch and logit rows must be > 0".into(),
             ));
         }
-        let c = &model.config;
-        let kv = KvCache::new(c.n_layer, options.ctx, c.kv_dim());
+        let seq = Sequence::new(&model, options.ctx);
         let run = RunState::new(&model, &options);
         Ok(Session {
-            tokens: Vec::with_capacity(options.ctx),
-            kv,
+            seq,
             run,
             options,
             model,
@@ -190,30 +350,30 @@ impl Session {
 
     /// Tokens now in the cache.
     pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+        &self.seq.tokens
     }
 
     pub fn pos(&self) -> usize {
-        self.tokens.len()
+        self.seq.tokens.len()
     }
 
     /// Bytes allocated by this session (KV cache and run state).
     pub fn bytes(&self) -> usize {
-        self.kv.bytes() + self.run.bytes()
+        self.seq.kv.bytes() + self.run.bytes()
     }
 
     pub fn kv_cache_bytes(&self) -> usize {
-        self.kv.bytes()
+        self.seq.kv.bytes()
     }
 
     /// Forget everything: the next forward starts at position 0. The buffers stay.
     pub fn reset(&mut self) {
-        self.tokens.clear();
+        self.seq.tokens.clear();
     }
 
     /// Drop the cache entries after `n` tokens (to reuse a common prefix).
     pub fn truncate(&mut self, n: usize) {
-        self.tokens.truncate(n);
+        self.seq.truncate(n);
     }
 
     /// The logits of the last token of the last forward pass with `Logits::Last`.
@@ -224,14 +384,14 @@ impl Session {
     /// The last logits (mutable, for in-place penalties) and the cached tokens, borrowed together.
     pub fn logits_and_tokens(&mut self) -> (&mut [f32], &[u32]) {
         let v = self.model.config.vocab_size;
-        (&mut self.run.logits[..v], &self.tokens)
+        (&mut self.run.logits[..v], &self.seq.tokens)
     }
 
     /// The uncached baseline: re-run the whole sequence (the cached tokens, then `extra`) from
     /// position 0. `scratch` holds the sequence (give it capacity `ctx` to keep this allocation-free).
     pub fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
         scratch.clear();
-        scratch.extend_from_slice(&self.tokens);
+        scratch.extend_from_slice(&self.seq.tokens);
         scratch.extend_from_slice(extra);
         self.reset();
         self.forward(scratch, Logits::Last)
@@ -239,24 +399,7 @@ impl Session {
 
     /// Run `tokens` through the model after what the cache already holds.
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
-        let c = &self.model.config;
-        if tokens.is_empty() {
-            return Err(Error::InvalidArgument("no tokens to process".into()));
-        }
-        if self.pos() + tokens.len() > self.options.ctx {
-            return Err(Error::Context(format!(
-                "{} tokens in the cache + {} new exceed the context of {} tokens",
-                self.pos(),
-                tokens.len(),
-                self.options.ctx
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {bad} is outside the vocabulary ({})",
-                c.vocab_size
-            )));
-        }
+        self.seq.check(tokens, self.model.config.vocab_size)?;
         let b = self.options.batch;
         let mut done = 0;
         for chunk in tokens.chunks(b) {
@@ -286,101 +429,12 @@ impl Session {
         tokens: &[u32],
         head: Option<Option<(usize, &mut dyn FnMut(usize, &[f32]))>>,
     ) {
-        let m = self.model.clone();
+        let m = &*self.model;
         let c = &m.config;
         let t = tokens.len();
-        let pos0 = self.tokens.len();
-        let (d, f) = (c.dim, c.ffn_dim);
-        let l = QkvLayout {
-            q_dim: c.q_dim(),
-            kv_dim: c.kv_dim(),
-            head_dim: c.head_dim,
-        };
-        let row = l.q_dim + 2 * l.kv_dim;
+        let d = c.dim;
         let r = &mut self.run;
-
-        for (i, &tok) in tokens.iter().enumerate() {
-            m.embedding
-                .dequantize_row(tok as usize, &mut r.x[i * d..(i + 1) * d]);
-        }
-        ops::rmsnorm(
-            &r.x[..t * d],
-            &m.layers[0].attn_norm,
-            c.rms_eps,
-            &mut r.xb[..t * d],
-        );
-        for (li, layer) in m.layers.iter().enumerate() {
-            r.in_norm.set(&r.xb[..t * d], t);
-            matmul(
-                &[
-                    (&layer.q, 0),
-                    (&layer.k, l.q_dim),
-                    (&layer.v, l.q_dim + l.kv_dim),
-                ],
-                &r.in_norm,
-                &mut r.qkv,
-                row,
-            );
-            let (kc, vc) = self.kv.layer(li);
-            ops::bias_rope_store(
-                &mut r.qkv,
-                t,
-                &l,
-                layer.qkv_bias.as_deref(),
-                &r.rope,
-                c.rope_style,
-                pos0,
-                kc,
-                vc,
-            );
-            ops::attention(
-                &r.qkv,
-                t,
-                &l,
-                c.n_head,
-                c.n_kv_head,
-                pos0,
-                kc,
-                vc,
-                &mut r.att,
-            );
-            r.in_att.set(&r.att[..t * l.q_dim], t);
-            matmul(&[(&layer.o, 0)], &r.in_att, &mut r.tmp, d);
-            ops::add_rmsnorm(
-                &mut r.x[..t * d],
-                &r.tmp[..t * d],
-                &layer.ffn_norm,
-                c.rms_eps,
-                &mut r.xb[..t * d],
-            );
-            r.in_norm.set(&r.xb[..t * d], t);
-            matmul(
-                &[(&layer.gate, 0), (&layer.up, f)],
-                &r.in_norm,
-                &mut r.gate_up,
-                2 * f,
-            );
-            ops::swiglu(&r.gate_up, t, f, &mut r.hidden);
-            r.in_ffn.set(&r.hidden[..t * f], t);
-            matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
-            match m.layers.get(li + 1) {
-                Some(next) => ops::add_rmsnorm(
-                    &mut r.x[..t * d],
-                    &r.tmp[..t * d],
-                    &next.attn_norm,
-                    c.rms_eps,
-                    &mut r.xb[..t * d],
-                ),
-                None => ops::add_rmsnorm(
-                    &mut r.x[..t * d],
-                    &r.tmp[..t * d],
-                    &m.output_norm,
-                    c.rms_eps,
-                    &mut r.xb[..t * d],
-                ),
-            }
-        }
-        self.tokens.extend_from_slice(tokens);
+        run_layers(m, r, &mut [(&mut self.seq, tokens)]);
 
         let v = c.vocab_size;
         match head {
@@ -401,5 +455,145 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// Several sequences ("slots") decoded together: one RunState for all of them, one KV cache each.
+/// A step appends tokens to any subset of the slots (one token for a decoding slot, a prompt chunk
+/// for a prefilling one) and runs every matrix product once over all the new rows, so that the
+/// weights are read once per step instead of once per sequence (continuous batching).
+pub struct Batch {
+    pub model: Arc<Model>,
+    slots: Vec<Sequence>,
+    run: RunState,
+    batch: usize,
+    /// Which slot each logits row of the last step belongs to.
+    logit_slots: Vec<usize>,
+    /// Staging for the rows that get logits (contiguous for the LM head).
+    head_rows: Vec<f32>,
+}
+
+/// One slot's share of a batch step.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// Compute the logits of the last of these tokens.
+    pub logits: bool,
+}
+
+impl Batch {
+    /// `slots` sequences of `ctx` tokens each; a step processes at most `batch` tokens in all.
+    pub fn new(model: Arc<Model>, slots: usize, ctx: usize, batch: usize) -> Result<Self> {
+        if slots == 0 || slots > 64 || ctx == 0 || batch < slots {
+            return Err(Error::InvalidArgument(format!(
+                "a batch needs 1..=64 slots, a context > 0 and room for one token per slot (slots {slots}, ctx {ctx}, batch {batch})"
+            )));
+        }
+        let options = SessionOptions {
+            ctx,
+            batch,
+            logit_rows: slots,
+        };
+        let run = RunState::new(&model, &options);
+        let seqs = (0..slots).map(|_| Sequence::new(&model, ctx)).collect();
+        let d = model.config.dim;
+        Ok(Batch {
+            slots: seqs,
+            run,
+            batch,
+            logit_slots: Vec::with_capacity(slots),
+            head_rows: vec![0f32; slots * d],
+            model,
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn max_tokens_per_step(&self) -> usize {
+        self.batch
+    }
+
+    pub fn slot(&self, i: usize) -> &Sequence {
+        &self.slots[i]
+    }
+
+    pub fn slot_mut(&mut self, i: usize) -> &mut Sequence {
+        &mut self.slots[i]
+    }
+
+    /// Bytes of every KV cache and the run state.
+    pub fn bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.kv.bytes()).sum::<usize>() + self.run.bytes()
+    }
+
+    /// One step over `parts` (distinct slots, ≤ `max_tokens_per_step` tokens in all). Afterwards
+    /// `logits(slot)` holds the last-token logits of each part that asked for them.
+    pub fn step(&mut self, parts: &[Part]) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.tokens.len()).sum();
+        if parts.is_empty() || total > self.batch {
+            return Err(Error::InvalidArgument(format!(
+                "a batch step takes 1..={} tokens, got {total}",
+                self.batch
+            )));
+        }
+        let n = self.slots.len();
+        let mut seen = 0u128;
+        for p in parts {
+            if p.slot >= n || p.slot >= 128 || seen & (1 << p.slot) != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "slot {} is out of range or repeated",
+                    p.slot
+                )));
+            }
+            seen |= 1 << p.slot;
+            self.slots[p.slot].check(p.tokens, self.model.config.vocab_size)?;
+        }
+        let m = &*self.model;
+        let d = m.config.dim;
+        // Disjoint &mut borrows of the slots, in the order of `parts`.
+        let mut refs: Vec<Option<&mut Sequence>> = self.slots.iter_mut().map(Some).collect();
+        let mut work: Vec<(&mut Sequence, &[u32])> = parts
+            .iter()
+            .map(|p| (refs[p.slot].take().expect("distinct slots"), p.tokens))
+            .collect();
+        run_layers(m, &mut self.run, &mut work);
+        drop(work);
+
+        self.logit_slots.clear();
+        let mut row = 0;
+        for p in parts {
+            row += p.tokens.len();
+            if p.logits {
+                let k = self.logit_slots.len();
+                self.head_rows[k * d..(k + 1) * d]
+                    .copy_from_slice(&self.run.xb[(row - 1) * d..row * d]);
+                self.logit_slots.push(p.slot);
+            }
+        }
+        let k = self.logit_slots.len();
+        if k > 0 {
+            let r = &mut self.run;
+            r.in_head.set(&self.head_rows[..k * d], k);
+            matmul(
+                &[(&m.output, 0)],
+                &r.in_head,
+                &mut r.logits,
+                m.config.vocab_size,
+            );
+        }
+        Ok(())
+    }
+
+    /// The logits of `slot` from the last step (mutable, for in-place penalties) and its tokens.
+    pub fn logits_and_tokens(&mut self, slot: usize) -> Option<(&mut [f32], &[u32])> {
+        let k = self.logit_slots.iter().position(|&s| s == slot)?;
+        let v = self.model.config.vocab_size;
+        Some((
+            &mut self.run.logits[k * v..(k + 1) * v],
+            &self.slots[slot].tokens,
+        ))
     }
 }

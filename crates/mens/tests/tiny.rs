@@ -1,6 +1,6 @@
 //! Fast tests on tiny random-weight models that the tests write themselves.
 
-use mens::engine::{Logits, Session, SessionOptions};
+use mens::engine::{Batch, Logits, Part, Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
 use mens::gguf::Gguf;
 use mens::model::Model;
@@ -295,4 +295,107 @@ fn memory_admission() {
             .ctx,
         1000
     );
+}
+
+/// A batch step over several slots (prefill chunks mixed with single decode tokens) gives each slot
+/// the logits its own Session gives, step after step, and greedy continuations stay equal.
+#[test]
+fn batch_steps_equal_separate_sessions() {
+    let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
+    let prompts = [
+        tok.encode("the theory of everything").unwrap(),
+        tok.encode("a b c d e f g h i j k l m n o p").unwrap(),
+        tok.encode("x").unwrap(),
+    ];
+    let opts = SessionOptions {
+        ctx: 128,
+        batch: 32,
+        logit_rows: 1,
+    };
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .map(|_| Session::new(model.clone(), opts.clone()).unwrap())
+        .collect();
+    let mut batch = Batch::new(model.clone(), 3, 128, 32).unwrap();
+    // Slot 1 prefills in two chunks while slot 0 is already decoding; slot 2 joins late.
+    let mut next = [None::<u32>; 3];
+    let mut fed = [0usize; 3];
+    let mut max_diff = 0f32;
+    for step in 0..24 {
+        let mut toks: Vec<(usize, Vec<u32>, bool)> = Vec::new();
+        for s in 0..3 {
+            if s == 2 && step < 5 {
+                continue;
+            }
+            if fed[s] < prompts[s].len() {
+                let n = if s == 1 { 7 } else { prompts[s].len() };
+                let end = (fed[s] + n).min(prompts[s].len());
+                let chunk = prompts[s][fed[s]..end].to_vec();
+                toks.push((s, chunk, end == prompts[s].len()));
+            } else {
+                toks.push((s, vec![next[s].unwrap()], true));
+            }
+        }
+        let parts: Vec<Part> = toks
+            .iter()
+            .map(|(s, t, l)| Part {
+                slot: *s,
+                tokens: t,
+                logits: *l,
+            })
+            .collect();
+        batch.step(&parts).unwrap();
+        for (s, t, wants) in &toks {
+            sessions[*s].forward(t, Logits::Last).unwrap();
+            fed[*s] += t.len();
+            assert_eq!(batch.slot(*s).tokens(), sessions[*s].tokens());
+            if *wants {
+                let (bl, _) = batch.logits_and_tokens(*s).unwrap();
+                let sl = sessions[*s].logits();
+                let d = bl
+                    .iter()
+                    .zip(sl)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                max_diff = max_diff.max(d);
+                let a = mens::kernels::ops::argmax(bl);
+                assert_eq!(a, mens::kernels::ops::argmax(sl), "slot {s} step {step}");
+                next[*s] = Some(a);
+            } else {
+                assert!(batch.logits_and_tokens(*s).is_none());
+            }
+        }
+    }
+    eprintln!("batch vs sessions: max |logit difference| {max_diff:e}");
+    assert!(max_diff < 1e-3, "max logit difference {max_diff}");
+    // Bad steps are errors, not panics.
+    let t = [1u32];
+    let twice = [
+        Part {
+            slot: 0,
+            tokens: &t,
+            logits: true,
+        },
+        Part {
+            slot: 0,
+            tokens: &t,
+            logits: true,
+        },
+    ];
+    assert!(batch.step(&twice).is_err());
+    assert!(batch
+        .step(&[Part {
+            slot: 9,
+            tokens: &t,
+            logits: true
+        }])
+        .is_err());
+    let many = vec![1u32; 33];
+    assert!(batch
+        .step(&[Part {
+            slot: 0,
+            tokens: &many,
+            logits: true
+        }])
+        .is_err());
 }
