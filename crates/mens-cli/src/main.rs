@@ -15,6 +15,7 @@ use std::time::Instant;
 
 mod bench;
 mod perplexity;
+mod serve;
 
 /// Counts heap allocations (for `mens bench`'s allocations per decode step).
 struct CountingAllocator;
@@ -65,10 +66,12 @@ enum Command {
     Bench(BenchArgs),
     /// What mens sees of this machine: CPU, memory, limits, GPUs, and the memory budget.
     Probe(ProbeArgs),
+    /// An OpenAI-compatible HTTP server (localhost by default) decoding many requests together.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Args, Clone)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// Path to a GGUF model file [default: $MENS_MODELS/qwen2.5-coder-0.5b.gguf, where MENS_MODELS
     /// defaults to ~/.cache/mens/models; `scripts/fetch-models.sh` puts it there].
     #[arg(short, long)]
@@ -230,7 +233,7 @@ fn init_threads(threads: Option<usize>) -> Result<()> {
 }
 
 /// The model path: `-m`, or the default model in the models directory.
-fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+pub(crate) fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     if let Some(p) = &args.model {
         return Ok(p.clone());
     }
@@ -251,11 +254,16 @@ fn model_path(args: &ModelArgs) -> Result<PathBuf> {
 }
 
 pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
+    load_slots(args, 1)
+}
+
+/// Load a model admitted for `slots` sequences (the server's `--parallel`).
+pub(crate) fn load_slots(args: &ModelArgs, slots: usize) -> Result<Loaded> {
     init_threads(args.threads)?;
     let t0 = Instant::now();
     let model = Model::open(&model_path(args)?)?;
     // Admission: before any weight page is touched.
-    let options = admit(&model, args, args.ctx_size)?;
+    let options = admit_slots(&model, args, args.ctx_size, slots)?;
     let estimate = mens::memory::estimate(&model, &options);
     let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
     tokenizer.check_model(model.config.vocab_size)?;
@@ -311,7 +319,13 @@ fn budget(args: &ModelArgs) -> Result<mens::memory::Budget> {
 
 /// Check that the model and a context of `ctx` tokens (or, when None, the largest that fits) fit the
 /// memory budget; say what was chosen.
-pub(crate) fn admit(model: &Model, args: &ModelArgs, ctx: Option<usize>) -> Result<SessionOptions> {
+/// Admission for `slots` sequences of one context each (the server).
+pub(crate) fn admit_slots(
+    model: &Model,
+    args: &ModelArgs,
+    ctx: Option<usize>,
+    slots: usize,
+) -> Result<SessionOptions> {
     if let Some(c) = ctx {
         if c == 0 || c > 1 << 20 {
             bail!(
@@ -327,13 +341,18 @@ pub(crate) fn admit(model: &Model, args: &ModelArgs, ctx: Option<usize>) -> Resu
         }
     }
     let b = budget(args)?;
-    let options = mens::memory::fit_context(model, &b, ctx, 512)?;
-    let e = mens::memory::estimate(model, &options);
+    let options = mens::memory::fit_context_slots(model, &b, ctx, 512, slots)?;
+    let e = mens::memory::estimate_slots(model, &options, slots);
     eprintln!(
-        "mens: memory budget {} MiB ({}); context {} tokens{}; estimated use {} MiB",
+        "mens: memory budget {} MiB ({}); context {} tokens{}{}; estimated use {} MiB",
         b.bytes >> 20,
         b.how,
         options.ctx,
+        if slots > 1 {
+            format!(" × {slots} slots")
+        } else {
+            String::new()
+        },
         if ctx.is_none() {
             " (the largest that fits, up to the trained context)"
         } else {
@@ -608,6 +627,7 @@ fn main() {
         Command::Perplexity(a) => perplexity::run(a).context("perplexity"),
         Command::Bench(a) => bench::run(a),
         Command::Probe(a) => probe(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -50,14 +50,21 @@ impl Stats {
 }
 
 /// Held-back text: emits what can no longer be the start of a stop string.
-struct StopMatcher<'a> {
-    stops: &'a [String],
+pub(crate) struct StopMatcher {
+    stops: Vec<String>,
     pending: String,
 }
 
-impl StopMatcher<'_> {
+impl StopMatcher {
+    pub(crate) fn new(stops: Vec<String>) -> Self {
+        StopMatcher {
+            stops,
+            pending: String::new(),
+        }
+    }
+
     /// Add text; returns (text safe to emit, whether a stop string was hit).
-    fn push(&mut self, text: &str, out: &mut String) -> bool {
+    pub(crate) fn push(&mut self, text: &str, out: &mut String) -> bool {
         self.pending.push_str(text);
         if self.stops.is_empty() {
             out.push_str(&self.pending);
@@ -87,7 +94,7 @@ impl StopMatcher<'_> {
         self.pending.drain(..keep_from);
         false
     }
-    fn finish(&mut self, out: &mut String) {
+    pub(crate) fn finish(&mut self, out: &mut String) {
         out.push_str(&self.pending);
         self.pending.clear();
     }
@@ -137,10 +144,7 @@ pub fn generate(
         stop: StopReason::Length,
     };
     let mut decoder = StreamDecoder::new();
-    let mut matcher = StopMatcher {
-        stops: &opts.stop,
-        pending: String::new(),
-    };
+    let mut matcher = StopMatcher::new(opts.stop.clone());
     let mut piece = String::with_capacity(64);
     let mut emit = String::with_capacity(64);
 
@@ -204,19 +208,13 @@ mod tests {
     #[test]
     fn stop_matcher_holds_back_partial_stops() {
         let stops = vec!["</end>".to_string()];
-        let mut m = StopMatcher {
-            stops: &stops,
-            pending: String::new(),
-        };
+        let mut m = StopMatcher::new(stops.clone());
         let mut out = String::new();
         assert!(!m.push("hello </", &mut out));
         assert_eq!(out, "hello ");
         assert!(m.push("end> more", &mut out));
         assert_eq!(out, "hello ");
-        let mut m = StopMatcher {
-            stops: &stops,
-            pending: String::new(),
-        };
+        let mut m = StopMatcher::new(stops.clone());
         let mut out = String::new();
         assert!(!m.push("a </b", &mut out));
         assert_eq!(out, "a </b");

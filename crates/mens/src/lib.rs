@@ -12,6 +12,7 @@ pub mod memory;
 pub mod model;
 pub mod perplexity;
 pub mod sample;
+pub mod scheduler;
 pub mod synth;
 pub mod tokenizer;
 

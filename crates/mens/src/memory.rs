@@ -180,10 +180,15 @@ impl Estimate {
 }
 
 pub fn estimate(model: &Model, options: &SessionOptions) -> Estimate {
+    estimate_slots(model, options, 1)
+}
+
+/// As [`estimate`] for `slots` sequences sharing one set of buffers (the server's batch).
+pub fn estimate_slots(model: &Model, options: &SessionOptions, slots: usize) -> Estimate {
     let kv = model.config.kv_bytes_per_token() * options.ctx as u64;
     Estimate {
         weights: model.gguf.file_len(),
-        kv_cache: kv,
+        kv_cache: kv * slots as u64,
         buffers: session_bytes(model, options) - kv,
         runtime: RUNTIME_MARGIN,
     }
@@ -197,6 +202,18 @@ pub fn fit_context(
     requested: Option<usize>,
     batch: usize,
 ) -> Result<SessionOptions> {
+    fit_context_slots(model, budget, requested, batch, 1)
+}
+
+/// As [`fit_context`] for `slots` sequences of that context each (the server's `--parallel`).
+pub fn fit_context_slots(
+    model: &Model,
+    budget: &Budget,
+    requested: Option<usize>,
+    batch: usize,
+    slots: usize,
+) -> Result<SessionOptions> {
+    let estimate = |m: &Model, o: &SessionOptions| estimate_slots(m, o, slots);
     let train = model.config.train_ctx;
     let opts = |ctx: usize| SessionOptions {
         ctx,
@@ -231,7 +248,8 @@ pub fn fit_context(
             let e = estimate(model, &opts(ctx));
             if e.total() > budget.bytes {
                 return Err(Error::Memory(format!(
-                    "a context of {ctx} tokens needs {} (model {} + KV cache {} + buffers {} + runtime {}) but the budget is {} ({}); a context of up to {max_fit} tokens fits",
+                    "a context of {ctx} tokens{} needs {} (model {} + KV cache {} + buffers {} + runtime {}) but the budget is {} ({}); a context of up to {max_fit} tokens fits",
+                    if slots > 1 { format!(" for each of {slots} slots") } else { String::new() },
                     mib(e.total()),
                     mib(e.weights),
                     mib(e.kv_cache),
