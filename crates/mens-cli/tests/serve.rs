@@ -1,0 +1,156 @@
+//! `mens serve` as a user runs it: the binary on the real 0.5B model, driven by the official `openai`
+//! Python client (installed once into `<repo>/.cache/venv` from the package index).
+
+#[path = "../../mens/tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A Python with the `openai` package: `$MENS_PYTHON`, or a venv made (once) under .cache/venv.
+fn python_with_openai() -> PathBuf {
+    if let Some(p) = std::env::var_os("MENS_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = common::repo_root().join(".cache/venv");
+    let py = venv.join("bin/python");
+    let has = |py: &PathBuf| {
+        Command::new(py)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has(&py) {
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "python3 -m venv failed");
+        let ok = Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "pip install openai failed");
+    }
+    assert!(
+        has(&py),
+        "the openai package is not importable by {}",
+        py.display()
+    );
+    py
+}
+
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `mens serve` on a free port; returns the child and its base URL.
+fn serve(args: &[&str]) -> (Serve, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mens"))
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let t0 = Instant::now();
+    loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).unwrap();
+        assert!(n > 0, "mens serve exited: {seen}");
+        seen.push_str(&line);
+        if let Some(at) = line.find("http://") {
+            let url = line[at..].split_whitespace().next().unwrap().to_string();
+            // Keep draining stderr so the server never blocks on a full pipe.
+            std::thread::spawn(move || for _ in err.lines() {});
+            return (Serve(child), url);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no address: {seen}"
+        );
+    }
+}
+
+#[test]
+fn openai_python_client_works_against_mens_serve() {
+    let model = common::real_model("qwen2.5-coder-0.5b");
+    let py = python_with_openai();
+    let (_server, url) = serve(&[
+        "-m",
+        model.to_str().unwrap(),
+        "-c",
+        "2048",
+        "--parallel",
+        "2",
+        "--api-key",
+        "test-key",
+    ]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_compat.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(&url)
+        .arg("test-key")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai client checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("all checks passed"));
+}
+
+#[test]
+fn serve_refuses_bad_flags_and_warns_on_open_binds() {
+    let bad = Command::new(env!("CARGO_BIN_EXE_mens"))
+        .args(["serve", "--parallel", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--parallel"));
+    // Binding beyond loopback without a key prints a warning (the server still starts).
+    let model = common::real_model("qwen2.5-coder-0.5b");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mens"))
+        .args([
+            "serve",
+            "-m",
+            model.to_str().unwrap(),
+            "-c",
+            "256",
+            "--parallel",
+            "1",
+        ])
+        .args(["--host", "0.0.0.0", "--port", "0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("serving") {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        seen.contains("WARNING") && seen.contains("without an API key"),
+        "{seen}"
+    );
+}

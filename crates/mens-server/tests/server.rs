@@ -1,0 +1,684 @@
+//! The HTTP server end to end: started on an ephemeral loopback port over the tiny random model (and
+//! the real 0.5B where the behaviour needs a model slow enough to watch), driven by a raw HTTP/1.1
+//! client so that every byte on the wire is what the test sees.
+
+#[path = "../../mens/tests/common/mod.rs"]
+mod common;
+
+use mens::chat::ChatTemplate;
+use mens::gguf::Gguf;
+use mens::model::Model;
+use mens::sample::SamplerConfig;
+use mens::scheduler::{Event, Request, Scheduler, SchedulerOptions};
+use mens::synth::{synth_model, SynthSpec};
+use mens::tokenizer::Tokenizer;
+use mens_server::{AppState, ServerConfig};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Server {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    _rt: tokio::runtime::Runtime,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn start_with(
+    model: Arc<Model>,
+    tok: Tokenizer,
+    opts: SchedulerOptions,
+    config: ServerConfig,
+) -> Server {
+    let tokenizer = Arc::new(tok);
+    let template = ChatTemplate::new(
+        model
+            .gguf
+            .get_str("tokenizer.chat_template")
+            .unwrap()
+            .map(str::to_string),
+        String::new(),
+        String::new(),
+    );
+    let scheduler = Scheduler::start(model, tokenizer.clone(), opts).unwrap();
+    let state = Arc::new(AppState {
+        scheduler,
+        tokenizer,
+        template,
+        config,
+        created: 1,
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    rt.spawn(mens_server::serve(listener, state.clone(), async {
+        let _ = stopped.await;
+    }));
+    Server {
+        addr,
+        state,
+        _rt: rt,
+        _stop: stop,
+    }
+}
+
+fn tiny() -> (Arc<Model>, Tokenizer) {
+    let model =
+        Model::from_gguf(Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.gguf).unwrap();
+    (Arc::new(model), tok)
+}
+
+fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
+    let (m, t) = tiny();
+    let opts = SchedulerOptions {
+        slots,
+        ctx: 256,
+        batch: 64,
+        queue,
+    };
+    start_with(m, t, opts, config)
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    /// The `data:` payloads of a server-sent-event body.
+    fn events(&self) -> Vec<String> {
+        String::from_utf8(self.body.clone())
+            .unwrap()
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+}
+
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    s
+}
+
+fn read_reply(s: TcpStream) -> Reply {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let n = usize::from_str_radix(line.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            let mut chunk = vec![0u8; n + 2];
+            r.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        r.read_to_end(&mut body).unwrap();
+    }
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn call(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Reply {
+    let b = if body.is_null() {
+        vec![]
+    } else {
+        body.to_string().into_bytes()
+    };
+    read_reply(send(
+        addr,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        &b,
+    ))
+}
+
+fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
+    call(addr, "POST", path, &body)
+}
+
+fn assert_error(r: &Reply, status: u16, needle: &str) {
+    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let e = &v["error"];
+    assert!(e["type"].is_string(), "error type missing: {v}");
+    let m = e["message"].as_str().expect("error message");
+    assert!(m.contains(needle), "message {m:?} lacks {needle:?}");
+}
+
+fn chat(content: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0})
+}
+
+#[test]
+fn health_and_models() {
+    let s = start(2, 4, ServerConfig::default());
+    let h = call(s.addr, "GET", "/health", &Value::Null);
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["status"], "ok");
+    assert_eq!(h.json()["slots"], 2);
+    let m = call(s.addr, "GET", "/v1/models", &Value::Null);
+    assert_eq!(m.status, 200);
+    let v = m.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "mens");
+    assert_eq!(v["data"][0]["object"], "model");
+    assert_error(
+        &call(s.addr, "GET", "/nope", &Value::Null),
+        404,
+        "no such route",
+    );
+}
+
+#[test]
+fn chat_completion_whole_and_streamed_agree() {
+    let s = start(2, 4, ServerConfig::default());
+    let r = post(s.addr, "/v1/chat/completions", chat("the theory"));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let u = &v["usage"];
+    let (p, c) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(p > 5 && (1..=8).contains(&c), "{u}");
+    assert_eq!(u["total_tokens"].as_u64().unwrap(), p + c);
+    let reason = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(reason, if c == 8 { "length" } else { "stop" });
+
+    let mut body = chat("the theory");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post(s.addr, "/v1/chat/completions", body);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let ev = r.events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut streamed = String::new();
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            streamed.push_str(t);
+        }
+    }
+    // Greedy: the streamed text is the whole answer, chunk by chunk.
+    assert_eq!(streamed, text);
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], reason);
+    assert_eq!(chunks[n - 1]["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        chunks[n - 1]["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap(),
+        c
+    );
+}
+
+#[test]
+fn text_completions_seeds_stops_and_token_prompts() {
+    let s = start(2, 4, ServerConfig::default());
+    let body = |seed: u64| {
+        json!({"prompt": "the theory of", "max_tokens": 12, "temperature": 1.0, "top_k": 0,
+               "top_p": 1.0, "min_p": 0.0, "seed": seed})
+    };
+    let a = post(s.addr, "/v1/completions", body(7)).json();
+    let b = post(s.addr, "/v1/completions", body(7)).json();
+    assert_eq!(a["object"], "text_completion");
+    assert_eq!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "same seed, same text"
+    );
+    let texts: std::collections::HashSet<String> = (0..6)
+        .map(|i| {
+            post(s.addr, "/v1/completions", body(100 + i)).json()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        texts.len() > 1,
+        "different seeds should give different samples"
+    );
+
+    // A stop string cuts the text before it and finishes with "stop".
+    let t = a["choices"][0]["text"].as_str().unwrap().to_string();
+    if let Some((i, ch)) = t.char_indices().nth(3) {
+        let stop = ch.to_string();
+        let mut q = body(7);
+        q["stop"] = json!([stop]);
+        let r = post(s.addr, "/v1/completions", q).json();
+        let cut = r["choices"][0]["text"].as_str().unwrap();
+        assert_eq!(cut, &t[..t.find(&stop).unwrap().min(i)]);
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    }
+
+    // Token-id prompts are accepted; streamed completions end with [DONE].
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 3], "max_tokens": 3, "stream": true}),
+    );
+    assert_eq!(r.status, 200);
+    let ev = r.events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let last: Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
+    assert_eq!(last["object"], "text_completion");
+    assert!(last["choices"][0]["finish_reason"].is_string());
+}
+
+#[test]
+fn invalid_requests_get_openai_errors() {
+    let s = start(
+        1,
+        2,
+        ServerConfig {
+            body_limit: 4096,
+            ..Default::default()
+        },
+    );
+    let a = s.addr;
+    let mut b = chat("x");
+    b["temperature"] = json!(-1);
+    assert_error(&post(a, "/v1/chat/completions", b), 400, "temperature");
+    let mut b = chat("x");
+    b["top_p"] = json!(2);
+    assert_error(&post(a, "/v1/chat/completions", b), 400, "top-p");
+    let mut b = chat("x");
+    b["n"] = json!(2);
+    assert_error(&post(a, "/v1/chat/completions", b), 400, "n = 2");
+    let b = json!({"messages": [{"role": "wizard", "content": "x"}]});
+    assert_error(&post(a, "/v1/chat/completions", b), 400, "unknown role");
+    assert_error(
+        &post(a, "/v1/chat/completions", json!({"messages": []})),
+        400,
+        "empty",
+    );
+    assert_error(
+        &post(a, "/v1/chat/completions", json!({"nope": 1})),
+        400,
+        "messages",
+    );
+    let r = read_reply(send(a, "POST", "/v1/chat/completions", &[], b"{not json"));
+    assert_error(&r, 400, "not valid");
+    let mut b = chat("x");
+    b["max_tokens"] = json!(0);
+    assert_error(&post(a, "/v1/chat/completions", b), 400, "max_tokens");
+    // prompt + max_tokens over the context: a clear 400, never silent truncation.
+    let mut b = chat("x");
+    b["max_tokens"] = json!(250);
+    let r = post(a, "/v1/chat/completions", b);
+    assert_error(&r, 400, "exceed the context of 256");
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    let long = "a ".repeat(1500);
+    let r = post(
+        a,
+        "/v1/completions",
+        json!({"prompt": long, "max_tokens": 1}),
+    );
+    assert_error(&r, 400, "context");
+    assert_error(
+        &post(a, "/v1/completions", json!({"prompt": ""})),
+        400,
+        "empty",
+    );
+    assert_error(
+        &post(
+            a,
+            "/v1/completions",
+            json!({"prompt": [999999], "max_tokens": 1}),
+        ),
+        400,
+        "vocabulary",
+    );
+    // A body over the limit: 413, both when declared and when sent chunked.
+    let big = json!({"prompt": "x".repeat(5000)});
+    assert_error(&post(a, "/v1/completions", big), 413, "limit");
+    let mut st = TcpStream::connect(a).unwrap();
+    let chunk = "x".repeat(3000);
+    write!(
+        st,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len(),
+        chunk.len()
+    )
+    .unwrap();
+    assert_error(&read_reply(st), 413, "limit");
+    // The server is still fine.
+    assert_eq!(post(a, "/v1/chat/completions", chat("x")).status, 200);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let s = start(
+        1,
+        2,
+        ServerConfig {
+            api_key: Some("sekrit".into()),
+            ..Default::default()
+        },
+    );
+    let body = chat("x").to_string();
+    let r = read_reply(send(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.as_bytes(),
+    ));
+    assert_error(&r, 401, "API key");
+    let r = read_reply(send(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer wrong!")],
+        body.as_bytes(),
+    ));
+    assert_error(&r, 401, "API key");
+    let r = read_reply(send(
+        s.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sekrit")],
+        b"",
+    ));
+    assert_eq!(r.status, 200);
+    let r = read_reply(send(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer sekrit")],
+        body.as_bytes(),
+    ));
+    assert_eq!(r.status, 200);
+    // /health stays open (for load balancers).
+    assert_eq!(call(s.addr, "GET", "/health", &Value::Null).status, 200);
+}
+
+/// A request that holds the scheduler thread (its callback blocks) until released.
+fn blocker(
+    tok_ids: Vec<u32>,
+) -> (
+    Request,
+    std::sync::mpsc::Sender<()>,
+    std::sync::mpsc::Receiver<()>,
+) {
+    let (release, wait) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
+    let req = Request {
+        prompt: tok_ids,
+        max_tokens: 4,
+        sampler: SamplerConfig::greedy(),
+        stop: vec![],
+        on_event: Box::new(move |e| {
+            if matches!(e, Event::Text(_)) {
+                let _ = started_tx.send(());
+                let _ = wait.recv_timeout(Duration::from_secs(30));
+            }
+            true
+        }),
+        alive: Box::new(|| true),
+    };
+    (req, release, started)
+}
+
+#[test]
+fn full_queue_answers_503_with_retry_after() {
+    let s = start(1, 1, ServerConfig::default());
+    let ids = s
+        .state
+        .tokenizer
+        .encode("the theory of everything")
+        .unwrap();
+    // One request occupies the only slot (blocked in its callback), one fills the queue.
+    let (a, release_a, started_a) = blocker(ids.clone());
+    s.state.scheduler.submit(a).unwrap();
+    started_a.recv_timeout(Duration::from_secs(30)).unwrap();
+    let (b, release_b, _) = blocker(ids);
+    s.state.scheduler.submit(b).unwrap();
+    let r = post(s.addr, "/v1/chat/completions", chat("x"));
+    assert_error(&r, 503, "busy");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.json()["error"]["code"], "queue_full");
+    for _ in 0..8 {
+        let _ = release_a.send(());
+        let _ = release_b.send(());
+    }
+    // Once the queue drains, requests are served again.
+    let t0 = Instant::now();
+    loop {
+        let r = post(s.addr, "/v1/chat/completions", chat("x"));
+        if r.status == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "still {}", r.status);
+        for _ in 0..8 {
+            let _ = release_a.send(());
+            let _ = release_b.send(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn concurrent_requests_all_complete() {
+    let s = start(3, 16, ServerConfig::default());
+    let addr = s.addr;
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut b = json!({"prompt": format!("the {i} theory"), "max_tokens": 20,
+                                   "temperature": 0.5, "seed": i});
+                if i % 2 == 0 {
+                    b["stream"] = json!(true);
+                }
+                post(addr, "/v1/completions", b)
+            })
+        })
+        .collect();
+    for h in handles {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        if r.header("content-type") == Some("text/event-stream") {
+            assert_eq!(r.events().last().unwrap(), "[DONE]");
+        } else {
+            assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+        }
+    }
+    let h = call(addr, "GET", "/health", &Value::Null).json();
+    assert_eq!(h["slots_busy"], 0);
+    assert_eq!(h["queued"], 0);
+}
+
+#[test]
+fn follow_up_turn_reuses_the_cached_prefix() {
+    let s = start(1, 4, ServerConfig::default());
+    let first = json!({"messages": [{"role": "user", "content": "the theory of everything"}],
+                       "max_tokens": 6, "temperature": 0});
+    let r = post(s.addr, "/v1/chat/completions", first).json();
+    let p1 = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let answer = r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let second = json!({"messages": [
+        {"role": "user", "content": "the theory of everything"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "in short"}], "max_tokens": 4, "temperature": 0});
+    let r = post(s.addr, "/v1/chat/completions", second).json();
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let p2 = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= p1 && cached < p2,
+        "cached {cached}, first prompt {p1}, second {p2}"
+    );
+}
+
+/// On the real 0.5B (slow enough to watch): 4 concurrent streams are decoded in shared steps, a
+/// client that disconnects mid-stream frees its slot within a few steps, and greedy text over HTTP
+/// equals llama.cpp's greedy continuation.
+#[test]
+fn real_model_batching_disconnect_and_greedy_text() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let opts = SchedulerOptions {
+        slots: 4,
+        ctx: 1024,
+        batch: 256,
+        queue: 8,
+    };
+    let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
+    let st = s.state.scheduler.status();
+    use std::sync::atomic::Ordering::SeqCst;
+
+    // Greedy text equals the reference continuation (first 16 tokens).
+    let g = common::json("greedy.json");
+    let case = &g["qwen2.5-coder-0.5b"][0];
+    let prompt = case["prompt"].as_str().unwrap();
+    let ids: Vec<u32> = case["tokens"].as_array().unwrap()[..16]
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 16, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(
+        r["choices"][0]["text"].as_str().unwrap(),
+        l.tokenizer.decode(&ids)
+    );
+
+    // Four concurrent streams share decode steps.
+    let (steps0, gen0) = (st.steps.load(SeqCst), st.generated.load(SeqCst));
+    let addr = s.addr;
+    let hs: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                post(
+                    addr,
+                    "/v1/completions",
+                    json!({"prompt": format!("def f{i}(x):"),
+                      "max_tokens": 24, "temperature": 0, "stream": true}),
+                )
+            })
+        })
+        .collect();
+    for h in hs {
+        assert_eq!(h.join().unwrap().events().last().unwrap(), "[DONE]");
+    }
+    let steps = st.steps.load(SeqCst) - steps0;
+    let generated = st.generated.load(SeqCst) - gen0;
+    eprintln!("4 streams: {generated} tokens in {steps} steps");
+    assert!(
+        generated >= 4 * 20 && steps * 2 < generated,
+        "{generated} tokens in {steps} steps: not batched"
+    );
+
+    // A client that goes away mid-stream frees its slot.
+    let mut sock = send(
+        addr,
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        json!({"prompt": "def quicksort(a):", "max_tokens": 400, "temperature": 0, "stream": true})
+            .to_string()
+            .as_bytes(),
+    );
+    let mut buf = [0u8; 512];
+    let n = sock.read(&mut buf).unwrap();
+    assert!(n > 0);
+    let gen_at_close = st.generated.load(SeqCst);
+    drop(sock);
+    let t0 = Instant::now();
+    while st.active.load(SeqCst) != 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "slot not freed after disconnect"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = st.generated.load(SeqCst) - gen_at_close;
+    eprintln!(
+        "disconnect: slot freed after {after} more tokens, {:?}",
+        t0.elapsed()
+    );
+    assert!(after < 50, "{after} tokens generated after the client left");
+}
