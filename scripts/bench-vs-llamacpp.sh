@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# bench-vs-llamacpp.sh MODEL.gguf [THREADS]: llama-bench and `mens bench` on the same file, same
-# settings, one Markdown table with the ratio mens / llama.cpp per row.
+# bench-vs-llamacpp.sh MODEL.gguf [THREADS] [PROMPTS] [DEPTHS] [REPS]: llama-bench and `mens bench`
+# on the same file, same settings (defaults: prompts 512,2048,8192; 128 generated tokens at depths
+# 0,256,512; 3 reps), one Markdown table with the ratio mens / llama.cpp per row.
 # llama.cpp is obtained by package name: the llama-cpp-python sdist vendors its source; llama-bench is
 # built from it once with CMake into $MENS_CACHE/llamacpp (default ~/.cache/mens/llamacpp). Nothing of
 # llama.cpp is committed. Run on an otherwise idle machine.
 set -euo pipefail
-model=${1:?usage: bench-vs-llamacpp.sh MODEL.gguf [THREADS]}
+model=${1:?usage: bench-vs-llamacpp.sh MODEL.gguf [THREADS] [PROMPTS] [DEPTHS] [REPS]}
 threads=${2:-2}
+prompts=${3:-512,2048,8192}
+depths=${4:-0,256,512}
+reps=${5:-3}
 version=0.3.36
 cache=${MENS_CACHE:-$HOME/.cache/mens}/llamacpp
 bench="$cache/build/bin/llama-bench"
@@ -26,20 +30,29 @@ fi
 [ -x "$mens" ] || (cd "$here" && cargo build --release)
 
 out=$(mktemp -d)
-"$bench" -m "$model" -t "$threads" -p 512 -n 128 -d 0,512 -r 3 -o json > "$out/llama.json"
-"$mens" bench -m "$model" -t "$threads" --prompt 512 --gen 128 --depth 0,512 --reps 3 --json "$out/mens.json" > /dev/null
-python3 - "$out/llama.json" "$out/mens.json" "$model" "$threads" <<'PY'
+# Prefill and decode as separate llama-bench runs: -d would otherwise apply to every prompt test too.
+"$bench" -m "$model" -t "$threads" -p "$prompts" -n 0 -r "$reps" -o json > "$out/llama-pp.json"
+"$bench" -m "$model" -t "$threads" -p 0 -n 128 -d "$depths" -r "$reps" -o json > "$out/llama-tg.json"
+"$mens" bench -q -m "$model" -t "$threads" --prompt "$prompts" --steps 0 --gen 128 --depth "$depths" \
+  --reps "$reps" --json "$out/mens.json" > /dev/null
+python3 - "$out" "$model" "$threads" "$reps" <<'PY'
 import json, sys, os
-llama, mens = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-def key(n_prompt, n_gen, depth): return (n_prompt, n_gen, depth)
-ll = {key(r["n_prompt"], r["n_gen"], r.get("n_depth", 0)): r["avg_ts"] for r in llama}
-print(f"model {os.path.basename(sys.argv[3])}, {sys.argv[4]} threads")
-print("| test | mens tok/s | llama.cpp tok/s | mens / llama.cpp |")
-print("|---|---|---|---|")
+out, model, threads, reps = sys.argv[1:5]
+llama = json.load(open(f"{out}/llama-pp.json")) + json.load(open(f"{out}/llama-tg.json"))
+mens = json.load(open(f"{out}/mens.json"))
+ll = {(r["n_prompt"], r["n_gen"], r.get("n_depth", 0)): r for r in llama}
+print(f"model {os.path.basename(model)}, {threads} threads, {reps} reps (mens: median, llama.cpp: mean)")
+print("| test | mens tok/s | llama.cpp tok/s | mens / llama.cpp | mens TTFT ms | llama.cpp TTFT ms |")
+print("|---|---|---|---|---|---|")
+for p in mens["prefill"]:
+    o = ll.get((p["n_prompt"], 0, 0))
+    ratio = f'{p["tokens_per_s"] / o["avg_ts"]:.2f}' if o else "–"
+    ot = f'{o["avg_ts"]:.1f}' if o else "–"
+    oms = f'{o["avg_ns"] / 1e6:.0f}' if o else "–"
+    print(f'| pp{p["n_prompt"]} | {p["tokens_per_s"]:.1f} | {ot} | {ratio} | {p["ttft_ms"]:.0f} | {oms} |')
 for r in mens["results"]:
-    k = key(r["n_prompt"], r["n_gen"], r["n_depth"])
-    name = f'{r["test"]}' + (f' @ d{r["n_depth"]}' if r["n_depth"] else "")
-    other = ll.get(k)
-    ratio = f'{r["tokens_per_s"] / other:.2f}' if other else "–"
-    print(f'| {name} | {r["tokens_per_s"]:.1f} | {other:.1f} | {ratio} |' if other else f'| {name} | {r["tokens_per_s"]:.1f} | – | – |')
+    o = ll.get((0, r["n_gen"], r["n_depth"]))
+    ratio = f'{r["tokens_per_s"] / o["avg_ts"]:.2f}' if o else "–"
+    ot = f'{o["avg_ts"]:.1f}' if o else "–"
+    print(f'| tg{r["n_gen"]} @ d{r["n_depth"]} | {r["tokens_per_s"]:.1f} | {ot} | {ratio} | | |')
 PY

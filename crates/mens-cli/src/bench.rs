@@ -1,41 +1,81 @@
-//! `mens bench`: prefill and decode speed on random (real-vocabulary) tokens, like llama-bench's
-//! pp/tg tests, plus memory, heap allocations and kernel dispatches per decode step.
+//! `mens bench`: time to first token at the `--prompt` sizes, the time of every decode step from 1 to
+//! `--steps` (with and without the KV cache), llama-bench-style decode tests at `--depth`, memory, heap
+//! allocations and kernel dispatches per decode step. Prompts are random ids from the ordinary part of
+//! the model's vocabulary. Output: a Markdown table (rows = metrics, columns = configurations), JSON
+//! with every raw figure and the machine, and an SVG plot of per-step time against step.
 
 use crate::{load, BenchArgs, ALLOCATIONS};
 use anyhow::{bail, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use mens::engine::{Logits, Session, SessionOptions};
 use mens::kernels::ops::argmax;
 use mens::kernels::DISPATCHES;
 use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// Tokens of prompt before the decode schedule's step 1.
+const SCHEDULE_PROMPT: usize = 16;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
+/// The steps of the window reported at `point`: `window` steps starting there (ending at the last
+/// step for points near the end).
+fn window_at(point: usize, window: usize, steps: usize) -> std::ops::RangeInclusive<usize> {
+    let w = window.min(steps);
+    let start = point.clamp(1, steps + 1 - w);
+    start..=start + w - 1
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
-    let l = load(&args.model)?;
-    let c = &l.model.config;
+/// One configuration's decode schedule.
+struct Schedule {
+    cached: bool,
+    /// (step, seconds) for every timed step.
+    times: Vec<(usize, f64)>,
+    allocations_per_step: f64,
+    dispatches_per_step: f64,
+}
+
+impl Schedule {
+    fn tps_over(&self, r: &std::ops::RangeInclusive<usize>) -> f64 {
+        let t: Vec<f64> = self
+            .times
+            .iter()
+            .filter(|(s, _)| r.contains(s))
+            .map(|x| x.1)
+            .collect();
+        t.len() as f64 / t.iter().sum::<f64>()
+    }
+    fn name(&self) -> &'static str {
+        if self.cached {
+            "KV cache"
+        } else {
+            "no KV cache"
+        }
+    }
+}
+
+pub fn run(mut args: BenchArgs) -> Result<()> {
+    if args.reps == 0 || args.prompt.contains(&0) || args.window == 0 {
+        bail!("invalid argument: --reps, --window and prompt sizes must be > 0");
+    }
+    if args.steps > 1 << 16 || args.gen > 1 << 16 {
+        bail!("invalid argument: --steps and --gen must be at most 65536");
+    }
     let max_depth = args.depth.iter().copied().max().unwrap_or(0);
     let max_prompt = args.prompt.iter().copied().max().unwrap_or(0);
-    let ctx = (max_prompt.max(max_depth + args.gen) + 1).max(16);
-    if args.reps == 0 || args.prompt.contains(&0) {
-        bail!("invalid argument: --reps and prompt sizes must be > 0");
-    }
+    let ctx = (max_prompt + 1)
+        .max(SCHEDULE_PROMPT + args.steps + 1)
+        .max(max_depth + args.gen + 1)
+        .max(16);
+    // Admit the context the bench needs (unless -c says more).
+    args.model.ctx_size = Some(args.model.ctx_size.unwrap_or(0).max(ctx));
+    let l = load(&args.model)?;
+    let c = &l.model.config;
     let mut s = Session::new(
         l.model.clone(),
         SessionOptions {
@@ -65,11 +105,52 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| c.name.clone());
     let threads = mens::kernels::pool::pool().threads();
-    let mut rows = Vec::new();
-    println!("| model | threads | test | tokens/s | ms | notes |");
-    println!("|---|---|---|---|---|---|");
+    let configs: Vec<bool> = if args.compare {
+        vec![true, false]
+    } else {
+        vec![!args.no_kv_cache]
+    };
+    let mut points: Vec<usize> = args
+        .at
+        .iter()
+        .map(|&p| p.clamp(1, args.steps.max(1)))
+        .collect();
+    points.dedup();
+    if args.steps == 0 {
+        points.clear();
+    }
+
+    // Progress: one unit per prefill rep, timed decode step and depth-test rep.
+    let uncached_steps: usize = {
+        let mut v: Vec<usize> = points
+            .iter()
+            .flat_map(|&p| window_at(p, args.window, args.steps))
+            .collect();
+        v.sort();
+        v.dedup();
+        v.len()
+    };
+    let total = args.reps * args.prompt.len()
+        + configs
+            .iter()
+            .map(|&c| if c { args.steps } else { uncached_steps })
+            .sum::<usize>()
+        + args.reps * args.depth.len();
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:24} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+
+    // 1. Time to first token: prompt of n tokens → first sampled token.
+    let mut prefill = Vec::new();
     for &n in &args.prompt {
-        let mut tps = Vec::new();
+        bar.set_message(format!("prefill {n}"));
         let mut ttft = Vec::new();
         for _ in 0..args.reps {
             let toks = random(n);
@@ -77,76 +158,326 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let t0 = Instant::now();
             s.forward(&toks, Logits::Last)?;
             let _first = argmax(s.logits());
-            let dt = t0.elapsed().as_secs_f64();
-            tps.push(n as f64 / dt);
-            ttft.push(dt * 1e3);
+            ttft.push(t0.elapsed().as_secs_f64());
+            bar.inc(1);
         }
-        let (t, ms) = (median(tps), median(ttft));
-        println!("| {name} | {threads} | pp{n} | {t:.1} | {ms:.0} | time to first token (median of {}) |", args.reps);
-        rows.push(serde_json::json!({"test": format!("pp{n}"), "n_prompt": n, "n_gen": 0, "n_depth": 0, "tokens_per_s": t, "ttft_ms": ms}));
-    }
-    let mut scratch = Vec::with_capacity(ctx);
-    for &d in &args.depth {
-        let mut tps = Vec::new();
-        let (mut allocs, mut disp) = (0u64, 0u64);
-        for _ in 0..args.reps {
-            s.reset();
-            if d > 0 {
-                s.forward(&random(d), Logits::Last)?;
-            } else {
-                s.forward(&random(1), Logits::Last)?;
-            }
-            let a0 = ALLOCATIONS.load(Ordering::Relaxed);
-            let k0 = DISPATCHES.load(Ordering::Relaxed);
-            let t0 = Instant::now();
-            for _ in 0..args.gen {
-                let next = argmax(s.logits());
-                if args.no_kv_cache {
-                    s.rerun(&[next], &mut scratch)?;
-                } else {
-                    s.forward(&[next], Logits::Last)?;
-                }
-            }
-            tps.push(args.gen as f64 / t0.elapsed().as_secs_f64());
-            allocs = ALLOCATIONS.load(Ordering::Relaxed) - a0;
-            disp = DISPATCHES.load(Ordering::Relaxed) - k0;
-        }
-        let mode = if args.no_kv_cache {
-            "no KV cache"
-        } else {
-            "KV cache"
-        };
-        rows.push(serde_json::json!({
-            "test": format!("tg{}", args.gen), "n_prompt": 0, "n_gen": args.gen, "n_depth": d,
-            "tokens_per_s": median(tps.clone()), "kv_cache": !args.no_kv_cache,
-            "allocations_per_step": allocs as f64 / args.gen as f64, "dispatches_per_step": disp as f64 / args.gen as f64,
-        }));
-        println!(
-            "| {name} | {threads} | tg{} @ d{d} | {:.2} | {:.1} | {mode}; {:.1} heap allocations, {} kernel dispatches per step |",
-            args.gen,
-            median(tps.clone()),
-            1e3 / median(tps),
-            allocs as f64 / args.gen as f64,
-            disp / args.gen as u64
+        let m = median(ttft.clone());
+        prefill.push(
+            json!({"n_prompt": n, "ttft_ms": m * 1e3, "tokens_per_s": n as f64 / m,
+                            "ttft_ms_all": ttft.iter().map(|t| t * 1e3).collect::<Vec<_>>()}),
         );
     }
+
+    // 2. The decode schedule: step k is the k-th generated token after a short prompt.
+    let mut scratch = Vec::with_capacity(ctx);
+    let mut schedules = Vec::new();
+    for &cached in &configs {
+        let mut sch = Schedule {
+            cached,
+            times: Vec::new(),
+            allocations_per_step: 0.0,
+            dispatches_per_step: 0.0,
+        };
+        if args.steps == 0 {
+            schedules.push(sch);
+            continue;
+        }
+        bar.set_message(format!("decode, {}", sch.name()));
+        let prompt = random(SCHEDULE_PROMPT);
+        if cached {
+            s.reset();
+            s.forward(&prompt, Logits::Last)?;
+            sch.times.reserve(args.steps);
+            let a0 = ALLOCATIONS.load(Ordering::Relaxed);
+            let k0 = DISPATCHES.load(Ordering::Relaxed);
+            for step in 1..=args.steps {
+                let t0 = Instant::now();
+                let next = argmax(s.logits());
+                s.forward(&[next], Logits::Last)?;
+                let dt = t0.elapsed().as_secs_f64();
+                // The push stays within the reserved capacity: no allocation is counted.
+                sch.times.push((step, dt));
+                bar.inc(1);
+            }
+            let n = args.steps as f64;
+            sch.allocations_per_step = (ALLOCATIONS.load(Ordering::Relaxed) - a0) as f64 / n;
+            sch.dispatches_per_step = (DISPATCHES.load(Ordering::Relaxed) - k0) as f64 / n;
+        } else {
+            // Uncached step k re-runs the whole sequence (prompt + k tokens): its cost does not
+            // depend on earlier steps, so only the reported windows are timed.
+            let mut steps: Vec<usize> = points
+                .iter()
+                .flat_map(|&p| window_at(p, args.window, args.steps))
+                .collect();
+            steps.sort();
+            steps.dedup();
+            let mut seq = prompt.clone();
+            seq.extend(random(args.steps));
+            let (mut allocs, mut disp) = (0u64, 0u64);
+            for &step in &steps {
+                s.reset();
+                s.forward(&seq[..SCHEDULE_PROMPT + step - 1], Logits::Last)?;
+                let a0 = ALLOCATIONS.load(Ordering::Relaxed);
+                let k0 = DISPATCHES.load(Ordering::Relaxed);
+                let t0 = Instant::now();
+                let next = argmax(s.logits());
+                s.rerun(&[next], &mut scratch)?;
+                let dt = t0.elapsed().as_secs_f64();
+                allocs += ALLOCATIONS.load(Ordering::Relaxed) - a0;
+                disp += DISPATCHES.load(Ordering::Relaxed) - k0;
+                sch.times.push((step, dt));
+                bar.inc(1);
+            }
+            let n = steps.len().max(1) as f64;
+            sch.allocations_per_step = allocs as f64 / n;
+            sch.dispatches_per_step = disp as f64 / n;
+        }
+        schedules.push(sch);
+    }
+
+    // 3. llama-bench-style decode tests: `gen` tokens after a context of `depth` tokens.
+    let mut depth_rows = Vec::new();
+    for &d in &args.depth {
+        bar.set_message(format!("tg{} @ d{d}", args.gen));
+        for &cached in &configs {
+            let mut tps = Vec::new();
+            for _ in 0..args.reps {
+                s.reset();
+                s.forward(&random(d.max(1)), Logits::Last)?;
+                let t0 = Instant::now();
+                for _ in 0..args.gen {
+                    let next = argmax(s.logits());
+                    if cached {
+                        s.forward(&[next], Logits::Last)?;
+                    } else {
+                        s.rerun(&[next], &mut scratch)?;
+                    }
+                }
+                tps.push(args.gen as f64 / t0.elapsed().as_secs_f64());
+                if cached {
+                    bar.inc(1);
+                }
+            }
+            depth_rows.push(
+                json!({"test": format!("tg{}", args.gen), "n_prompt": 0, "n_gen": args.gen,
+                                   "n_depth": d, "kv_cache": cached, "tokens_per_s": median(tps)}),
+            );
+        }
+    }
+    bar.finish_and_clear();
+
+    // Report.
+    let mib = |b: f64| b / 1048576.0;
+    let peak = mens::memory::peak_rss().unwrap_or(0);
+    let mut md = String::new();
+    md.push_str(&format!(
+        "mens bench: {name} ({}), {threads} threads, CPU; median of {} reps for prefill; decode windows of {} steps after a {SCHEDULE_PROMPT}-token prompt\n\n",
+        c.name, args.reps, args.window.min(args.steps.max(1))
+    ));
+    md.push_str("| metric |");
+    for sch in &schedules {
+        md.push_str(&format!(" {} |", sch.name()));
+    }
+    md.push_str("\n|---|");
+    for _ in &schedules {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    let row = |md: &mut String, label: &str, f: &dyn Fn(&Schedule) -> String| {
+        md.push_str(&format!("| {label} |"));
+        for sch in &schedules {
+            md.push_str(&format!(" {} |", f(sch)));
+        }
+        md.push('\n');
+    };
+    for p in &prefill {
+        let n = p["n_prompt"].as_u64().unwrap_or(0);
+        let (ms, tps) = (
+            p["ttft_ms"].as_f64().unwrap_or(0.0),
+            p["tokens_per_s"].as_f64().unwrap_or(0.0),
+        );
+        // The prompt pass is the same with or without the cache.
+        row(&mut md, &format!("TTFT, {n}-token prompt (ms)"), &|_| {
+            format!("{ms:.0}")
+        });
+        row(&mut md, &format!("prefill, {n} tokens (tokens/s)"), &|_| {
+            format!("{tps:.1}")
+        });
+    }
+    let mut window_json = Vec::new();
+    for &p in &points {
+        let r = window_at(p, args.window, args.steps);
+        row(
+            &mut md,
+            &format!(
+                "decode at step {p} (tokens/s, steps {}–{})",
+                r.start(),
+                r.end()
+            ),
+            &|sch| format!("{:.2}", sch.tps_over(&r)),
+        );
+        for sch in &schedules {
+            window_json.push(
+                json!({"kv_cache": sch.cached, "step": p, "from": r.start(), "to": r.end(),
+                                    "tokens_per_s": sch.tps_over(&r)}),
+            );
+        }
+    }
+    if args.steps > 0 {
+        row(
+            &mut md,
+            &format!("decode mean, timed steps of 1–{} (tokens/s)", args.steps),
+            &|sch| {
+                format!(
+                    "{:.2}",
+                    sch.times.len() as f64 / sch.times.iter().map(|t| t.1).sum::<f64>()
+                )
+            },
+        );
+        row(&mut md, "heap allocations per decode step", &|sch| {
+            format!("{:.2}", sch.allocations_per_step)
+        });
+        row(&mut md, "kernel dispatches per decode step", &|sch| {
+            format!("{:.0}", sch.dispatches_per_step)
+        });
+    }
+    for &depth in &args.depth {
+        let vals: Vec<(bool, f64)> = depth_rows
+            .iter()
+            .filter(|x| x["n_depth"] == depth)
+            .map(|x| {
+                (
+                    x["kv_cache"] == true,
+                    x["tokens_per_s"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        let label = format!("tg{} @ depth {depth} (tokens/s)", args.gen);
+        row(&mut md, &label, &|sch| {
+            vals.iter()
+                .find(|x| x.0 == sch.cached)
+                .map(|x| format!("{:.2}", x.1))
+                .unwrap_or_default()
+        });
+    }
+    let shared = |md: &mut String, label: &str, v: String| {
+        md.push_str(&format!("| {label} |"));
+        for _ in &schedules {
+            md.push_str(&format!(" {v} |"));
+        }
+        md.push('\n');
+    };
+    shared(
+        &mut md,
+        "peak RSS (MiB)",
+        format!("{:.0}", mib(peak as f64)),
+    );
+    shared(
+        &mut md,
+        "model (MiB)",
+        format!("{:.0}", mib(l.model.weight_bytes() as f64)),
+    );
+    shared(
+        &mut md,
+        &format!("KV cache, {ctx} tokens (MiB)"),
+        format!("{:.1}", mib(s.kv_cache_bytes() as f64)),
+    );
+    md.push_str(
+        "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n",
+    );
+    print!("{md}");
+    if let Some(path) = &args.md {
+        std::fs::write(path, &md)?;
+    }
+    if let Some(path) = &args.plot {
+        plot(path, &schedules, &name)?;
+    }
     if let Some(path) = &args.json {
-        let v = serde_json::json!({
-            "model": name, "threads": threads, "results": rows,
-            "kv_cache_bytes": s.kv_cache_bytes(), "session_bytes": s.bytes(),
-            "model_bytes": l.model.weight_bytes(), "peak_rss_bytes": mens::memory::peak_rss(),
+        let v = json!({
+            "model": name, "model_name": c.name, "backend": "cpu", "threads": threads,
+            "reps": args.reps, "window": args.window, "schedule_prompt": SCHEDULE_PROMPT,
+            "prefill": prefill,
+            "decode": schedules.iter().map(|sch| json!({
+                "kv_cache": sch.cached,
+                "steps": sch.times.iter().map(|t| t.0).collect::<Vec<_>>(),
+                "step_ms": sch.times.iter().map(|t| t.1 * 1e3).collect::<Vec<_>>(),
+                "mean_tokens_per_s": sch.times.len() as f64 / sch.times.iter().map(|t| t.1).sum::<f64>().max(1e-12),
+                "allocations_per_step": sch.allocations_per_step,
+                "dispatches_per_step": sch.dispatches_per_step,
+            })).collect::<Vec<_>>(),
+            "windows": window_json,
+            "results": depth_rows,
+            "memory": {
+                "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),
+                "file_bytes": l.model.gguf.file_len(), "kv_cache_bytes": s.kv_cache_bytes(),
+                "session_bytes": s.bytes(), "ctx": ctx, "device_bytes": Value::Null,
+            },
+            "counted": {
+                "allocations": "heap allocations by the global allocator during decode steps",
+                "dispatches": "parallel regions issued to the CPU thread pool per decode step",
+            },
             "machine": mens::memory::probe(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }
-    println!();
-    println!(
-        "model {:.0} MiB (file {:.0} MiB), KV cache {:.1} MiB for {ctx} tokens, session buffers {:.1} MiB, peak RSS {:.0} MiB",
-        l.model.weight_bytes() as f64 / 1048576.0,
-        l.model.gguf.file_len() as f64 / 1048576.0,
-        s.kv_cache_bytes() as f64 / 1048576.0,
-        s.bytes() as f64 / 1048576.0,
-        peak_rss_mib()
-    );
+    Ok(())
+}
+
+/// Per-step decode time (ms) against step, one series per configuration.
+fn plot(path: &std::path::Path, schedules: &[Schedule], name: &str) -> Result<()> {
+    use plotters::prelude::*;
+    let max_step = schedules
+        .iter()
+        .flat_map(|s| s.times.iter().map(|t| t.0))
+        .max()
+        .unwrap_or(1);
+    let max_ms = schedules
+        .iter()
+        .flat_map(|s| s.times.iter().map(|t| t.1 * 1e3))
+        .fold(0f64, f64::max)
+        .max(1e-3);
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("mens decode step time — {name}"),
+            ("sans-serif", 20),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0usize..max_step + 1, 0f64..max_ms * 1.1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("decode step")
+        .y_desc("ms per step")
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, sch) in schedules.iter().enumerate() {
+        let color = if i == 0 { BLUE } else { RED };
+        let pts: Vec<(usize, f64)> = sch.times.iter().map(|t| (t.0, t.1 * 1e3)).collect();
+        if sch.cached {
+            chart
+                .draw_series(LineSeries::new(pts, color))
+                .map_err(|e| err(&e))?
+                .label(sch.name())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        } else {
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(&e))?
+                .label(sch.name())
+                .legend(move |(x, y)| Circle::new((x + 10, y), 3, color.filled()));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
     Ok(())
 }

@@ -189,24 +189,48 @@ struct ProbeArgs {
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt sizes for the prefill tests (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "512")]
+    /// Backend (only cpu exists in this build).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Prompt sizes for time to first token (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
     prompt: Vec<usize>,
-    /// Tokens generated in each decode test.
+    /// Decode steps timed one by one after a 16-token prompt (0 skips the schedule).
+    #[arg(long, default_value_t = 512)]
+    steps: usize,
+    /// Steps at which decode tokens/s is reported, each over a window of --window steps.
+    #[arg(long, value_delimiter = ',', default_value = "1,256,512")]
+    at: Vec<usize>,
+    /// Steps in each reported window.
+    #[arg(long, default_value_t = 16)]
+    window: usize,
+    /// llama-bench-style decode tests: --gen tokens after a context of each depth (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    depth: Vec<usize>,
+    /// Tokens generated in each --depth test.
     #[arg(long, default_value_t = 128)]
     gen: usize,
-    /// Context depths at which decode is timed (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "0,512")]
-    depth: Vec<usize>,
-    /// Repetitions (the median is reported).
+    /// Repetitions of the prefill and depth tests (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Decode by re-running the whole sequence each step.
-    #[arg(long)]
+    /// Decode by re-running the whole sequence each step (the uncached baseline).
+    #[arg(long, conflicts_with = "compare")]
     no_kv_cache: bool,
-    /// Also write every figure and the machine as JSON to this file.
+    /// Run the decode schedule both with and without the KV cache, side by side.
+    #[arg(long)]
+    compare: bool,
+    /// Write every figure and the machine as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the Markdown table to this file.
+    #[arg(long)]
+    md: Option<PathBuf>,
+    /// Write an SVG plot of per-step decode time against step.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 /// A loaded model with its tokenizer and chat template.
@@ -625,6 +649,10 @@ fn main() {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
         Command::Perplexity(a) => perplexity::run(a).context("perplexity"),
+        Command::Bench(a) if a.backend != "cpu" => Err(anyhow::anyhow!(
+            "invalid argument: backend {:?} is not available in this build (only cpu)",
+            a.backend
+        )),
         Command::Bench(a) => bench::run(a),
         Command::Probe(a) => probe(a),
         Command::Serve(a) => serve::run(a),

@@ -12,7 +12,13 @@ fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mens-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
+    // Tests run in parallel and share names: write aside, then rename (atomic), so that no test
+    // reads a file another is still writing.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let part = dir.join(format!("{name}.{n}.part"));
+    std::fs::write(&part, bytes).unwrap();
+    std::fs::rename(&part, &p).unwrap();
     p
 }
 
@@ -145,15 +151,7 @@ fn generates_on_a_tiny_model() {
 
 fn bench_json(m: &std::path::Path, extra: &[&str], name: &str) -> serde_json::Value {
     let json = std::env::temp_dir().join(format!("mens-bench-{}-{name}.json", std::process::id()));
-    let mut args = vec![
-        "bench",
-        "-m",
-        m.to_str().unwrap(),
-        "--prompt",
-        "32",
-        "--reps",
-        "3",
-    ];
+    let mut args = vec!["bench", "-q", "-m", m.to_str().unwrap()];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--json", json.to_str().unwrap()]);
     let out = mens().args(&args).output().unwrap();
@@ -165,37 +163,124 @@ fn bench_json(m: &std::path::Path, extra: &[&str], name: &str) -> serde_json::Va
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
-/// `mens bench` reports every field; allocations and dispatches per step are as the engine says.
+/// `mens bench` on the tiny model with CI sizes: every JSON field, the Markdown table and the plot.
 #[test]
 fn bench_reports_every_field() {
-    let v = bench_json(&tiny(), &["--gen", "16", "--depth", "0,16"], "fields");
+    let dir = std::env::temp_dir();
+    let md = dir.join(format!("mens-bench-{}.md", std::process::id()));
+    let svg = dir.join(format!("mens-bench-{}.svg", std::process::id()));
+    let (md_s, svg_s) = (md.to_str().unwrap(), svg.to_str().unwrap());
+    let v = bench_json(
+        &tiny(),
+        &[
+            "--prompt",
+            "32",
+            "--steps",
+            "16",
+            "--window",
+            "4",
+            "--reps",
+            "2",
+            "--compare",
+            "--depth",
+            "0,16",
+            "--gen",
+            "8",
+            "--md",
+            md_s,
+            "--plot",
+            svg_s,
+        ],
+        "fields",
+    );
     for key in [
         "model",
+        "model_name",
+        "backend",
         "threads",
+        "reps",
+        "window",
+        "schedule_prompt",
+        "prefill",
+        "decode",
+        "windows",
         "results",
-        "kv_cache_bytes",
-        "session_bytes",
-        "model_bytes",
+        "memory",
+        "counted",
         "machine",
     ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
+    let p = &v["prefill"][0];
+    assert_eq!(p["n_prompt"], 32);
+    assert!(p["ttft_ms"].as_f64().unwrap() > 0.0 && p["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(p["ttft_ms_all"].as_array().unwrap().len(), 2);
+    let d = v["decode"].as_array().unwrap();
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[0]["kv_cache"], true);
+    assert_eq!(d[0]["steps"].as_array().unwrap().len(), 16);
+    assert!(d[0]["step_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.as_f64().unwrap() > 0.0));
+    assert_eq!(
+        d[0]["allocations_per_step"].as_f64().unwrap(),
+        0.0,
+        "{}",
+        d[0]
+    );
+    assert_eq!(
+        d[0]["dispatches_per_step"].as_f64().unwrap(),
+        20.0,
+        "2 layers × 9 + 2"
+    );
+    assert_eq!(d[1]["kv_cache"], false);
+    // Uncached: only the windows (steps 1–4 and 13–16) are timed.
+    let steps: Vec<u64> = d[1]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 13, 14, 15, 16]);
+    let w = v["windows"].as_array().unwrap();
+    assert_eq!(
+        w.len(),
+        4,
+        "steps 1 and 16 (clamped from 256, 512), two configurations"
+    );
+    assert!(w.iter().all(|x| x["tokens_per_s"].as_f64().unwrap() > 0.0));
     let r = v["results"].as_array().unwrap();
-    assert_eq!(r.len(), 3);
-    assert!(r[0]["ttft_ms"].as_f64().unwrap() > 0.0);
-    for t in &r[1..] {
-        assert!(t["tokens_per_s"].as_f64().unwrap() > 0.0);
-        assert_eq!(t["allocations_per_step"].as_f64().unwrap(), 0.0, "{t}");
-        assert_eq!(
-            t["dispatches_per_step"].as_f64().unwrap(),
-            20.0,
-            "2 layers × 9 + 2"
-        );
+    assert_eq!(r.len(), 4, "depths 0 and 16 × two configurations");
+    let m = &v["memory"];
+    for key in [
+        "peak_rss_bytes",
+        "model_bytes",
+        "file_bytes",
+        "kv_cache_bytes",
+        "session_bytes",
+        "ctx",
+    ] {
+        assert!(m[key].as_u64().unwrap() > 0, "memory.{key}");
     }
+    assert!(v["machine"]["total_memory"].as_u64().is_some() || v["machine"].is_object());
+    let table = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        table.contains("| metric | KV cache | no KV cache |"),
+        "{table}"
+    );
+    assert!(table.contains("TTFT, 32-token prompt"));
+    assert!(table.contains("decode at step 16"));
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.contains("<svg") && plot.contains("KV cache"),
+        "not an SVG plot"
+    );
 }
 
-/// Uncached decode slows down with depth (it re-runs the sequence) while the cached one stays nearly
-/// flat, on a model large enough that matmuls, not attention, dominate (d = 1024, 4 layers).
+/// Uncached decode slows down with the step (it re-runs the sequence) while the cached one stays
+/// nearly flat, on a model large enough that matmuls, not attention, dominate (d = 1024, 4 layers).
 #[test]
 fn the_kv_cache_keeps_decode_flat() {
     use mens::gguf::TensorType::Q8_0;
@@ -209,22 +294,44 @@ fn the_kv_cache_keeps_decode_flat() {
         ..SynthSpec::tiny_qwen2()
     };
     let m = tmp("medium.gguf", &synth_model(&spec));
-    let cached = bench_json(&m, &["--gen", "8", "--depth", "0,64"], "cached");
-    let uncached = bench_json(
+    let v = bench_json(
         &m,
-        &["--gen", "4", "--depth", "0,64", "--no-kv-cache"],
-        "uncached",
+        &[
+            "--prompt",
+            "16",
+            "--reps",
+            "1",
+            "--steps",
+            "96",
+            "--at",
+            "1,96",
+            "--window",
+            "8",
+            "--compare",
+        ],
+        "flat",
     );
-    let tps = |v: &serde_json::Value, i: usize| v["results"][i]["tokens_per_s"].as_f64().unwrap();
-    let cached_ratio = tps(&cached, 2) / tps(&cached, 1);
-    let uncached_ratio = tps(&uncached, 2) / tps(&uncached, 1);
-    eprintln!("decode speed at depth 64 / depth 0: cached {cached_ratio:.2}, uncached {uncached_ratio:.2}");
-    assert!(
-        uncached_ratio < 0.25,
-        "uncached decode should slow down with depth: {uncached_ratio}"
+    let tps = |cached: bool, step: u64| {
+        v["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["kv_cache"] == cached && w["step"] == step)
+            .unwrap()["tokens_per_s"]
+            .as_f64()
+            .unwrap()
+    };
+    let cached_ratio = tps(true, 96) / tps(true, 1);
+    let uncached_ratio = tps(false, 96) / tps(false, 1);
+    eprintln!(
+        "decode speed at step 96 / step 1: cached {cached_ratio:.2}, uncached {uncached_ratio:.2}"
     );
     assert!(
-        cached_ratio > 0.5,
+        uncached_ratio < 0.4,
+        "uncached decode should slow down with the step: {uncached_ratio}"
+    );
+    assert!(
+        cached_ratio > 0.6,
         "cached decode should stay nearly flat: {cached_ratio}"
     );
 }
