@@ -5,6 +5,7 @@
 //! carry llama.cpp's AVX2 kernels for Q4_0, Q8_0 and the K-quants. Candle's Q5_0 and Q4_1 dots are
 //! scalar, so `simd.rs` has AVX2 versions (checked against candle's scalar code in the tests).
 
+mod kquant;
 pub mod ops;
 pub mod pool;
 mod simd;
@@ -477,6 +478,14 @@ fn rows(
         if let Some(kind) = kind {
             return rows_simd(level, kind, w, input, out, stride, off, r0, r1);
         }
+        let kkind = match w.ttype {
+            TensorType::Q4K if kquant::enabled() => Some(kquant::KKind::Q4K),
+            TensorType::Q6K if kquant::enabled() => Some(kquant::KKind::Q6K),
+            _ => None,
+        };
+        if let Some(kind) = kkind {
+            return rows_kquant(kind, w, input, out, stride, off, r0, r1);
+        }
     }
     let f = by_type!(w.ttype, rows_typed);
     f(w, input, out, stride, off, r0, r1)
@@ -554,6 +563,63 @@ fn rows_simd(
                     *out.0.add(ti * stride + off + r) =
                         simd::dot::<1>(level, kind, nb, data.as_ptr().add(r * rb), &[y])[0]
                 };
+            }
+            ti += 1;
+        }
+        b0 = b1;
+    }
+}
+
+/// Rows `r0..r1` of a Q4_K / Q6_K matrix: each weight block unpacked once for four activation rows.
+#[allow(clippy::too_many_arguments)]
+fn rows_kquant(
+    kind: kquant::KKind,
+    w: &QTensor,
+    input: &QuantizedInput,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let (acts, arb) = input.get(ActType::Q8K);
+    let nb = w.cols / 256;
+    let rb = w.row_bytes();
+    let data = w.data();
+    let t = input.rows;
+    assert!(data.len() >= r1 * rb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
+    let act = |ti: usize| acts[ti * arb..].as_ptr();
+    const ROW_BLOCK: usize = 8;
+    let mut b0 = r0;
+    while b0 < r1 {
+        let b1 = (b0 + ROW_BLOCK).min(r1);
+        let mut ti = 0;
+        while ti + 4 <= t {
+            let ys = [act(ti), act(ti + 1), act(ti + 2), act(ti + 3)];
+            for r in b0..b1 {
+                // SAFETY: AVX2+FMA checked by the caller (`simd::level`); bounds asserted above;
+                // outputs disjoint per task.
+                unsafe {
+                    let v = kquant::dot::<4>(kind, nb, data.as_ptr().add(r * rb), &ys);
+                    for (k, v) in v.iter().enumerate() {
+                        *out.0.add((ti + k) * stride + off + r) = *v;
+                    }
+                }
+            }
+            ti += 4;
+        }
+        // Left-over rows (and decode, one row): candle's single-row kernels, measured 5–15% faster
+        // than ours at R = 1 on the 1.5B.
+        while ti < t {
+            let a = &acts[ti * arb..(ti + 1) * arb];
+            for r in b0..b1 {
+                let row = &data[r * rb..(r + 1) * rb];
+                let v = match kind {
+                    kquant::KKind::Q4K => dot::<BlockQ4K>(w.cols, row, a),
+                    kquant::KKind::Q6K => dot::<BlockQ6K>(w.cols, row, a),
+                };
+                // SAFETY: as above.
+                unsafe { *out.0.add(ti * stride + off + r) = v };
             }
             ti += 1;
         }
@@ -696,6 +762,57 @@ mod tests {
         check::<BlockQ8_0>(simd::Kind::Q8_0, TensorType::Q8_0, levels, &ys, cols, nb);
         check::<BlockQ4_0>(simd::Kind::Q4_0, TensorType::Q4_0, levels, &ys, cols, nb);
         check::<BlockQ4_1>(simd::Kind::Q4_1, TensorType::Q4_1, levels, &ys, cols, nb);
+    }
+
+    /// The Q4_K / Q6_K kernels (one and four activation rows) equal candle's scalar reference.
+    #[test]
+    fn kquant_dots_match_scalar_reference() {
+        if simd::level() == simd::Level::None {
+            eprintln!("SKIP: no AVX2+FMA on this CPU, the K-quant kernels are not used");
+            return;
+        }
+        let cols = 1024;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let ys: Vec<f32> = (0..4 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        fn check<T: GgmlType>(kind: kquant::KKind, ttype: TensorType, ys: &[f32], cols: usize) {
+            let w = random_tensor(3, cols, ttype, kind as u64 + 11);
+            let mut input = QuantizedInput::new(4, cols, &[ActType::Q8K]);
+            input.set(ys, 4);
+            let (q, arb) = input.get(ActType::Q8K);
+            let act = |ti: usize| q[ti * arb..].as_ptr();
+            for r in 0..3 {
+                let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                let four = unsafe {
+                    kquant::dot::<4>(
+                        kind,
+                        cols / 256,
+                        row.as_ptr(),
+                        &[act(0), act(1), act(2), act(3)],
+                    )
+                };
+                for ti in 0..4 {
+                    let want = T::vec_dot_unopt(
+                        cols,
+                        cast::<T>(row),
+                        cast::<T::VecDotType>(&q[ti * arb..(ti + 1) * arb]),
+                    );
+                    let one =
+                        unsafe { kquant::dot::<1>(kind, cols / 256, row.as_ptr(), &[act(ti)]) }[0];
+                    let tol = 1e-4 * want.abs().max(1.0);
+                    assert!(
+                        (one - want).abs() <= tol,
+                        "{kind:?} row {r} act {ti}: {one} vs {want}"
+                    );
+                    assert!(
+                        (four[ti] - want).abs() <= tol,
+                        "{kind:?} x4 row {r} act {ti}: {} vs {want}",
+                        four[ti]
+                    );
+                }
+            }
+        }
+        check::<BlockQ4K>(kquant::KKind::Q4K, TensorType::Q4K, &ys, cols);
+        check::<BlockQ6K>(kquant::KKind::Q6K, TensorType::Q6K, &ys, cols);
     }
 
     /// The allocation-free K-quant dequantizers equal candle's.
