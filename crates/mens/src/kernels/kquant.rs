@@ -35,202 +35,256 @@ pub unsafe fn dot<const R: usize>(
     x: *const u8,
     ys: &[*const u8; R],
 ) -> [f32; R] {
+    dot_isa(
+        super::simd::level() == super::simd::Level::Vnni,
+        kind,
+        nb,
+        x,
+        ys,
+    )
+}
+
+/// As [`dot`], choosing the build: `wide` = the AVX-512VL one (the tests run both).
+///
+/// # Safety
+/// As [`dot`]; `wide` needs AVX-512F and AVX-512VL.
+#[inline]
+pub unsafe fn dot_isa<const R: usize>(
+    wide: bool,
+    kind: KKind,
+    nb: usize,
+    x: *const u8,
+    ys: &[*const u8; R],
+) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
     {
-        match kind {
-            KKind::Q4K => x86::q4k(nb, x, ys),
-            KKind::Q6K => x86::q6k(nb, x, ys),
+        // With AVX-512VL the same code gets 32 vector registers instead of 16 (no spills at R = 4).
+        match (wide, kind) {
+            (true, KKind::Q4K) => avx512::q4k(nb, x, ys),
+            (true, KKind::Q6K) => avx512::q6k(nb, x, ys),
+            (false, KKind::Q4K) => avx2::q4k(nb, x, ys),
+            (false, KKind::Q6K) => avx2::q6k(nb, x, ys),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kind, nb, x, ys);
+        let _ = (wide, kind, nb, x, ys);
         unreachable!("the x86 kernels are only called on x86_64 with AVX2")
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::*;
-    use std::arch::x86_64::*;
+macro_rules! kquant_kernels {
+    ($feat:literal) => {
+        use super::*;
+        use std::arch::x86_64::*;
 
-    #[inline(always)]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
-    }
-
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// Byte shuffles: `K4_SHUF[i]` broadcasts 16-bit lane i to every lane; `K6_SHUF[i]` spreads
-    /// bytes 2i and 2i+1 over 8 lanes each.
-    const K4_SHUF: [[u8; 32]; 8] = {
-        let mut t = [[0u8; 32]; 8];
-        let mut i = 0;
-        while i < 8 {
-            let mut k = 0;
-            while k < 16 {
-                t[i][2 * k] = (2 * i) as u8;
-                t[i][2 * k + 1] = (2 * i + 1) as u8;
-                k += 1;
-            }
-            i += 1;
+        #[inline(always)]
+        unsafe fn f16_at(p: *const u8) -> f32 {
+            // A fresh register (movd), not an insert into a live one (a false dependency).
+            let bits = u16::from_le_bytes([*p, *p.add(1)]) as i32;
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
         }
-        t
-    };
-    const K6_SHUF: [[u8; 16]; 8] = {
-        let mut t = [[0u8; 16]; 8];
-        let mut i = 0;
-        while i < 8 {
-            let mut k = 0;
-            while k < 8 {
-                t[i][k] = (2 * i) as u8;
-                t[i][k + 8] = (2 * i + 1) as u8;
-                k += 1;
-            }
-            i += 1;
+
+        #[inline(always)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
         }
-        t
-    };
 
-    /// The 8 six-bit scales and 8 mins of a Q4_K block, as bytes (ggml's `utmp` unpacking).
-    #[inline(always)]
-    unsafe fn q4k_scales(p: *const u8) -> [u32; 4] {
-        const K1: u32 = 0x3f3f3f3f;
-        const K2: u32 = 0x0f0f0f0f;
-        const K3: u32 = 0x03030303;
-        let mut u = [0u32; 4];
-        std::ptr::copy_nonoverlapping(p, u.as_mut_ptr() as *mut u8, 12);
-        u[3] = ((u[2] >> 4) & K2) | (((u[1] >> 6) & K3) << 4);
-        let aux = u[1] & K1;
-        u[1] = (u[2] & K2) | (((u[0] >> 6) & K3) << 4);
-        u[2] = aux;
-        u[0] &= K1;
-        u
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q4k<const R: usize>(nb: usize, x: *const u8, ys: &[*const u8; R]) -> [f32; R] {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut acc_m = [_mm_setzero_ps(); R];
-        for i in 0..nb {
-            let b = x.add(i * Q4K_BYTES);
-            let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-            let u = q4k_scales(b.add(4));
-            let mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-                u[3] as i32,
-                u[2] as i32,
-                u[1] as i32,
-                u[0] as i32,
-            ));
-            let mins = _mm256_extracti128_si256(mins_scales, 1);
-            let sc128 = _mm256_castsi256_si128(mins_scales);
-            let scales = _mm256_set_m128i(sc128, sc128);
-            let qs = b.add(16);
-            let mut sumi = [_mm256_setzero_si256(); R];
-            for j in 0..4 {
-                let sl = _mm256_loadu_si256(K4_SHUF[2 * j].as_ptr() as *const __m256i);
-                let sh = _mm256_loadu_si256(K4_SHUF[2 * j + 1].as_ptr() as *const __m256i);
-                let scale_l = _mm256_shuffle_epi8(scales, sl);
-                let scale_h = _mm256_shuffle_epi8(scales, sh);
-                let bits = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let q4l = _mm256_and_si256(bits, m4);
-                let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                for r in 0..R {
-                    let y = ys[r].add(i * Q8K_BYTES + 4 + 64 * j);
-                    let q8l = _mm256_loadu_si256(y as *const __m256i);
-                    let q8h = _mm256_loadu_si256(y.add(32) as *const __m256i);
-                    let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                    let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+        /// Byte shuffles: `K4_SHUF[i]` broadcasts 16-bit lane i to every lane; `K6_SHUF[i]` spreads
+        /// bytes 2i and 2i+1 over 8 lanes each.
+        const K4_SHUF: [[u8; 32]; 8] = {
+            let mut t = [[0u8; 32]; 8];
+            let mut i = 0;
+            while i < 8 {
+                let mut k = 0;
+                while k < 16 {
+                    t[i][2 * k] = (2 * i) as u8;
+                    t[i][2 * k + 1] = (2 * i + 1) as u8;
+                    k += 1;
                 }
+                i += 1;
             }
-            for r in 0..R {
-                let yb = ys[r].add(i * Q8K_BYTES);
-                let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
-                // Sums of the 16 groups of 16 activations, paired into the 8 sub-blocks of 32.
-                let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
-                let q8s = _mm_hadd_epi16(
-                    _mm256_castsi256_si128(bsums),
-                    _mm256_extracti128_si256(bsums, 1),
-                );
-                let prod = _mm_madd_epi16(mins, q8s);
-                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-yd * dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
-                acc[r] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(yd * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            }
-        }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            let m = _mm_add_ps(acc_m[r], _mm_movehl_ps(acc_m[r], acc_m[r]));
-            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            out[r] = hsum(acc[r]) + _mm_cvtss_f32(m);
-        }
-        out
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q6k<const R: usize>(nb: usize, x: *const u8, ys: &[*const u8; R]) -> [f32; R] {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m2 = _mm256_set1_epi8(0x03);
-        let m32s = _mm256_set1_epi8(32);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for i in 0..nb {
-            let b = x.add(i * Q6K_BYTES);
-            let (ql, qh, sc) = (b, b.add(128), b.add(192));
-            let d = f16_at(b.add(208));
-            let scales = _mm_loadu_si128(sc as *const __m128i);
-            let mut sumi = [_mm256_setzero_si256(); R];
-            for j in 0..2 {
-                let hb = _mm256_loadu_si256(qh.add(32 * j) as *const __m256i);
-                let h0 = _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4);
-                let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4);
-                let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4);
-                let h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4);
-                let b1 = _mm256_loadu_si256(ql.add(64 * j) as *const __m256i);
-                let b2 = _mm256_loadu_si256(ql.add(64 * j + 32) as *const __m256i);
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(b1, m4), h0),
-                    _mm256_or_si256(_mm256_and_si256(b2, m4), h1),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), h2),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), h3),
-                ];
-                // Scales 2k, 2k+1 of this 128-value half, one per 16 values.
-                let mut sc = [_mm256_setzero_si256(); 4];
-                for (k, s) in sc.iter_mut().enumerate() {
-                    let m = _mm_loadu_si128(K6_SHUF[4 * j + k].as_ptr() as *const __m128i);
-                    *s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, m));
+            t
+        };
+        const K6_SHUF: [[u8; 16]; 8] = {
+            let mut t = [[0u8; 16]; 8];
+            let mut i = 0;
+            while i < 8 {
+                let mut k = 0;
+                while k < 8 {
+                    t[i][k] = (2 * i) as u8;
+                    t[i][k + 8] = (2 * i + 1) as u8;
+                    k += 1;
                 }
-                for r in 0..R {
-                    let y = ys[r].add(i * Q8K_BYTES + 4 + 128 * j);
-                    for k in 0..4 {
-                        let q8 = _mm256_loadu_si256(y.add(32 * k) as *const __m256i);
-                        // (q + 32) · y − 32 · y: maddubs needs an unsigned first operand.
-                        let p = _mm256_sub_epi16(
-                            _mm256_maddubs_epi16(q[k], q8),
-                            _mm256_maddubs_epi16(m32s, q8),
-                        );
-                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(sc[k], p));
+                i += 1;
+            }
+            t
+        };
+
+        /// The 8 six-bit scales and 8 mins of a Q4_K block, as bytes (ggml's `utmp` unpacking).
+        #[inline(always)]
+        unsafe fn q4k_scales(p: *const u8) -> [u32; 4] {
+            const K1: u32 = 0x3f3f3f3f;
+            const K2: u32 = 0x0f0f0f0f;
+            const K3: u32 = 0x03030303;
+            let mut u = [0u32; 4];
+            std::ptr::copy_nonoverlapping(p, u.as_mut_ptr() as *mut u8, 12);
+            u[3] = ((u[2] >> 4) & K2) | (((u[1] >> 6) & K3) << 4);
+            let aux = u[1] & K1;
+            u[1] = (u[2] & K2) | (((u[0] >> 6) & K3) << 4);
+            u[2] = aux;
+            u[0] &= K1;
+            u
+        }
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4k<const R: usize>(
+            nb: usize,
+            x: *const u8,
+            ys: &[*const u8; R],
+        ) -> [f32; R] {
+            let m4 = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = x.add(i * Q4K_BYTES);
+                let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                let u = q4k_scales(b.add(4));
+                let mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+                    u[3] as i32,
+                    u[2] as i32,
+                    u[1] as i32,
+                    u[0] as i32,
+                ));
+                let mins = _mm256_extracti128_si256(mins_scales, 1);
+                let sc128 = _mm256_castsi256_si128(mins_scales);
+                let scales = _mm256_set_m128i(sc128, sc128);
+                let qs = b.add(16);
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for j in 0..4 {
+                    let sl = _mm256_loadu_si256(K4_SHUF[2 * j].as_ptr() as *const __m256i);
+                    let sh = _mm256_loadu_si256(K4_SHUF[2 * j + 1].as_ptr() as *const __m256i);
+                    let scale_l = _mm256_shuffle_epi8(scales, sl);
+                    let scale_h = _mm256_shuffle_epi8(scales, sh);
+                    let bits = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                    let q4l = _mm256_and_si256(bits, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    for r in 0..R {
+                        let y = ys[r].add(i * Q8K_BYTES + 4 + 64 * j);
+                        let q8l = _mm256_loadu_si256(y as *const __m256i);
+                        let q8h = _mm256_loadu_si256(y.add(32) as *const __m256i);
+                        let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                        let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
                     }
                 }
+                for r in 0..R {
+                    let yb = ys[r].add(i * Q8K_BYTES);
+                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    // Sums of the 16 groups of 16 activations, paired into the 8 sub-blocks of 32.
+                    let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
+                    let q8s = _mm_hadd_epi16(
+                        _mm256_castsi256_si128(bsums),
+                        _mm256_extracti128_si256(bsums, 1),
+                    );
+                    // The mins term (4 lanes) joins the same accumulator, upper lanes zero.
+                    let prod = _mm256_zextsi128_si256(_mm_madd_epi16(mins, q8s));
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(-yd * dmin),
+                        _mm256_cvtepi32_ps(prod),
+                        acc[r],
+                    );
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(yd * d),
+                        _mm256_cvtepi32_ps(sumi[r]),
+                        acc[r],
+                    );
+                }
             }
+            let mut out = [0f32; R];
             for r in 0..R {
-                let yb = ys[r].add(i * Q8K_BYTES);
-                let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
-                acc[r] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(yd * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                out[r] = hsum(acc[r]);
             }
+            out
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum(acc[r]);
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q6k<const R: usize>(
+            nb: usize,
+            x: *const u8,
+            ys: &[*const u8; R],
+        ) -> [f32; R] {
+            let m4 = _mm256_set1_epi8(0x0F);
+            let m2 = _mm256_set1_epi8(0x03);
+            let m32s = _mm256_set1_epi8(32);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = x.add(i * Q6K_BYTES);
+                let (ql, qh, sc) = (b, b.add(128), b.add(192));
+                let d = f16_at(b.add(208));
+                let scales = _mm_loadu_si128(sc as *const __m128i);
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for j in 0..2 {
+                    let hb = _mm256_loadu_si256(qh.add(32 * j) as *const __m256i);
+                    let h0 = _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4);
+                    let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4);
+                    let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4);
+                    let h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4);
+                    let b1 = _mm256_loadu_si256(ql.add(64 * j) as *const __m256i);
+                    let b2 = _mm256_loadu_si256(ql.add(64 * j + 32) as *const __m256i);
+                    let q = [
+                        _mm256_or_si256(_mm256_and_si256(b1, m4), h0),
+                        _mm256_or_si256(_mm256_and_si256(b2, m4), h1),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), h2),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), h3),
+                    ];
+                    // Scales 2k, 2k+1 of this 128-value half, one per 16 values.
+                    let mut sc = [_mm256_setzero_si256(); 4];
+                    for (k, s) in sc.iter_mut().enumerate() {
+                        let m = _mm_loadu_si128(K6_SHUF[4 * j + k].as_ptr() as *const __m128i);
+                        *s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, m));
+                    }
+                    for r in 0..R {
+                        let y = ys[r].add(i * Q8K_BYTES + 4 + 128 * j);
+                        for k in 0..4 {
+                            let q8 = _mm256_loadu_si256(y.add(32 * k) as *const __m256i);
+                            // (q + 32) · y − 32 · y: maddubs needs an unsigned first operand.
+                            let p = _mm256_sub_epi16(
+                                _mm256_maddubs_epi16(q[k], q8),
+                                _mm256_maddubs_epi16(m32s, q8),
+                            );
+                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(sc[k], p));
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let yb = ys[r].add(i * Q8K_BYTES);
+                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(yd * d),
+                        _mm256_cvtepi32_ps(sumi[r]),
+                        acc[r],
+                    );
+                }
+            }
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]);
+            }
+            out
         }
-        out
-    }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    kquant_kernels!("avx2,fma,f16c");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    kquant_kernels!("avx2,fma,f16c,avx512f,avx512vl");
 }

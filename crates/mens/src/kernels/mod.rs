@@ -780,34 +780,44 @@ mod tests {
             input.set(ys, 4);
             let (q, arb) = input.get(ActType::Q8K);
             let act = |ti: usize| q[ti * arb..].as_ptr();
-            for r in 0..3 {
-                let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-                let four = unsafe {
-                    kquant::dot::<4>(
-                        kind,
-                        cols / 256,
-                        row.as_ptr(),
-                        &[act(0), act(1), act(2), act(3)],
-                    )
-                };
-                for ti in 0..4 {
-                    let want = T::vec_dot_unopt(
-                        cols,
-                        cast::<T>(row),
-                        cast::<T::VecDotType>(&q[ti * arb..(ti + 1) * arb]),
-                    );
-                    let one =
-                        unsafe { kquant::dot::<1>(kind, cols / 256, row.as_ptr(), &[act(ti)]) }[0];
-                    let tol = 1e-4 * want.abs().max(1.0);
-                    assert!(
-                        (one - want).abs() <= tol,
-                        "{kind:?} row {r} act {ti}: {one} vs {want}"
-                    );
-                    assert!(
-                        (four[ti] - want).abs() <= tol,
-                        "{kind:?} x4 row {r} act {ti}: {} vs {want}",
-                        four[ti]
-                    );
+            let wides: &[bool] = if simd::level() == simd::Level::Vnni {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for &wide in wides {
+                for r in 0..3 {
+                    let row = &w.data()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
+                    let nb = cols / 256;
+                    let four = unsafe {
+                        kquant::dot_isa::<4>(
+                            wide,
+                            kind,
+                            nb,
+                            row.as_ptr(),
+                            &[act(0), act(1), act(2), act(3)],
+                        )
+                    };
+                    for ti in 0..4 {
+                        let want = T::vec_dot_unopt(
+                            cols,
+                            cast::<T>(row),
+                            cast::<T::VecDotType>(&q[ti * arb..(ti + 1) * arb]),
+                        );
+                        let one = unsafe {
+                            kquant::dot_isa::<1>(wide, kind, nb, row.as_ptr(), &[act(ti)])
+                        }[0];
+                        let tol = 1e-4 * want.abs().max(1.0);
+                        assert!(
+                            (one - want).abs() <= tol,
+                            "{kind:?} wide={wide} row {r} act {ti}: {one} vs {want}"
+                        );
+                        assert!(
+                            (four[ti] - want).abs() <= tol,
+                            "{kind:?} wide={wide} x4 row {r} act {ti}: {} vs {want}",
+                            four[ti]
+                        );
+                    }
                 }
             }
         }
