@@ -68,6 +68,46 @@ enum Command {
     Probe(ProbeArgs),
     /// An OpenAI-compatible HTTP server (localhost by default) decoding many requests together.
     Serve(serve::ServeArgs),
+    /// Write a random-weight Qwen2.5 model of a real shape (0.5b, 1.5b, 7b) in llama.cpp's Q4_K_M
+    /// layout, for measurements at sizes whose real file is not at hand.
+    Synth(SynthArgs),
+}
+
+#[derive(Args)]
+struct SynthArgs {
+    /// 0.5b, 1.5b or 7b.
+    #[arg(long)]
+    shape: String,
+    /// Output GGUF file.
+    #[arg(short, long)]
+    output: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn synth(a: SynthArgs) -> Result<()> {
+    use mens::synth::{synth_q4_k_m, QwenShape};
+    let shape = QwenShape::by_name(&a.shape).ok_or_else(|| {
+        anyhow::anyhow!(
+            "invalid argument: unknown shape {:?} (0.5b, 1.5b or 7b)",
+            a.shape
+        )
+    })?;
+    let w = synth_q4_k_m(&shape, a.seed);
+    let file = std::fs::File::create(&a.output)
+        .with_context(|| format!("cannot create {}", a.output.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    w.write_to(&mut out)
+        .and_then(|_| out.flush())
+        .with_context(|| format!("cannot write {}", a.output.display()))?;
+    let bytes: usize = w.tensors().map(|t| t.3).sum();
+    eprintln!(
+        "mens: wrote {} (Qwen2.5 {} shape, Q4_K_M layout, {:.0} MiB of random weights)",
+        a.output.display(),
+        shape.name,
+        bytes as f64 / 1048576.0
+    );
+    Ok(())
 }
 
 #[derive(Args, Clone)]
@@ -656,6 +696,7 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Probe(a) => probe(a),
         Command::Serve(a) => serve::run(a),
+        Command::Synth(a) => synth(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

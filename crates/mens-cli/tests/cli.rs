@@ -335,3 +335,42 @@ fn the_kv_cache_keeps_decode_flat() {
         "cached decode should stay nearly flat: {cached_ratio}"
     );
 }
+
+/// `mens synth` writes a real-size random model (0.5B shape, Q4_K_M layout) that loads and
+/// generates; an unknown shape is a clear error.
+#[test]
+fn synth_writes_a_model_that_runs() {
+    let path = std::env::temp_dir().join(format!("mens-synth-{}.gguf", std::process::id()));
+    let out = mens()
+        .args(["synth", "--shape", "0.5b", "-o", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = mens()
+        .args([
+            "run",
+            "-m",
+            path.to_str().unwrap(),
+            "-c",
+            "64",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+        ])
+        .args(["-p", "hello"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("24 layers, d=896"), "{err}");
+    fails_with(
+        &["synth", "--shape", "13b", "-o", "/tmp/x.gguf"],
+        "unknown shape",
+    );
+}

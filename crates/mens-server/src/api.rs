@@ -324,21 +324,25 @@ pub async fn chat_completions(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let prompt = match chat_prompt(&s, &r) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
+    let ChatRequest { messages, common } = r;
+    // Rendering and tokenizing a long prompt is CPU work: off the async workers.
+    let st = s.clone();
+    let prompt = match tokio::task::spawn_blocking(move || chat_prompt(&st, &messages)).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return e.into_response(),
+        Err(_) => return engine_error("tokenizing the prompt failed".into()).into_response(),
     };
-    complete(s, Kind::Chat, prompt, &r.common)
+    complete(s, Kind::Chat, prompt, &common)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-fn chat_prompt(s: &AppState, r: &ChatRequest) -> ApiResult<Vec<u32>> {
-    if r.messages.is_empty() {
+fn chat_prompt(s: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<u32>> {
+    if messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty").param("messages"));
     }
-    let mut msgs = Vec::with_capacity(r.messages.len());
-    for m in &r.messages {
+    let mut msgs = Vec::with_capacity(messages.len());
+    for m in messages {
         if !ROLES.contains(&m.role.as_str()) {
             return Err(ApiError::invalid(format!(
                 "unknown role '{}' (expected one of {})",
@@ -392,9 +396,10 @@ pub async fn completions(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let prompt = match &r.prompt {
-        Prompt::Text(t) => s.tokenizer.encode(t),
-        Prompt::Texts(v) if v.len() == 1 => s.tokenizer.encode(&v[0]),
+    let CompletionRequest { prompt, common } = r;
+    let text = match prompt {
+        Prompt::Text(t) => t,
+        Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
         Prompt::Texts(v) => {
             return ApiError::invalid(format!(
                 "one prompt per request is supported, got {}",
@@ -403,8 +408,21 @@ pub async fn completions(
             .param("prompt")
             .into_response()
         }
-        Prompt::Tokens(t) => Ok(t.clone()),
+        Prompt::Tokens(t) => return finish_completion(s, Ok(t), &common).await,
     };
+    let st = s.clone();
+    let prompt = match tokio::task::spawn_blocking(move || st.tokenizer.encode(&text)).await {
+        Ok(p) => p,
+        Err(_) => return engine_error("tokenizing the prompt failed".into()).into_response(),
+    };
+    finish_completion(s, prompt, &common).await
+}
+
+async fn finish_completion(
+    s: Arc<AppState>,
+    prompt: mens::Result<Vec<u32>>,
+    common: &Common,
+) -> Response {
     let prompt = match prompt {
         Ok(p) if !p.is_empty() => p,
         Ok(_) => {
@@ -414,7 +432,7 @@ pub async fn completions(
         }
         Err(e) => return ApiError::invalid(e.to_string()).into_response(),
     };
-    complete(s, Kind::Text, prompt, &r.common)
+    complete(s, Kind::Text, prompt, common)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

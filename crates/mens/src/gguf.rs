@@ -730,6 +730,13 @@ impl Writer {
         self
     }
 
+    /// (name, dims, type, data bytes) of each tensor added so far.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &[u64], TensorType, usize)> {
+        self.tensors
+            .iter()
+            .map(|(n, d, t, data)| (n.as_str(), d.as_slice(), *t, data.len()))
+    }
+
     fn put_str(out: &mut Vec<u8>, s: &str) {
         out.extend((s.len() as u64).to_le_bytes());
         out.extend(s.as_bytes());
@@ -786,6 +793,14 @@ impl Writer {
 
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
+        self.write_to(&mut out)
+            .expect("writing to a Vec cannot fail");
+        out
+    }
+
+    /// Stream the file (header, then each tensor's data, aligned) into `w`.
+    pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut out = Vec::new();
         out.extend(MAGIC.to_le_bytes());
         out.extend(3u32.to_le_bytes());
         out.extend((self.tensors.len() as u64).to_le_bytes());
@@ -807,10 +822,14 @@ impl Writer {
         }
         let start = (out.len() as u64).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
         out.resize(start as usize, 0);
+        w.write_all(&out)?;
+        let mut at = 0u64;
+        let zeros = [0u8; DEFAULT_ALIGNMENT as usize];
         for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
-            out.resize((start + off) as usize, 0);
-            out.extend(data);
+            w.write_all(&zeros[..(off - at) as usize])?;
+            w.write_all(data)?;
+            at = off + data.len() as u64;
         }
-        out
+        Ok(())
     }
 }

@@ -203,3 +203,210 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
     }
     w.to_bytes()
 }
+
+/// A Qwen2.5 shape, for random-weight models of real sizes in llama.cpp's Q4_K_M layout.
+#[derive(Debug, Clone)]
+pub struct QwenShape {
+    pub name: &'static str,
+    pub n_layer: usize,
+    pub dim: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub ffn_dim: usize,
+    pub vocab: usize,
+}
+
+impl QwenShape {
+    pub const ALL: [QwenShape; 3] = [
+        QwenShape {
+            name: "0.5b",
+            n_layer: 24,
+            dim: 896,
+            n_head: 14,
+            n_kv_head: 2,
+            ffn_dim: 4864,
+            vocab: 151936,
+        },
+        QwenShape {
+            name: "1.5b",
+            n_layer: 28,
+            dim: 1536,
+            n_head: 12,
+            n_kv_head: 2,
+            ffn_dim: 8960,
+            vocab: 151936,
+        },
+        QwenShape {
+            name: "7b",
+            n_layer: 28,
+            dim: 3584,
+            n_head: 28,
+            n_kv_head: 4,
+            ffn_dim: 18944,
+            vocab: 152064,
+        },
+    ];
+
+    pub fn by_name(name: &str) -> Option<QwenShape> {
+        Self::ALL
+            .iter()
+            .find(|s| s.name.eq_ignore_ascii_case(name))
+            .cloned()
+    }
+}
+
+/// The type llama.cpp's Q4_K_M quantizer gives a weight: `wide` = a Q6_K tensor (output, and
+/// attn_v / ffn_down in the layers the rule picks), else Q4_K; rows (`cols` values) that are not a
+/// multiple of 256 fall back to Q8_0 and Q5_0.
+pub fn q4_k_m_type(wide: bool, cols: usize) -> TensorType {
+    match (wide, cols % 256 == 0) {
+        (true, true) => TensorType::Q6K,
+        (true, false) => TensorType::Q8_0,
+        (false, true) => TensorType::Q4K,
+        (false, false) => TensorType::Q5_0,
+    }
+}
+
+/// Whether attn_v and ffn_down of layer `i` (of `n`) are Q6_K under Q4_K_M.
+pub fn q4_k_m_wide_layer(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+}
+
+/// Random blocks of type `t` for `rows` × `cols` values: random quants, small fixed scales (so that
+/// activations stay finite through every layer). Fast: no quantization of f32 data.
+fn random_blocks(t: TensorType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
+    let (block, bytes) = match t {
+        TensorType::Q4K => (256, 144),
+        TensorType::Q6K => (256, 210),
+        TensorType::Q5_0 => (32, 22),
+        TensorType::Q8_0 => (32, 34),
+        _ => unreachable!("Q4_K_M uses Q4_K, Q6_K, Q5_0, Q8_0 for weights"),
+    };
+    let n = rows * cols / block;
+    let mut out = vec![0u8; n * bytes];
+    rng.fill(&mut out[..]);
+    let f16 = |x: f32| half::f16::from_f32(x).to_le_bytes();
+    for b in out.chunks_exact_mut(bytes) {
+        match t {
+            TensorType::Q4K => {
+                b[0..2].copy_from_slice(&f16(1e-4));
+                b[2..4].copy_from_slice(&f16(1e-4));
+            }
+            TensorType::Q6K => b[208..210].copy_from_slice(&f16(1e-4)),
+            TensorType::Q5_0 => b[0..2].copy_from_slice(&f16(4e-3)),
+            _ => b[0..2].copy_from_slice(&f16(8e-4)),
+        }
+    }
+    out
+}
+
+/// A GGUF writer holding a random-weight Qwen2 model of `shape` in llama.cpp's Q4_K_M layout, with a
+/// vocabulary of the right size (byte tokens, fillers, ChatML specials) and the ChatML template.
+pub fn synth_q4_k_m(shape: &QwenShape, seed: u64) -> Writer {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v = shape.vocab;
+    let mut tokens: Vec<String> = crate::tokenizer::byte_chars()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let fillers = v - tokens.len() - specials.len();
+    tokens.extend((0..fillers).map(|i| format!("<|synth_{i}|>")));
+    let mut types = vec![1i64; tokens.len()];
+    for s in specials {
+        tokens.push(s.to_string());
+        types.push(3);
+    }
+    let (d, hd) = (shape.dim, shape.dim / shape.n_head);
+    let (qd, kd) = (shape.n_head * hd, shape.n_kv_head * hd);
+    let mut w = Writer::new();
+    w.kv("general.architecture", Value::String("qwen2".into()))
+        .kv(
+            "general.name",
+            Value::String(format!("synthetic Qwen2.5 {} Q4_K_M", shape.name)),
+        )
+        .kv("general.file_type", Value::U32(15))
+        .kv("qwen2.block_count", Value::U32(shape.n_layer as u32))
+        .kv("qwen2.context_length", Value::U32(32768))
+        .kv("qwen2.embedding_length", Value::U32(d as u32))
+        .kv(
+            "qwen2.feed_forward_length",
+            Value::U32(shape.ffn_dim as u32),
+        )
+        .kv(
+            "qwen2.attention.head_count",
+            Value::U32(shape.n_head as u32),
+        )
+        .kv(
+            "qwen2.attention.head_count_kv",
+            Value::U32(shape.n_kv_head as u32),
+        )
+        .kv("qwen2.rope.freq_base", Value::F32(1e6))
+        .kv("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
+        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::Strings(tokens)),
+        )
+        .kv(
+            "tokenizer.ggml.merges",
+            Value::Array(Array::Strings(vec![])),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::Ints(types)),
+        )
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(v as u32 - 1))
+        .kv("tokenizer.ggml.padding_token_id", Value::U32(v as u32 - 3))
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
+        .kv(
+            "tokenizer.chat_template",
+            Value::String(CHATML_TEMPLATE.into()),
+        );
+    let mut mat = |w: &mut Writer, name: &str, rows: usize, cols: usize, wide: bool| {
+        let t = q4_k_m_type(wide, cols);
+        let data = random_blocks(t, rows, cols, &mut rng);
+        w.tensor(name, &[cols as u64, rows as u64], t, data);
+    };
+    let f32s = |x: f32, n: usize| quantize(TensorType::F32, &vec![x; n]);
+    mat(&mut w, "token_embd.weight", v, d, false);
+    for i in 0..shape.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let wide = q4_k_m_wide_layer(i, shape.n_layer);
+        w.tensor(
+            &n("attn_norm.weight"),
+            &[d as u64],
+            TensorType::F32,
+            f32s(1.0, d),
+        );
+        mat(&mut w, &n("attn_q.weight"), qd, d, false);
+        mat(&mut w, &n("attn_k.weight"), kd, d, false);
+        mat(&mut w, &n("attn_v.weight"), kd, d, wide);
+        for (b, len) in [
+            ("attn_q.bias", qd),
+            ("attn_k.bias", kd),
+            ("attn_v.bias", kd),
+        ] {
+            w.tensor(&n(b), &[len as u64], TensorType::F32, f32s(0.0, len));
+        }
+        mat(&mut w, &n("attn_output.weight"), d, qd, false);
+        w.tensor(
+            &n("ffn_norm.weight"),
+            &[d as u64],
+            TensorType::F32,
+            f32s(1.0, d),
+        );
+        mat(&mut w, &n("ffn_gate.weight"), shape.ffn_dim, d, false);
+        mat(&mut w, &n("ffn_up.weight"), shape.ffn_dim, d, false);
+        mat(&mut w, &n("ffn_down.weight"), d, shape.ffn_dim, wide);
+    }
+    w.tensor(
+        "output_norm.weight",
+        &[d as u64],
+        TensorType::F32,
+        f32s(1.0, d),
+    );
+    mat(&mut w, "output.weight", v, d, true);
+    w
+}

@@ -5,6 +5,7 @@ mod common;
 use common::{json, load};
 use mens::engine::{Logits, Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
+use mens::gguf::TensorType;
 use mens::kernels::ops::argmax;
 use mens::sample::{Sampler, SamplerConfig};
 
@@ -229,4 +230,46 @@ fn perplexity_matches_llama_cpp_0_5b() {
         "perplexity {} vs {reference}",
         r.ppl
     );
+}
+
+/// `synth_q4_k_m` reproduces the real files' layout: the same tensors, shapes, byte sizes and types,
+/// and the same number of layers whose attn_v / ffn_down get Q6_K (Q8_0 where rows are not a multiple
+/// of 256). Which layers those are differs: these files were not quantized with llama.cpp's plain
+/// `use_more_bits` rule, which synth follows (0.5B real: layers 0,1,3,6–10,13,16,19,21; rule: 0–2,
+/// 5,8,11,14,17,20–23).
+#[test]
+fn synth_q4_k_m_matches_real_layouts() {
+    use mens::synth::{synth_q4_k_m, QwenShape};
+    for (name, shape) in [
+        ("qwen2.5-coder-0.5b", "0.5b"),
+        ("qwen2.5-coder-1.5b", "1.5b"),
+    ] {
+        let real = load(name);
+        let g = &real.model.gguf;
+        let w = synth_q4_k_m(&QwenShape::by_name(shape).unwrap(), 1);
+        let mut n = 0;
+        let (mut wide_real, mut wide_synth) = (0, 0);
+        for (tname, dims, t, len) in w.tensors() {
+            let r = g
+                .tensor(tname)
+                .unwrap_or_else(|| panic!("{name}: no {tname} in the real file"));
+            assert_eq!(r.dims.as_slice(), dims, "{name} {tname} shape");
+            let per_layer_choice =
+                tname.ends_with("attn_v.weight") || tname.ends_with("ffn_down.weight");
+            if per_layer_choice {
+                let is_wide = |t| matches!(t, TensorType::Q6K | TensorType::Q8_0);
+                wide_real += is_wide(r.ttype) as usize;
+                wide_synth += is_wide(t) as usize;
+            } else {
+                assert_eq!(r.ttype, t, "{name} {tname} type");
+                assert_eq!(r.bytes as usize, len, "{name} {tname} bytes");
+            }
+            n += 1;
+        }
+        assert_eq!(n, g.tensors.len(), "{name}: tensor count");
+        assert_eq!(
+            wide_real, wide_synth,
+            "{name}: layers with wide attn_v/ffn_down"
+        );
+    }
 }
