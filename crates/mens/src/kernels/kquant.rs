@@ -75,7 +75,7 @@ pub unsafe fn dot_isa<const R: usize>(
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! kquant_kernels {
-    ($feat:literal) => {
+    ($feat:literal, $acc16:ident) => {
         use super::*;
         use std::arch::x86_64::*;
 
@@ -176,9 +176,8 @@ macro_rules! kquant_kernels {
                         let y = ys[r].add(i * Q8K_BYTES + 4 + 64 * j);
                         let q8l = _mm256_loadu_si256(y as *const __m256i);
                         let q8h = _mm256_loadu_si256(y.add(32) as *const __m256i);
-                        let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                        let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
-                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+                        sumi[r] = $acc16!(sumi[r], scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                        sumi[r] = $acc16!(sumi[r], scale_h, _mm256_maddubs_epi16(q4h, q8h));
                     }
                 }
                 for r in 0..R {
@@ -219,7 +218,6 @@ macro_rules! kquant_kernels {
         ) -> [f32; R] {
             let m4 = _mm256_set1_epi8(0x0F);
             let m2 = _mm256_set1_epi8(0x03);
-            let m32s = _mm256_set1_epi8(32);
             let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = x.add(i * Q6K_BYTES);
@@ -251,21 +249,22 @@ macro_rules! kquant_kernels {
                         let y = ys[r].add(i * Q8K_BYTES + 4 + 128 * j);
                         for k in 0..4 {
                             let q8 = _mm256_loadu_si256(y.add(32 * k) as *const __m256i);
-                            // (q + 32) · y − 32 · y: maddubs needs an unsigned first operand.
-                            let p = _mm256_sub_epi16(
-                                _mm256_maddubs_epi16(q[k], q8),
-                                _mm256_maddubs_epi16(m32s, q8),
-                            );
-                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(sc[k], p));
+                            // (q + 32) · y: maddubs needs the unsigned operand; the 32 · y part
+                            // is taken off once per block below, from the activation group sums.
+                            sumi[r] = $acc16!(sumi[r], sc[k], _mm256_maddubs_epi16(q[k], q8));
                         }
                     }
                 }
+                // Σ_g scale_g · 32 · Σ_{16 values of g} y.
+                let sc16 = _mm256_cvtepi8_epi16(scales);
                 for r in 0..R {
                     let yb = ys[r].add(i * Q8K_BYTES);
+                    let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
+                    let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5);
                     let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
                     acc[r] = _mm256_fmadd_ps(
                         _mm256_set1_ps(yd * d),
-                        _mm256_cvtepi32_ps(sumi[r]),
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r], corr)),
                         acc[r],
                     );
                 }
@@ -281,10 +280,22 @@ macro_rules! kquant_kernels {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    kquant_kernels!("avx2,fma,f16c");
+    /// acc + Σ pairs of i16 products.
+    macro_rules! acc16 {
+        ($acc:expr, $a:expr, $b:expr) => {
+            _mm256_add_epi32($acc, _mm256_madd_epi16($a, $b))
+        };
+    }
+    kquant_kernels!("avx2,fma,f16c", acc16);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    kquant_kernels!("avx2,fma,f16c,avx512f,avx512vl");
+    /// The same in one instruction (AVX-512 VNNI).
+    macro_rules! acc16 {
+        ($acc:expr, $a:expr, $b:expr) => {
+            _mm256_dpwssd_epi32($acc, $a, $b)
+        };
+    }
+    kquant_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", acc16);
 }
