@@ -682,3 +682,37 @@ fn real_model_batching_disconnect_and_greedy_text() {
     );
     assert!(after < 50, "{after} tokens generated after the client left");
 }
+
+/// A connection that sends no request header within the timeout is closed (slow or idle clients
+/// cannot hold connections forever).
+#[test]
+fn idle_connections_are_closed() {
+    let s = start(
+        1,
+        2,
+        ServerConfig {
+            header_timeout: Duration::from_millis(500),
+            ..Default::default()
+        },
+    );
+    let mut idle = TcpStream::connect(s.addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 256];
+    // Either EOF or an error reply (408), then EOF: never a connection held open.
+    loop {
+        match idle.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) => panic!("connection not closed: {e}"),
+        }
+    }
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    // The server still serves.
+    assert_eq!(call(s.addr, "GET", "/health", &Value::Null).status, 200);
+}
