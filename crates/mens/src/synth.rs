@@ -87,6 +87,31 @@ pub fn synth_vocab() -> (Vec<String>, Vec<String>, Vec<i64>) {
     (tokens, merges, types)
 }
 
+/// The byte-level BPE vocabulary (Qwen2 pre-tokenizer), end of sequence = the last token, and the
+/// ChatML template: the tokenizer metadata every synthetic model carries.
+fn byte_level_vocab(w: &mut Writer, tokens: Vec<String>, merges: Vec<String>, types: Vec<i64>) {
+    let eos = tokens.len() as u32 - 1;
+    w.kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::Strings(tokens)),
+        )
+        .kv(
+            "tokenizer.ggml.merges",
+            Value::Array(Array::Strings(merges)),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::Ints(types)),
+        )
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(eos))
+        .kv(
+            "tokenizer.chat_template",
+            Value::String(CHATML_TEMPLATE.into()),
+        );
+}
+
 const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// A GGUF file (as bytes) with random weights of the given shape.
@@ -125,26 +150,8 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             Value::F32(1e-6),
         )
         .kv(&format!("{a}.rope.freq_base"), Value::F32(10000.0))
-        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
-        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
-        .kv(
-            "tokenizer.ggml.tokens",
-            Value::Array(Array::Strings(tokens)),
-        )
-        .kv(
-            "tokenizer.ggml.merges",
-            Value::Array(Array::Strings(merges)),
-        )
-        .kv(
-            "tokenizer.ggml.token_type",
-            Value::Array(Array::Ints(types)),
-        )
-        .kv("tokenizer.ggml.eos_token_id", Value::U32(vocab as u32 - 1))
-        .kv("tokenizer.ggml.bos_token_id", Value::U32(vocab as u32 - 3))
-        .kv(
-            "tokenizer.chat_template",
-            Value::String(CHATML_TEMPLATE.into()),
-        );
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(vocab as u32 - 3));
+    byte_level_vocab(&mut w, tokens, merges, types);
 
     let mut mat =
         |w: &mut Writer, name: &str, rows: usize, cols: usize, t: TensorType, scale: f32| {
@@ -343,27 +350,9 @@ pub fn synth_q4_k_m(shape: &QwenShape, seed: u64) -> Writer {
         )
         .kv("qwen2.rope.freq_base", Value::F32(1e6))
         .kv("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
-        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
-        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
-        .kv(
-            "tokenizer.ggml.tokens",
-            Value::Array(Array::Strings(tokens)),
-        )
-        .kv(
-            "tokenizer.ggml.merges",
-            Value::Array(Array::Strings(vec![])),
-        )
-        .kv(
-            "tokenizer.ggml.token_type",
-            Value::Array(Array::Ints(types)),
-        )
-        .kv("tokenizer.ggml.eos_token_id", Value::U32(v as u32 - 1))
         .kv("tokenizer.ggml.padding_token_id", Value::U32(v as u32 - 3))
-        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
-        .kv(
-            "tokenizer.chat_template",
-            Value::String(CHATML_TEMPLATE.into()),
-        );
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    byte_level_vocab(&mut w, tokens, vec![], types);
     let mut mat = |w: &mut Writer, name: &str, rows: usize, cols: usize, wide: bool| {
         let t = q4_k_m_type(wide, cols);
         let data = random_blocks(t, rows, cols, &mut rng);
