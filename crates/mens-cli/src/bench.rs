@@ -120,20 +120,19 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         points.clear();
     }
 
+    // The steps the uncached schedule times: the reported windows.
+    let mut uncached_steps: Vec<usize> = points
+        .iter()
+        .flat_map(|&p| window_at(p, args.window, args.steps))
+        .collect();
+    uncached_steps.sort();
+    uncached_steps.dedup();
+
     // Progress: one unit per prefill rep, timed decode step and depth-test rep.
-    let uncached_steps: usize = {
-        let mut v: Vec<usize> = points
-            .iter()
-            .flat_map(|&p| window_at(p, args.window, args.steps))
-            .collect();
-        v.sort();
-        v.dedup();
-        v.len()
-    };
     let total = args.reps * args.prompt.len()
         + configs
             .iter()
-            .map(|&c| if c { args.steps } else { uncached_steps })
+            .map(|&c| if c { args.steps } else { uncached_steps.len() })
             .sum::<usize>()
         + args.reps * args.depth.len();
     let bar = if args.quiet {
@@ -205,16 +204,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         } else {
             // Uncached step k re-runs the whole sequence (prompt + k tokens): its cost does not
             // depend on earlier steps, so only the reported windows are timed.
-            let mut steps: Vec<usize> = points
-                .iter()
-                .flat_map(|&p| window_at(p, args.window, args.steps))
-                .collect();
-            steps.sort();
-            steps.dedup();
             let mut seq = prompt.clone();
             seq.extend(random(args.steps));
             let (mut allocs, mut disp) = (0u64, 0u64);
-            for &step in &steps {
+            for &step in &uncached_steps {
                 s.reset();
                 s.forward(&seq[..SCHEDULE_PROMPT + step - 1], Logits::Last)?;
                 let a0 = ALLOCATIONS.load(Ordering::Relaxed);
@@ -228,7 +221,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 sch.times.push((step, dt));
                 bar.inc(1);
             }
-            let n = steps.len().max(1) as f64;
+            let n = uncached_steps.len().max(1) as f64;
             sch.allocations_per_step = allocs as f64 / n;
             sch.dispatches_per_step = disp as f64 / n;
         }

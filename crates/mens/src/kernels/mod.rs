@@ -491,6 +491,28 @@ fn rows(
     f(w, input, out, stride, off, r0, r1)
 }
 
+/// Weight rows `b0..b1` against the R activation rows from `ti` on: `dot(r)` gives row r's R results,
+/// written at out[(ti + k) * stride + off + r].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile<const R: usize>(
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    ti: usize,
+    b0: usize,
+    b1: usize,
+    dot: impl Fn(usize) -> [f32; R],
+) {
+    for r in b0..b1 {
+        let v = dot(r);
+        for (k, v) in v.iter().enumerate() {
+            // SAFETY: (ti + k, r) pairs are disjoint across tasks and in bounds (asserted in `matmul`).
+            unsafe { *out.0.add((ti + k) * stride + off + r) = *v };
+        }
+    }
+}
+
 /// Rows `r0..r1` through the x86 kernels: each weight block is decoded once for four activation rows.
 #[allow(clippy::too_many_arguments)]
 fn rows_simd(
@@ -526,30 +548,19 @@ fn rows_simd(
         let b1 = (b0 + ROW_BLOCK).min(r1);
         let mut ti = 0;
         // Eight activation rows per decoded block with AVX-512's 32 registers.
+        // SAFETY (the dots): level checked by the caller; bounds asserted above.
         while level == simd::Level::Vnni && ti + 8 <= t {
             let ys: [simd::ActRow; 8] = std::array::from_fn(|k| act(ti + k));
-            for r in b0..b1 {
-                // SAFETY: as below.
-                unsafe {
-                    let v = simd::dot::<8>(level, kind, nb, data.as_ptr().add(r * rb), &ys);
-                    for (k, v) in v.iter().enumerate() {
-                        *out.0.add((ti + k) * stride + off + r) = *v;
-                    }
-                }
-            }
+            tile(out, stride, off, ti, b0, b1, |r| unsafe {
+                simd::dot::<8>(level, kind, nb, data.as_ptr().add(r * rb), &ys)
+            });
             ti += 8;
         }
         while ti + 4 <= t {
             let ys = [act(ti), act(ti + 1), act(ti + 2), act(ti + 3)];
-            for r in b0..b1 {
-                // SAFETY: level checked by the caller; bounds asserted above; outputs disjoint per task.
-                unsafe {
-                    let v = simd::dot::<4>(level, kind, nb, data.as_ptr().add(r * rb), &ys);
-                    for (k, v) in v.iter().enumerate() {
-                        *out.0.add((ti + k) * stride + off + r) = *v;
-                    }
-                }
-            }
+            tile(out, stride, off, ti, b0, b1, |r| unsafe {
+                simd::dot::<4>(level, kind, nb, data.as_ptr().add(r * rb), &ys)
+            });
             ti += 4;
         }
         while ti < t {
@@ -610,44 +621,28 @@ fn rows_kquant(
     while b0 < r1 {
         let b1 = (b0 + ROW_BLOCK).min(r1);
         let mut ti = 0;
+        // SAFETY (the dots): AVX2+FMA checked by the caller, AVX-512 by `wide`; bounds asserted above.
         while wide && ti + 8 <= t {
             let ys: [*const u8; 8] = std::array::from_fn(|k| act(ti + k));
-            for r in b0..b1 {
-                // SAFETY: AVX-512 checked (`wide`); bounds asserted above; outputs disjoint per task.
-                unsafe {
-                    let v = kquant::dot::<8>(kind, nb, data.as_ptr().add(r * rb), &ys);
-                    for (k, v) in v.iter().enumerate() {
-                        *out.0.add((ti + k) * stride + off + r) = *v;
-                    }
-                }
-            }
+            tile(out, stride, off, ti, b0, b1, |r| unsafe {
+                kquant::dot::<8>(kind, nb, data.as_ptr().add(r * rb), &ys)
+            });
             ti += 8;
         }
         while ti + 4 <= t {
             let ys = [act(ti), act(ti + 1), act(ti + 2), act(ti + 3)];
-            for r in b0..b1 {
-                // SAFETY: AVX2+FMA checked by the caller (`simd::level`); bounds asserted above;
-                // outputs disjoint per task.
-                unsafe {
-                    let v = kquant::dot::<4>(kind, nb, data.as_ptr().add(r * rb), &ys);
-                    for (k, v) in v.iter().enumerate() {
-                        *out.0.add((ti + k) * stride + off + r) = *v;
-                    }
-                }
-            }
+            tile(out, stride, off, ti, b0, b1, |r| unsafe {
+                kquant::dot::<4>(kind, nb, data.as_ptr().add(r * rb), &ys)
+            });
             ti += 4;
         }
         // Left-over rows, and decode (one row): the same kernel at R = 1, so that a token's numbers
         // do not depend on how many rows its batch had (cached and uncached decoding agree exactly).
         while ti < t {
             let ys = [act(ti)];
-            for r in b0..b1 {
-                // SAFETY: as above.
-                unsafe {
-                    *out.0.add(ti * stride + off + r) =
-                        kquant::dot::<1>(kind, nb, data.as_ptr().add(r * rb), &ys)[0];
-                }
-            }
+            tile(out, stride, off, ti, b0, b1, |r| unsafe {
+                kquant::dot::<1>(kind, nb, data.as_ptr().add(r * rb), &ys)
+            });
             ti += 1;
         }
         b0 = b1;
