@@ -4,12 +4,12 @@
 //! the model's vocabulary. Output: a Markdown table (rows = metrics, columns = configurations), JSON
 //! with every raw figure and the machine, and an SVG plot of per-step time against step.
 
-use crate::{load, BenchArgs, ALLOCATIONS};
+use crate::{load, runner, BenchArgs, ALLOCATIONS};
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use mens::engine::{Logits, Session, SessionOptions};
-use mens::kernels::ops::argmax;
+use mens::engine::{Logits, Runner, Session, SessionOptions};
 use mens::kernels::DISPATCHES;
+use mens::sample::{Sampler, SamplerConfig};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -76,14 +76,20 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     args.model.ctx_size = Some(args.model.ctx_size.unwrap_or(0).max(ctx));
     let l = load(&args.model)?;
     let c = &l.model.config;
-    let mut s = Session::new(
-        l.model.clone(),
-        SessionOptions {
-            ctx,
-            batch: 512.min(ctx),
-            logit_rows: 1,
-        },
-    )?;
+    let cpu = args.model.backend == "cpu";
+    let mut s: Box<dyn Runner> = if cpu {
+        Box::new(Session::new(
+            l.model.clone(),
+            SessionOptions {
+                ctx,
+                batch: 512.min(ctx),
+                logit_rows: 1,
+            },
+        )?)
+    } else {
+        runner(&l, &args.model)?
+    };
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), c.vocab_size)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     // Real ids from the ordinary part of the vocabulary (special tokens sit at its end).
     let hi = l
@@ -153,10 +159,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let mut ttft = Vec::new();
         for _ in 0..args.reps {
             let toks = random(n);
-            s.reset();
+            s.truncate(0);
             let t0 = Instant::now();
             s.forward(&toks, Logits::Last)?;
-            let _first = argmax(s.logits());
+            let _first = s.sample(&mut greedy)?;
             ttft.push(t0.elapsed().as_secs_f64());
             bar.inc(1);
         }
@@ -170,6 +176,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     // 2. The decode schedule: step k is the k-th generated token after a short prompt.
     let mut scratch = Vec::with_capacity(ctx);
     let mut schedules = Vec::new();
+    let mut profile = Vec::new();
     for &cached in &configs {
         let mut sch = Schedule {
             cached,
@@ -184,14 +191,14 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         bar.set_message(format!("decode, {}", sch.name()));
         let prompt = random(SCHEDULE_PROMPT);
         if cached {
-            s.reset();
+            s.truncate(0);
             s.forward(&prompt, Logits::Last)?;
             sch.times.reserve(args.steps);
             let a0 = ALLOCATIONS.load(Ordering::Relaxed);
             let k0 = DISPATCHES.load(Ordering::Relaxed);
             for step in 1..=args.steps {
                 let t0 = Instant::now();
-                let next = argmax(s.logits());
+                let next = s.sample(&mut greedy)?;
                 s.forward(&[next], Logits::Last)?;
                 let dt = t0.elapsed().as_secs_f64();
                 // The push stays within the reserved capacity: no allocation is counted.
@@ -200,7 +207,13 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             }
             let n = args.steps as f64;
             sch.allocations_per_step = (ALLOCATIONS.load(Ordering::Relaxed) - a0) as f64 / n;
-            sch.dispatches_per_step = (DISPATCHES.load(Ordering::Relaxed) - k0) as f64 / n;
+            if args.profile {
+                profile = s.profile_decode(16)?;
+            }
+            sch.dispatches_per_step = match s.launches_per_token() {
+                Some((launches, _)) => launches as f64,
+                None => (DISPATCHES.load(Ordering::Relaxed) - k0) as f64 / n,
+            };
         } else {
             // Uncached step k re-runs the whole sequence (prompt + k tokens): its cost does not
             // depend on earlier steps, so only the reported windows are timed.
@@ -208,12 +221,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             seq.extend(random(args.steps));
             let (mut allocs, mut disp) = (0u64, 0u64);
             for &step in &uncached_steps {
-                s.reset();
+                s.truncate(0);
                 s.forward(&seq[..SCHEDULE_PROMPT + step - 1], Logits::Last)?;
                 let a0 = ALLOCATIONS.load(Ordering::Relaxed);
                 let k0 = DISPATCHES.load(Ordering::Relaxed);
                 let t0 = Instant::now();
-                let next = argmax(s.logits());
+                let next = s.sample(&mut greedy)?;
                 s.rerun(&[next], &mut scratch)?;
                 let dt = t0.elapsed().as_secs_f64();
                 allocs += ALLOCATIONS.load(Ordering::Relaxed) - a0;
@@ -224,6 +237,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             let n = uncached_steps.len().max(1) as f64;
             sch.allocations_per_step = allocs as f64 / n;
             sch.dispatches_per_step = disp as f64 / n;
+            if s.launches_per_token().is_some() {
+                // A GPU re-run is a prefill, not a graph launch: no per-step launch count.
+                sch.dispatches_per_step = f64::NAN;
+            }
         }
         schedules.push(sch);
     }
@@ -235,11 +252,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         for &cached in &configs {
             let mut tps = Vec::new();
             for _ in 0..args.reps {
-                s.reset();
+                s.truncate(0);
                 s.forward(&random(d.max(1)), Logits::Last)?;
                 let t0 = Instant::now();
                 for _ in 0..args.gen {
-                    let next = argmax(s.logits());
+                    let next = s.sample(&mut greedy)?;
                     if cached {
                         s.forward(&[next], Logits::Last)?;
                     } else {
@@ -260,12 +277,18 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     bar.finish_and_clear();
 
     // Report.
+    let device = if cpu {
+        format!("{threads} threads, CPU")
+    } else {
+        format!("backend {}", args.model.backend)
+    };
+    let graph = s.launches_per_token();
     let mib = |b: f64| b / 1048576.0;
     let peak = mens::memory::peak_rss().unwrap_or(0);
     let mut md = String::new();
     md.push_str(&format!(
-        "mens bench: {name} ({}), {threads} threads, CPU; median of {} reps for prefill; decode windows of {} steps after a {SCHEDULE_PROMPT}-token prompt\n\n",
-        c.name, args.reps, args.window.min(args.steps.max(1))
+        "mens bench: {name} ({}), {}; median of {} reps for prefill; decode windows of {} steps after a {SCHEDULE_PROMPT}-token prompt\n\n",
+        c.name, device, args.reps, args.window.min(args.steps.max(1))
     ));
     md.push_str("| metric |");
     for sch in &schedules {
@@ -330,9 +353,31 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         row(&mut md, "heap allocations per decode step", &|sch| {
             format!("{:.2}", sch.allocations_per_step)
         });
-        row(&mut md, "kernel dispatches per decode step", &|sch| {
-            format!("{:.0}", sch.dispatches_per_step)
+        let label = if graph.is_some() {
+            "host launches per decode step (CUDA graph)"
+        } else {
+            "kernel dispatches per decode step"
+        };
+        row(&mut md, label, &|sch| {
+            if sch.dispatches_per_step.is_nan() {
+                "prefill".into()
+            } else {
+                format!("{:.0}", sch.dispatches_per_step)
+            }
         });
+        if let Some((_, kernels)) = graph {
+            row(
+                &mut md,
+                "kernels per decode step (inside the graph)",
+                &|sch| {
+                    if sch.cached {
+                        kernels.to_string()
+                    } else {
+                        "-".into()
+                    }
+                },
+            );
+        }
     }
     for &depth in &args.depth {
         let vals: Vec<(bool, f64)> = depth_rows
@@ -378,6 +423,19 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     md.push_str(
         "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n",
     );
+    if !profile.is_empty() {
+        let total: f64 = profile.iter().map(|p| p.2).sum();
+        md.push_str(&format!(
+            "\nKernels of one decode step at step {}, launched one by one (not as the graph), mean of 16 steps: {total:.0} µs in all\n\n| kernel | calls per step | µs per step | share |\n|---|---|---|---|\n",
+            args.steps
+        ));
+        for (name, calls, us) in &profile {
+            md.push_str(&format!(
+                "| {name} | {calls} | {us:.1} | {:.1}% |\n",
+                100.0 * us / total
+            ));
+        }
+    }
     print!("{md}");
     if let Some(path) = &args.md {
         std::fs::write(path, &md)?;
@@ -387,7 +445,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     }
     if let Some(path) = &args.json {
         let v = json!({
-            "model": name, "model_name": c.name, "backend": "cpu", "threads": threads,
+            "model": name, "model_name": c.name, "backend": args.model.backend, "threads": threads,
+            "graph": graph.map(|g| json!({"launches_per_token": g.0, "kernels_per_token": g.1})),
             "reps": args.reps, "window": args.window, "schedule_prompt": SCHEDULE_PROMPT,
             "prefill": prefill,
             "decode": schedules.iter().map(|sch| json!({
@@ -403,7 +462,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             "memory": {
                 "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),
                 "file_bytes": l.model.gguf.file_len(), "kv_cache_bytes": s.kv_cache_bytes(),
-                "session_bytes": s.bytes(), "ctx": ctx, "device_bytes": Value::Null,
+                "session_bytes": s.bytes(), "ctx": ctx,
+                "device_bytes": if cpu { Value::Null } else { json!(s.bytes() as u64 + l.model.weight_bytes()) },
             },
             "counted": {
                 "allocations": "heap allocations by the global allocator during decode steps",

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use mens::chat::{ChatTemplate, Message};
-use mens::engine::{Session, SessionOptions};
+use mens::engine::{Runner, Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions, Stats};
 use mens::model::Model;
 use mens::sample::{Sampler, SamplerConfig};
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod bench;
+mod gpu;
 mod perplexity;
 mod serve;
 
@@ -126,6 +127,9 @@ pub(crate) struct ModelArgs {
     /// Threads for the CPU kernels (default: all logical cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Compute backend: cpu, or cuda in a build with the `cuda` feature.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
 }
 
 #[derive(Args, Clone)]
@@ -229,9 +233,6 @@ struct ProbeArgs {
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Backend (only cpu exists in this build).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
     /// Prompt sizes for time to first token (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
     prompt: Vec<usize>,
@@ -271,6 +272,10 @@ pub(crate) struct BenchArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// GPU: also time every kernel of a decode step (launched one by one, at the end of the
+    /// decode schedule) and print the table.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// A loaded model with its tokenizer and chat template.
@@ -324,14 +329,26 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
 /// Load a model admitted for `slots` sequences (the server's `--parallel`).
 pub(crate) fn load_slots(args: &ModelArgs, slots: usize) -> Result<Loaded> {
     init_threads(args.threads)?;
+    gpu::check_backend(&args.backend)?;
     let t0 = Instant::now();
     let model = Model::open(&model_path(args)?)?;
-    // Admission: before any weight page is touched.
-    let options = admit_slots(&model, args, args.ctx_size, slots)?;
+    let on_cpu = args.backend == "cpu";
+    // Admission: before any weight page is touched. A GPU backend admits against device memory
+    // when it uploads (gpu.rs); the file stays mapped on the host.
+    let options = if on_cpu {
+        admit_slots(&model, args, args.ctx_size, slots)?
+    } else {
+        SessionOptions {
+            ctx: args.ctx_size.unwrap_or(0),
+            ..Default::default()
+        }
+    };
     let estimate = mens::memory::estimate(&model, &options);
     let tokenizer = Tokenizer::from_gguf(&model.gguf)?;
     tokenizer.check_model(model.config.vocab_size)?;
-    prefault(&model);
+    if on_cpu {
+        prefault(&model);
+    }
     let g = &model.gguf;
     let source = g.get_str("tokenizer.chat_template")?.map(str::to_string);
     let tok_text = |id: Option<u32>| {
@@ -525,6 +542,14 @@ fn session(l: &Loaded) -> Result<Session> {
     Ok(Session::new(l.model.clone(), l.options.clone())?)
 }
 
+/// A sequence on the backend `--backend` names.
+pub(crate) fn runner(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    if args.backend == "cpu" {
+        return Ok(Box::new(session(l)?));
+    }
+    gpu::session(l, args)
+}
+
 /// The memory line printed after a run: the estimate against the measured peak.
 fn print_memory(l: &Loaded) {
     if let Some(peak) = mens::memory::peak_rss() {
@@ -566,7 +591,7 @@ fn run(args: RunArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;
     let l = load(&args.model)?;
-    let mut sess = session(&l)?;
+    let mut sess = runner(&l, &args.model)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let text = if args.chat {
         let mut msgs = Vec::new();
@@ -584,7 +609,7 @@ fn run(args: RunArgs) -> Result<()> {
         write!(out, "{}", args.prompt)?;
     }
     let stats = generate(
-        &mut sess,
+        &mut *sess,
         &l.tokenizer,
         &mut sampler,
         &tokens,
@@ -605,7 +630,7 @@ fn chat(args: ChatArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;
     let l = load(&args.model)?;
-    let mut sess = session(&l)?;
+    let mut sess = runner(&l, &args.model)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
@@ -624,7 +649,7 @@ fn chat(args: ChatArgs) -> Result<()> {
         }
         if line == "/reset" {
             messages.retain(|m: &Message| m.role == "system");
-            sess.reset();
+            sess.truncate(0);
             continue;
         }
         messages.push(Message::new("user", line));
@@ -642,7 +667,7 @@ fn chat(args: ChatArgs) -> Result<()> {
         let mut answer = String::new();
         let mut out = std::io::stdout().lock();
         let stats = generate(
-            &mut sess,
+            &mut *sess,
             &l.tokenizer,
             &mut sampler,
             &all[common..],
@@ -659,7 +684,7 @@ fn chat(args: ChatArgs) -> Result<()> {
             Err(mens::Error::Context(m)) => {
                 eprintln!("mens: {m}; the conversation is reset");
                 messages.retain(|m: &Message| m.role == "system");
-                sess.reset();
+                sess.truncate(0);
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -689,10 +714,6 @@ fn main() {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
         Command::Perplexity(a) => perplexity::run(a).context("perplexity"),
-        Command::Bench(a) if a.backend != "cpu" => Err(anyhow::anyhow!(
-            "invalid argument: backend {:?} is not available in this build (only cpu)",
-            a.backend
-        )),
         Command::Bench(a) => bench::run(a),
         Command::Probe(a) => probe(a),
         Command::Serve(a) => serve::run(a),

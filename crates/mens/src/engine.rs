@@ -597,3 +597,59 @@ impl Batch {
         ))
     }
 }
+
+/// What the generation loop and the benchmark need from one sequence, on any backend (CPU
+/// [`Session`], CUDA `cuda::CudaSession`).
+pub trait Runner {
+    /// Context length (tokens the cache holds).
+    fn ctx(&self) -> usize;
+    /// Tokens now in the cache.
+    fn tokens(&self) -> &[u32];
+    /// Run `tokens` after the cached ones.
+    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()>;
+    /// The uncached baseline: re-run the whole sequence plus `extra` from position 0.
+    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()>;
+    /// Pick the next token from the last forward pass's logits.
+    fn sample(&mut self, sampler: &mut crate::sample::Sampler) -> Result<u32>;
+    /// Drop the cache entries after `n` tokens.
+    fn truncate(&mut self, n: usize);
+    fn kv_cache_bytes(&self) -> usize;
+    /// Bytes of KV cache and buffers.
+    fn bytes(&self) -> usize;
+    /// For a GPU: launches the host issues per decode token and kernels they run.
+    fn launches_per_token(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// For a GPU: (kernel, calls per step, microseconds per step) over `steps` decode steps run
+    /// launch by launch. Empty for the CPU.
+    fn profile_decode(&mut self, _steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
+        Ok(Vec::new())
+    }
+}
+
+impl Runner for Session {
+    fn ctx(&self) -> usize {
+        self.options.ctx
+    }
+    fn tokens(&self) -> &[u32] {
+        Session::tokens(self)
+    }
+    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
+        Session::forward(self, tokens, logits)
+    }
+    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
+        Session::rerun(self, extra, scratch)
+    }
+    fn sample(&mut self, sampler: &mut crate::sample::Sampler) -> Result<u32> {
+        Ok(self.sample_next(sampler))
+    }
+    fn truncate(&mut self, n: usize) {
+        Session::truncate(self, n)
+    }
+    fn kv_cache_bytes(&self) -> usize {
+        Session::kv_cache_bytes(self)
+    }
+    fn bytes(&self) -> usize {
+        Session::bytes(self)
+    }
+}

@@ -31,6 +31,9 @@ pub enum Error {
     InvalidArgument(String),
     #[error("memory budget: {0}")]
     Memory(String),
+    /// A compute backend (CUDA, Metal) is missing or failed.
+    #[error("backend: {0}")]
+    Backend(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

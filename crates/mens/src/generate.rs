@@ -1,7 +1,7 @@
 //! The generation loop: prefill the prompt, then sample and decode one token per step, streaming text
 //! through a callback. Shared by the CLI and (later) the server.
 
-use crate::engine::{Logits, Session};
+use crate::engine::{Logits, Runner, Session};
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -102,23 +102,23 @@ impl StopMatcher {
 
 /// Append `prompt` to the session, then generate up to `opts.max_tokens` tokens. `on_text` receives
 /// each piece of complete UTF-8 text and returns false to stop.
-pub fn generate(
-    session: &mut Session,
+pub fn generate<R: Runner + ?Sized>(
+    session: &mut R,
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],
     opts: &GenerateOptions,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Stats> {
-    let ctx = session.options.ctx;
+    let ctx = session.ctx();
     if prompt.is_empty() {
         return Err(Error::InvalidArgument("the prompt is empty".into()));
     }
-    if session.pos() + prompt.len() >= ctx {
+    if session.tokens().len() + prompt.len() >= ctx {
         return Err(Error::Context(format!(
             "the prompt is {} tokens ({} already in the cache) but the context holds {ctx}; use a shorter prompt or a larger --ctx-size",
             prompt.len(),
-            session.pos()
+            session.tokens().len()
         )));
     }
     // The uncached baseline re-runs this whole sequence each step (allocated once).
@@ -149,7 +149,7 @@ pub fn generate(
     let mut emit = String::with_capacity(64);
 
     while stats.generated < opts.max_tokens {
-        let next = session.sample_next(sampler);
+        let next = session.sample(sampler)?;
         stats.generated += 1;
         if tokenizer.is_stop(next) {
             stats.stop = StopReason::Eos;
@@ -167,7 +167,7 @@ pub fn generate(
             stats.stop = StopReason::Stop;
             break;
         }
-        if stats.generated >= opts.max_tokens || session.pos() + 1 >= ctx {
+        if stats.generated >= opts.max_tokens || session.tokens().len() + 1 >= ctx {
             stats.stop = StopReason::Length;
             break;
         }

@@ -3,6 +3,8 @@
 //! Data flows one way: file → [`gguf`] → [`model`] → [`engine`] → [`sample`] → tokens → [`tokenizer`] → text.
 
 pub mod chat;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod generate;

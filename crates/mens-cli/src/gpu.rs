@@ -1,0 +1,98 @@
+//! `--backend cuda`: open the GPU, upload the model, size the context to the device's memory.
+
+use crate::{Loaded, ModelArgs};
+use anyhow::{bail, Result};
+use mens::engine::Runner;
+
+/// Fail early, with the list of what this build has, for a backend it lacks.
+pub(crate) fn check_backend(name: &str) -> Result<()> {
+    let have: &[&str] = if cfg!(feature = "cuda") {
+        &["cpu", "cuda"]
+    } else {
+        &["cpu"]
+    };
+    if have.contains(&name) {
+        return Ok(());
+    }
+    if name == "cuda" || name == "metal" {
+        bail!(
+            "invalid argument: backend {name:?} is not in this build (it has: {}); build with `cargo build --release --features {name}`",
+            have.join(", ")
+        );
+    }
+    bail!(
+        "invalid argument: unknown backend {name:?} (this build has: {})",
+        have.join(", ")
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn session(_l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    check_backend(&args.backend)?;
+    unreachable!("check_backend accepts only cpu without the cuda feature")
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    use mens::cuda::{session_bytes, CudaSession, Device, GpuModel};
+    use std::sync::Arc;
+    // Prompt tokens per prefill pass: weights are dequantized once per pass, so larger is faster.
+    const UBATCH: usize = 2048;
+    let t0 = std::time::Instant::now();
+    let dev = Device::open(0)?;
+    let (free, total) = dev.mem_info()?;
+    let c = &l.model.config;
+    eprintln!(
+        "mens: CUDA device {} (sm_{}{}), {} MiB free of {} MiB",
+        dev.name,
+        dev.arch.0,
+        dev.arch.1,
+        free >> 20,
+        total >> 20
+    );
+    // Budget: the free device memory less a margin for the context and cuBLAS workspace.
+    let budget = free.saturating_sub(mens::memory::CUDA_MARGIN);
+    let weights = l.model.weight_bytes();
+    let group = {
+        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        ((q + 2 * kv) * d).max(d * q).max(2 * f * d)
+    };
+    let fits = |ctx: usize| weights + session_bytes(c, ctx, UBATCH.min(ctx), group) <= budget;
+    let ctx = match l.options.ctx {
+        0 => {
+            let mut ctx = c.train_ctx.min(1 << 17);
+            while ctx > 256 && !fits(ctx) {
+                ctx /= 2;
+            }
+            ctx
+        }
+        n => n,
+    };
+    if !fits(ctx) {
+        bail!(
+            "memory budget: the model ({} MiB) and a {ctx}-token CUDA session ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use a smaller --ctx-size or model",
+            weights >> 20,
+            session_bytes(c, ctx, UBATCH.min(ctx), group) >> 20,
+            budget >> 20,
+            dev.name,
+            free >> 20,
+            mens::memory::CUDA_MARGIN >> 20
+        );
+    }
+    let bar = indicatif::ProgressBar::new(c.n_layer as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("uploading {bar:40} {pos}/{len} layers")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let model = GpuModel::upload(dev, &l.model, |i| bar.set_position(i as u64))?;
+    bar.finish_and_clear();
+    let s = CudaSession::new(Arc::new(model), ctx, UBATCH)?;
+    eprintln!(
+        "mens: {} MiB of weights on the GPU, context {ctx} tokens ({} MiB KV cache), in {:.2} s",
+        weights >> 20,
+        s.kv_cache_bytes() >> 20,
+        t0.elapsed().as_secs_f64()
+    );
+    let _ = args;
+    Ok(Box::new(s))
+}

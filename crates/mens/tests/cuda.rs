@@ -1,0 +1,301 @@
+//! CUDA backend tests (feature `cuda`). Without a CUDA device each test prints SKIP and returns:
+//! they run on the lent GPU (scripts/cuda-device.sh), not in CI, which only type-checks the feature.
+#![cfg(feature = "cuda")]
+
+use mens::cuda::reference::{matvec, quantize_q8, rel_l2, rmsnorm};
+use mens::cuda::{CudaSession, Device, GpuModel};
+use mens::engine::{Logits, Session, SessionOptions};
+use mens::gguf::{Gguf, Storage, TensorType};
+use mens::kernels::{quantize, QTensor};
+use mens::model::Model;
+use mens::sample::{Sampler, SamplerConfig};
+use mens::synth::{synth_model, SynthSpec};
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+fn device() -> Option<Arc<Device>> {
+    match Device::open(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("SKIP (not run, not passed): {e}");
+            None
+        }
+    }
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
+}
+
+fn qtensor(t: TensorType, rows: usize, cols: usize, seed: u64) -> QTensor {
+    let bytes = quantize(t, &random(rows * cols, seed));
+    let len = bytes.len();
+    QTensor::new(t, rows, cols, Arc::new(Storage::Bytes(bytes)), 0, len).unwrap()
+}
+
+const TYPES: [TensorType; 11] = [
+    TensorType::Q4K,
+    TensorType::Q6K,
+    TensorType::Q5_0,
+    TensorType::Q8_0,
+    TensorType::Q4_0,
+    TensorType::Q4_1,
+    TensorType::Q5_1,
+    TensorType::Q5K,
+    TensorType::F16,
+    TensorType::BF16,
+    TensorType::F32,
+];
+
+#[test]
+fn matvec_kernel_matches_reference_for_every_type() {
+    let Some(dev) = device() else { return };
+    for (i, &t) in TYPES.iter().enumerate() {
+        // 67 rows: a partial block of 4 warps; 768 columns: 3 K-quant blocks, 24 chunks of 32.
+        let w = qtensor(t, 67, 768, i as u64);
+        let (q, ds) = quantize_q8(&random(768, 100 + i as u64));
+        let gpu = dev.test_matvec(&w, &q, &ds).unwrap();
+        let cpu = matvec(&w, &q, &ds);
+        let e = rel_l2(&gpu, &cpu);
+        eprintln!("matvec {}: rel L2 {e:.2e}", t.name());
+        assert!(
+            gpu.iter().all(|v| v.is_finite()),
+            "{}: unwritten rows",
+            t.name()
+        );
+        // Integer dot products, f32 scales: only the float summation order differs.
+        assert!(e < 1e-5, "{}: rel L2 {e}", t.name());
+    }
+}
+
+#[test]
+fn dequant_kernel_matches_reference_for_every_type() {
+    let Some(dev) = device() else { return };
+    for (i, &t) in TYPES.iter().enumerate() {
+        let w = qtensor(t, 9, 512, 50 + i as u64);
+        let gpu = dev.test_dequant(&w).unwrap();
+        let mut cpu = vec![0f32; 9 * 512];
+        for r in 0..9 {
+            w.dequantize_row(r, &mut cpu[r * 512..(r + 1) * 512]);
+        }
+        let e = rel_l2(&gpu, &cpu);
+        eprintln!("dequant {}: rel L2 {e:.2e}", t.name());
+        // f16 output: rounding at 2^-11 relative.
+        assert!(e < 1e-3, "{}: rel L2 {e}", t.name());
+    }
+}
+
+#[test]
+fn rmsnorm_q8_kernel_matches_reference() {
+    let Some(dev) = device() else { return };
+    for (d, seed) in [(896usize, 1u64), (3584, 2), (576, 3)] {
+        let x: Vec<f32> = random(d, seed).iter().map(|v| v * 4.0).collect();
+        let w: Vec<f32> = random(d, seed + 10).iter().map(|v| 1.0 + v * 0.5).collect();
+        let gpu = dev.test_rmsnorm_q8(&x, &w, 1e-6).unwrap();
+        let e = rel_l2(&gpu, &rmsnorm(&x, &w, 1e-6));
+        eprintln!("rmsnorm_q8 d={d}: rel L2 {e:.2e}");
+        // 8-bit activations: about 2^-8 / sqrt(3) relative.
+        assert!(e < 1e-2, "d={d}: rel L2 {e}");
+    }
+}
+
+#[test]
+fn argmax_kernel_finds_the_first_maximum() {
+    let Some(dev) = device() else { return };
+    for (n, seed) in [(151936usize, 1u64), (1000, 2), (32, 3)] {
+        let mut x = random(n, seed);
+        let want = mens::kernels::ops::argmax(&x);
+        assert_eq!(dev.test_argmax(&x).unwrap(), want, "n={n}");
+        // A tie later in the array keeps the first index.
+        let v = x[want as usize];
+        x[n - 1] = v;
+        assert_eq!(dev.test_argmax(&x).unwrap(), want, "n={n}, tie");
+    }
+}
+
+fn tiny(spec: SynthSpec) -> Arc<Model> {
+    Arc::new(Model::from_gguf(Gguf::from_bytes(synth_model(&spec)).unwrap()).unwrap())
+}
+
+/// GPU against CPU on one model: prefill logits, then `steps` teacher-forced random tokens
+/// (relative L2 of the logits per step, argmax agreement), then greedy generation.
+/// `strict`: every step within 2e-2 (the tiny models). Otherwise (a deep random-weight model,
+/// whose near-ties amplify rounding: CPU, GPU prefill and GPU decode each disagree with the other
+/// two by more than 1 at some steps) the medians are bounded and the worst steps reported.
+fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: u64, strict: bool) {
+    let c = model.config.clone();
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut g = CudaSession::new(gm, ctx, 64).unwrap();
+    let mut s = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx,
+            batch: 64,
+            logit_rows: 1,
+        },
+    )
+    .unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let hi = c.vocab_size.min(256) as u32;
+    // 100 prompt tokens: two GPU prefill chunks of 64 (the second attends to the first).
+    let prompt: Vec<u32> = (0..100).map(|_| r.gen_range(0..hi)).collect();
+    s.forward(&prompt, Logits::Last).unwrap();
+    g.forward(&prompt, Logits::Last).unwrap();
+    let e = rel_l2(g.logits().unwrap(), s.logits());
+    eprintln!("{}: prefill logits rel L2 {e:.2e}", c.name);
+    assert!(e < 2e-2, "prefill: rel L2 {e}");
+    let (mut errs, mut agree) = (Vec::new(), 0);
+    // Each step's GPU prefill of the whole sequence (the cuBLAS path), for the worst step's report.
+    let mut pre_errs = Vec::new();
+    let mut g2 = CudaSession::new(g.model.clone(), ctx, 64).unwrap();
+    for step in 0..steps {
+        let t = r.gen_range(0..hi);
+        s.forward(&[t], Logits::Last).unwrap();
+        g.forward(&[t], Logits::Last).unwrap();
+        let gl = g.logits().unwrap().to_vec();
+        errs.push(rel_l2(&gl, s.logits()));
+        g2.truncate(0);
+        let seq = g.tokens().to_vec();
+        g2.forward(&seq, Logits::Last).unwrap();
+        let pl = g2.logits().unwrap().to_vec();
+        pre_errs.push((rel_l2(&pl, s.logits()), rel_l2(&gl, &pl)));
+        let ga = mens::kernels::ops::argmax(&gl);
+        agree += (ga == mens::kernels::ops::argmax(s.logits())) as usize;
+        // The device's own greedy choice is the argmax of the logits it computed.
+        let mut greedy = Sampler::new(SamplerConfig::greedy(), c.vocab_size).unwrap();
+        assert_eq!(
+            g.sample(&mut greedy).unwrap(),
+            ga,
+            "step {step}: device argmax"
+        );
+    }
+    let worst = errs.iter().cloned().fold(0f64, f64::max);
+    let ws = errs.iter().position(|&e| e == worst).unwrap_or(0);
+    let pw = pre_errs.iter().map(|p| p.1).fold(0f64, f64::max);
+    eprintln!(
+        "{}: worst step {ws}: GPU decode vs CPU {worst:.2e}, GPU prefill vs CPU {:.2e}, GPU decode vs GPU prefill {:.2e}; worst GPU decode vs prefill over all steps {pw:.2e}",
+        c.name, pre_errs[ws].0, pre_errs[ws].1
+    );
+    let mut sorted = errs.clone();
+    sorted.sort_by(f64::total_cmp);
+    eprintln!(
+        "{}: {steps} teacher-forced steps, rel L2 median {:.2e}, worst {worst:.2e} (step {}), argmax agreement {agree}/{steps}",
+        c.name,
+        sorted[steps / 2],
+        errs.iter().position(|&e| e == worst).unwrap_or(0)
+    );
+    // The GPU against itself: one prefill of the whole sequence (cuBLAS path) against the
+    // decode path's last logits.
+    let all = g.tokens().to_vec();
+    let last = g.logits().unwrap().to_vec();
+    let mut g2 = CudaSession::new(g.model.clone(), ctx, 64).unwrap();
+    g2.forward(&all, Logits::Last).unwrap();
+    let e = rel_l2(g2.logits().unwrap(), &last);
+    eprintln!(
+        "{}: GPU prefill vs GPU decode, last logits rel L2 {e:.2e}",
+        c.name
+    );
+    if strict {
+        assert!(e < 2e-2, "GPU prefill vs decode: rel L2 {e}");
+        assert!(worst < 2e-2, "worst step: rel L2 {worst}");
+        assert!(agree * 10 >= steps * 9, "argmax agreement {agree}/{steps}");
+    } else {
+        let mut pd: Vec<f64> = pre_errs.iter().map(|p| p.1).collect();
+        pd.sort_by(f64::total_cmp);
+        eprintln!(
+            "{}: GPU decode vs GPU prefill, median over steps {:.2e}",
+            c.name,
+            pd[steps / 2]
+        );
+        assert!(
+            sorted[steps / 2] < 5e-2,
+            "median rel L2 {}",
+            sorted[steps / 2]
+        );
+        assert!(
+            pd[steps / 2] < 5e-2,
+            "GPU decode vs prefill median {}",
+            pd[steps / 2]
+        );
+    }
+}
+
+#[test]
+fn tiny_qwen2_gpu_matches_cpu() {
+    let Some(dev) = device() else { return };
+    compare(tiny(SynthSpec::tiny_qwen2()), dev, 512, 256, 7, true);
+}
+
+#[test]
+fn tiny_llama_gpu_matches_cpu() {
+    let Some(dev) = device() else { return };
+    compare(tiny(SynthSpec::tiny_llama()), dev, 512, 256, 8, true);
+}
+
+/// A model given by MENS_CUDA_MODEL (the device script passes `mens synth` Q4_K_M models).
+#[test]
+fn model_file_gpu_matches_cpu() {
+    let Some(path) = std::env::var_os("MENS_CUDA_MODEL") else {
+        eprintln!("SKIP (not run, not passed): set MENS_CUDA_MODEL to a GGUF file");
+        return;
+    };
+    let Some(dev) = device() else { return };
+    let model = Arc::new(Model::open(std::path::Path::new(&path)).unwrap());
+    compare(model, dev, 1024, 64, 9, false);
+}
+
+#[test]
+fn device_sampling_draws_from_the_top_k() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let v = model.config.vocab_size;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut g = CudaSession::new(gm, 64, 16).unwrap();
+    g.forward(&[1, 2, 3, 4], Logits::Last).unwrap();
+    let logits = g.logits().unwrap().to_vec();
+    let mut order: Vec<u32> = (0..v as u32).collect();
+    order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    let cfg = SamplerConfig {
+        temperature: 1.5,
+        top_k: 5,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 3,
+        ..Default::default()
+    };
+    let mut s = Sampler::new(cfg, v).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let t = g.sample(&mut s).unwrap();
+        assert!(order[..5].contains(&t), "token {t} is outside the top 5");
+        seen.insert(t);
+    }
+    assert!(
+        seen.len() > 1,
+        "temperature 1.5 should not always pick one token"
+    );
+    // Greedy after sampling: the device still holds the argmax of the same logits.
+    g.forward(&[5], Logits::Last).unwrap();
+    let l = g.logits().unwrap().to_vec();
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), v).unwrap();
+    assert_eq!(
+        g.sample(&mut greedy).unwrap(),
+        mens::kernels::ops::argmax(&l)
+    );
+    assert_eq!(g.tokens().len(), 5);
+}
+
+#[test]
+fn no_device_is_a_clear_error_not_a_panic() {
+    // Without a GPU: the message names the missing device. With one: opening works.
+    match Device::open(0) {
+        Ok(d) => eprintln!("device: {} sm_{}{}", d.name, d.arch.0, d.arch.1),
+        Err(e) => {
+            let m = e.to_string();
+            assert!(m.contains("no CUDA device"), "{m}");
+        }
+    }
+    // A device index that cannot exist is an error too.
+    assert!(Device::open(1000).is_err());
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
+# (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
+# models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
+# Usage: scripts/cuda-device.sh [test|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Results go to $OUT (or ./cuda-out).
+set -uo pipefail
+MODE=${1:-all}
+SHAPES=${2:-0.5b,1.5b,7b}
+OUT=${OUT:-$PWD/cuda-out}
+mkdir -p "$OUT"
+# CUDA libraries (cuBLAS, NVRTC) where the machine has them: a pip CUDA install, or the toolkit.
+for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/cuda/lib64; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+BIN=/tmp/mens-bin
+mkdir -p "$BIN" /tmp/mens-models
+for f in .device/*.xz; do
+  python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$BIN/$(basename "$f" .xz)"
+  chmod +x "$BIN/$(basename "$f" .xz)"
+done
+export MENS_CUDA_CACHE=/tmp/mens-cuda-cache
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+synth() {
+  local m=/tmp/mens-models/synth-$1.gguf
+  [ -f "$m" ] || "$BIN/mens" synth --shape "$1" -o "$m" >&2
+  echo "$m"
+}
+
+if [ "$MODE" = test ] || [ "$MODE" = all ]; then
+  echo "== CUDA tests"
+  MENS_CUDA_MODEL=$(synth 0.5b) "$BIN/cuda-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "rel L2|agreement|SKIP|test result|panicked|FAILED|error" | head -60
+fi
+
+MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'
+
+if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+  for s in ${SHAPES//,/ }; do
+    m=$(synth "$s")
+    echo "== mens bench --backend cuda, synth $s"
+    "$BIN/mens" bench -m "$m" --backend cuda --prompt 512,2048,8192 --steps 512 --compare \
+      --depth 0,512 --gen 128 --reps 3 -q --profile --md "$OUT/bench-$s.md" --json "$OUT/bench-$s.json" \
+      2>/tmp/bench-$s.err || tail -5 /tmp/bench-$s.err
+  done
+fi
+[ -f "$OUT/cuda-tests.log" ] && grep -E "rel L2 median|worst step|GPU prefill vs|test result|panicked" "$OUT/cuda-tests.log"
