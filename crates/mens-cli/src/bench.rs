@@ -420,9 +420,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         &format!("KV cache, {ctx} tokens (MiB)"),
         format!("{:.1}", mib(s.kv_cache_bytes() as f64)),
     );
-    md.push_str(
-        "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n",
-    );
+    md.push_str(if graph.is_some() {
+        "\nHost launches = launches the host issues per decode token (the CUDA graph); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence (a prefill); only the reported windows are timed.\n"
+    } else {
+        "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n"
+    });
     if !profile.is_empty() {
         let total: f64 = profile.iter().map(|p| p.2).sum();
         md.push_str(&format!(

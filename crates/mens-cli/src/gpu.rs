@@ -6,11 +6,13 @@ use mens::engine::Runner;
 
 /// Fail early, with the list of what this build has, for a backend it lacks.
 pub(crate) fn check_backend(name: &str) -> Result<()> {
-    let have: &[&str] = if cfg!(feature = "cuda") {
-        &["cpu", "cuda"]
-    } else {
-        &["cpu"]
-    };
+    let mut have = vec!["cpu"];
+    if cfg!(feature = "cuda") {
+        have.push("cuda");
+    }
+    if cfg!(feature = "metal") {
+        have.push("metal");
+    }
     if have.contains(&name) {
         return Ok(());
     }
@@ -26,14 +28,59 @@ pub(crate) fn check_backend(name: &str) -> Result<()> {
     )
 }
 
-#[cfg(not(feature = "cuda"))]
-pub(crate) fn session(_l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+/// A sequence on `--backend` (cpu is handled by the caller).
+pub(crate) fn session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
     check_backend(&args.backend)?;
-    unreachable!("check_backend accepts only cpu without the cuda feature")
+    match args.backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => cuda_session(l, args),
+        #[cfg(feature = "metal")]
+        "metal" => metal_session(l, args),
+        other => {
+            let _ = l;
+            bail!("invalid argument: backend {other:?} needs no GPU session")
+        }
+    }
+}
+
+#[cfg(feature = "metal")]
+fn metal_session(l: &Loaded, _args: &ModelArgs) -> Result<Box<dyn Runner>> {
+    use mens::memory::{budget, probe, Backend};
+    use mens::metal::{kv_cache_bytes, MetalModel, MetalSession};
+    use std::sync::Arc;
+    // Unified memory: the Apple Silicon rule (75% of hw.memsize, 2048 MiB headroom, Metal's
+    // recommended working set) against weights + KV cache.
+    let b = budget(&probe(), Backend::Metal)?;
+    let c = &l.model.config;
+    let weights = l.model.weight_bytes();
+    let fits = |ctx: usize| weights + kv_cache_bytes(c, ctx) <= b.bytes;
+    let ctx = match l.options.ctx {
+        0 => {
+            let mut ctx = c.train_ctx.min(1 << 17);
+            while ctx > 256 && !fits(ctx) {
+                ctx /= 2;
+            }
+            ctx
+        }
+        n => n,
+    };
+    if !fits(ctx) {
+        bail!(
+            "memory budget: the model ({} MiB) and a {ctx}-token KV cache ({} MiB) do not fit the {} MiB budget ({})",
+            weights >> 20,
+            kv_cache_bytes(c, ctx) >> 20,
+            b.bytes >> 20,
+            b.how
+        );
+    }
+    let dev = MetalModel::device()?;
+    let model = MetalModel::upload(dev, l.model.clone())?;
+    eprintln!("mens: Metal device, context {ctx} tokens");
+    Ok(Box::new(MetalSession::new(Arc::new(model), ctx)?))
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) fn session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+fn cuda_session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
     use mens::cuda::{session_bytes, CudaSession, Device, GpuModel};
     use std::sync::Arc;
     // Prompt tokens per prefill pass: weights are dequantized once per pass, so larger is faster.

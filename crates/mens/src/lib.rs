@@ -11,6 +11,8 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod memory;
+#[cfg(feature = "metal")]
+pub mod metal;
 pub mod model;
 pub mod perplexity;
 pub mod sample;

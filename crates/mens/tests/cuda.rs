@@ -114,6 +114,10 @@ fn argmax_kernel_finds_the_first_maximum() {
     }
 }
 
+fn g_next(g: &mut CudaSession, s: &mut Sampler) -> u32 {
+    g.sample(s).unwrap()
+}
+
 fn tiny(spec: SynthSpec) -> Arc<Model> {
     Arc::new(Model::from_gguf(Gguf::from_bytes(synth_model(&spec)).unwrap()).unwrap())
 }
@@ -185,6 +189,37 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
         sorted[steps / 2],
         errs.iter().position(|&e| e == worst).unwrap_or(0)
     );
+    // Free-running greedy from the same prompt: tokens equal until the first divergence.
+    let mut gs = CudaSession::new(g.model.clone(), ctx, 64).unwrap();
+    let mut cs = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx,
+            batch: 64,
+            logit_rows: 1,
+        },
+    )
+    .unwrap();
+    gs.forward(&prompt, Logits::Last).unwrap();
+    cs.forward(&prompt, Logits::Last).unwrap();
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), c.vocab_size).unwrap();
+    let mut same = 0;
+    for _ in 0..32 {
+        let (a, b) = (g_next(&mut gs, &mut greedy), cs.sample_next(&mut greedy));
+        if a != b {
+            break;
+        }
+        same += 1;
+        gs.forward(&[a], Logits::Last).unwrap();
+        cs.forward(&[b], Logits::Last).unwrap();
+    }
+    eprintln!(
+        "{}: free-running greedy, GPU and CPU tokens equal for {same}/32",
+        c.name
+    );
+    if strict {
+        assert!(same >= 8, "greedy tokens diverge after {same}");
+    }
     // The GPU against itself: one prefill of the whole sequence (cuBLAS path) against the
     // decode path's last logits.
     let all = g.tokens().to_vec();

@@ -8,7 +8,9 @@
 //! tests.
 
 /// Bytes of one block.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const Q4K_BYTES: usize = 144;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const Q6K_BYTES: usize = 210;
 pub const Q8K_BYTES: usize = 292;
 
