@@ -746,26 +746,26 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, co
     for (int j = 0; j < GROUPS; j++) v += red[(j * MAXG + h) * HD + d];
     part_o[((u64)split * n_head + kvh * g + h) * HD + d] = v;
   }
-  // The last block of this KV head combines the splits (threadfence reduction).
+  // The last block of this KV head combines the splits (threadfence reduction): every thread
+  // makes its partial results visible device-wide before the block takes its ticket, and the
+  // last block reads the others' results from L2 (__ldcg), never from a stale L1 line.
+  __threadfence();
   __syncthreads();
   int ns = (len + SPLIT - 1) / SPLIT;
-  if (tid == 0) {
-    __threadfence();
-    last = atomicAdd(&counters[kvh], 1) == (u32)(ns - 1);
-  }
+  if (tid == 0) last = atomicAdd(&counters[kvh], 1) == (u32)(ns - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
   for (int b = w; b < g * HD / 32; b += nw) {
     int h = kvh * g + (b * 32) / HD, d = (b * 32) % HD + lane;
     float m = NEG_INF;
-    for (int s = 0; s < ns; s++) m = fmaxf(m, part_ml[s * n_head + h].x);
+    for (int s = 0; s < ns; s++) m = fmaxf(m, __ldcg(&part_ml[s * n_head + h]).x);
     float num = 0.f, den = 0.f;
     for (int s = 0; s < ns; s++) {
-      float2 ml = part_ml[s * n_head + h];
+      float2 ml = __ldcg(&part_ml[s * n_head + h]);
       float e = expf(ml.x - m);
       den += ml.y * e;
-      num += part_o[((u64)s * n_head + h) * HD + d] * e;
+      num += __ldcg(&part_o[((u64)s * n_head + h) * HD + d]) * e;
     }
     int i = h * HD + d;
     quant_lane(num / den, aq + (i & ~31), ad + i / 32);
@@ -865,9 +865,9 @@ extern "C" __global__ void argmax(const float* x, int n, float2* partial, u32* c
   __syncthreads();
   if (last && threadIdx.x == 0) {
     __threadfence();
-    float2 b = partial[0];
+    float2 b = __ldcg(&partial[0]);
     for (int k = 1; k < gridDim.x; k++) {
-      float2 c = partial[k];
+      float2 c = __ldcg(&partial[k]);
       if (c.x > b.x || (c.x == b.x && __float_as_int(c.y) < __float_as_int(b.y))) b = c;
     }
     int r = __float_as_int(b.y);
