@@ -334,3 +334,122 @@ fn no_device_is_a_clear_error_not_a_panic() {
     // A device index that cannot exist is an error too.
     assert!(Device::open(1000).is_err());
 }
+
+#[test]
+fn glu_kernel_matches_reference() {
+    let Some(dev) = device() else { return };
+    for (t, seed) in [
+        (TensorType::Q4K, 1u64),
+        (TensorType::Q5_0, 2),
+        (TensorType::Q6K, 3),
+    ] {
+        let (gate, up) = (qtensor(t, 96, 512, seed), qtensor(t, 96, 512, seed + 10));
+        let (q, ds) = quantize_q8(&random(512, seed + 20));
+        let gpu = dev.test_glu(&gate, &up, &q, &ds).unwrap();
+        let (g, u) = (matvec(&gate, &q, &ds), matvec(&up, &q, &ds));
+        let cpu: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        let e = rel_l2(&gpu, &cpu);
+        eprintln!("glu {}: rel L2 {e:.2e}", t.name());
+        // The output is quantized to q8.
+        assert!(e < 1e-2, "{}: rel L2 {e}", t.name());
+    }
+}
+
+#[test]
+fn qkv_rope_kernel_matches_reference() {
+    use mens::kernels::ops::{RopeStyle, RopeTable};
+    let Some(dev) = device() else { return };
+    for (nh, nkv, hd, neox) in [(14usize, 2usize, 64usize, true), (4, 2, 128, false)] {
+        let d = 256;
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let w = [
+            qtensor(TensorType::Q4K, qd, d, 1),
+            qtensor(TensorType::Q5_0, kvd, d, 2),
+            qtensor(TensorType::Q6K, kvd, d, 3),
+        ];
+        let bias = random(qd + 2 * kvd, 4);
+        let (q8, ds) = quantize_q8(&random(d, 5));
+        let rope = RopeTable::new(64, hd, 1e6);
+        let pos = 37;
+        let (gq, gk, gv) = dev
+            .test_qkv_rope(
+                [&w[0], &w[1], &w[2]],
+                Some(&bias),
+                (&q8, &ds),
+                (nh, nkv, hd),
+                neox,
+                &rope,
+                pos,
+            )
+            .unwrap();
+        let style = if neox {
+            RopeStyle::Neox
+        } else {
+            RopeStyle::Normal
+        };
+        let mut all: Vec<f32> = w.iter().flat_map(|t| matvec(t, &q8, &ds)).collect();
+        for (a, b) in all.iter_mut().zip(&bias) {
+            *a += b;
+        }
+        for h in all[..qd + kvd].chunks_exact_mut(hd) {
+            rope.rotate(h, pos, style);
+        }
+        let f16r = |x: &[f32]| -> Vec<f32> {
+            x.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect()
+        };
+        let (eq, ek, ev) = (
+            rel_l2(&gq, &f16r(&all[..qd])),
+            rel_l2(&gk, &f16r(&all[qd..qd + kvd])),
+            rel_l2(&gv, &f16r(&all[qd + kvd..])),
+        );
+        eprintln!("qkv_rope hd={hd} neox={neox}: q {eq:.2e}, k {ek:.2e}, v {ev:.2e}");
+        // All three end in f16: at most a rounding step apart.
+        for e in [eq, ek, ev] {
+            assert!(e < 1e-3, "rel L2 {e}");
+        }
+    }
+}
+
+#[test]
+fn attention_kernel_matches_reference() {
+    use half::f16;
+    use mens::kernels::ops::{attention, QkvLayout};
+    let Some(dev) = device() else { return };
+    for (nh, nkv, hd, len) in [
+        (14usize, 2usize, 64usize, 1usize),
+        (14, 2, 64, 300),
+        (28, 4, 128, 1000),
+        (12, 2, 128, 65),
+    ] {
+        let l = QkvLayout {
+            q_dim: nh * hd,
+            kv_dim: nkv * hd,
+            head_dim: hd,
+        };
+        let mut r = rand::rngs::StdRng::seed_from_u64(len as u64);
+        let mut f = |n: usize| -> Vec<f16> {
+            (0..n)
+                .map(|_| f16::from_f32(r.gen_range(-1.0..1.0)))
+                .collect()
+        };
+        let (k, v) = (f(len * l.kv_dim), f(len * l.kv_dim));
+        // Q as the decode path holds it: rounded to f16, scaled to give peaked scores.
+        let q: Vec<f32> = random(l.q_dim, 9)
+            .iter()
+            .map(|x| f16::from_f32(x * 3.0).to_f32())
+            .collect();
+        let gpu = dev.test_attention(&q, &k, &v, (nh, nkv, hd), len).unwrap();
+        let mut qkv = q.clone();
+        qkv.extend(vec![0f32; 2 * l.kv_dim]);
+        let mut cpu = vec![0f32; l.q_dim];
+        attention(&qkv, 1, &l, nh, nkv, len - 1, &k, &v, &mut cpu);
+        let e = rel_l2(&gpu, &cpu);
+        eprintln!("attention {nh}/{nkv} heads, hd {hd}, {len} keys: rel L2 {e:.2e}");
+        // q8 output and the CPU's f16-rounded accumulator.
+        assert!(e < 1e-2, "rel L2 {e}");
+    }
+}

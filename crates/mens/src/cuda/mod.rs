@@ -1389,3 +1389,125 @@ impl crate::engine::Runner for CudaSession {
         CudaSession::profile_decode(self, steps)
     }
 }
+
+/// Entry points for the fused decode kernels' tests.
+impl Device {
+    fn dequant_q8(&self, aq: &Buf, ad: &Buf, n: usize) -> Result<Vec<f32>> {
+        let mut q = vec![0i8; n];
+        let mut ds = vec![[0f32; 2]; n / 32];
+        self.read(aq, 0, &mut q)?;
+        self.read(ad, 0, &mut ds)?;
+        Ok(q.iter()
+            .enumerate()
+            .map(|(i, &v)| v as f32 * ds[i / 32][0])
+            .collect())
+    }
+
+    /// silu(gate · a) * (up · a) by the fused kernel, quantized to q8 and read back dequantized.
+    pub fn test_glu(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let rows = gate.rows;
+        let hq = self.upload(&vec![0i8; rows])?;
+        let hd = self.upload(&vec![[f32::NAN; 2]; rows / 32])?;
+        launch!(self, matvec_glu_q8, ((rows / 32) as u32, 1), 1024;
+            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr)?;
+        self.dequant_q8(&hq, &hd, rows)
+    }
+
+    /// Q/K/V matvec + bias + RoPE at position `pos` + cache write by the fused kernel: returns
+    /// (q, k row, v row) as floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn test_qkv_rope(
+        &self,
+        w: [&QTensor; 3],
+        bias: Option<&[f32]>,
+        q8: (&[i8], &[[f32; 2]]),
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        neox: bool,
+        rope: &RopeTable,
+        pos: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        self.bind()?;
+        let m: Vec<Mat> = w
+            .iter()
+            .map(|t| Mat::upload(self, t))
+            .collect::<Result<_>>()?;
+        let (aq, ad) = (self.upload(q8.0)?, self.upload(q8.1)?);
+        let (qd, kvd) = (n_head * head_dim, n_kv_head * head_dim);
+        let b = bias.map(|b| self.upload(b)).transpose()?;
+        let (cos, sin) = (self.upload(&rope.cos)?, self.upload(&rope.sin)?);
+        let p = self.upload(&[pos as i32])?;
+        let qkv = self.upload(&vec![f32::NAN; qd + 2 * kvd])?;
+        let kc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
+        let vc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
+        let pairs = (qd + 2 * kvd) / 2;
+        launch!(self, qkv_rope, (pairs.div_ceil(4) as u32, 1), 128;
+            m[0].seg, m[1].seg, m[2].seg, w[0].cols as i32, aq.ptr, ad.ptr, b.as_ref().map_or(0, |b| b.ptr),
+            cos.ptr, sin.ptr, p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, neox as i32,
+            qkv.ptr, kc.ptr, vc.ptr)?;
+        let mut q = vec![0f32; qd];
+        self.read(&qkv, 0, &mut q)?;
+        let row = |c: &Buf| -> Result<Vec<f32>> {
+            let mut h = vec![0u16; kvd];
+            self.read(c, 2 * pos * kvd, &mut h)?;
+            Ok(h.iter()
+                .map(|&x| half::f16::from_bits(x).to_f32())
+                .collect())
+        };
+        Ok((q, row(&kc)?, row(&vc)?))
+    }
+
+    /// One query (all heads) against `len` cached positions by the split decode attention kernel,
+    /// its output quantized to q8 and read back dequantized.
+    pub fn test_attention(
+        &self,
+        q: &[f32],
+        k: &[half::f16],
+        v: &[half::f16],
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        len: usize,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let qb = self.upload(q)?;
+        let (kc, vc) = (self.upload(k)?, self.upload(v)?);
+        let p = self.upload(&[len as i32 - 1])?;
+        let splits = len.div_ceil(SPLIT);
+        let part_o = self.alloc(4 * splits * n_head * head_dim)?;
+        let part_ml = self.alloc(8 * splits * n_head)?;
+        let counters = self.upload(&[0u32; 64])?;
+        let qd = n_head * head_dim;
+        let aq = self.upload(&vec![0i8; qd])?;
+        let ad = self.upload(&vec![[f32::NAN; 2]; qd / 32])?;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let args = (
+            qb.ptr,
+            kc.ptr,
+            vc.ptr,
+            p.ptr,
+            n_head as i32,
+            n_kv_head as i32,
+            scale,
+            part_o.ptr,
+            part_ml.ptr,
+            counters.ptr,
+            aq.ptr,
+            ad.ptr,
+        );
+        if head_dim == 64 {
+            launch!(self, attn_decode64, (n_kv_head as u32, splits as u32), 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
+        } else {
+            launch!(self, attn_decode128, (n_kv_head as u32, splits as u32), 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
+        }
+        self.dequant_q8(&aq, &ad, qd)
+    }
+}
