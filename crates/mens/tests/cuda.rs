@@ -453,3 +453,53 @@ fn attention_kernel_matches_reference() {
         assert!(e < 1e-2, "rel L2 {e}");
     }
 }
+
+#[test]
+fn flash_prefill_kernel_matches_reference() {
+    use half::f16;
+    use mens::kernels::ops::{attention, QkvLayout};
+    let Some(dev) = device() else { return };
+    // (heads, kv heads, head dim, cached positions before, new tokens)
+    for (nh, nkv, hd, pos0, t) in [
+        (14usize, 2usize, 64usize, 0usize, 100usize),
+        (28, 4, 128, 70, 130),
+        (12, 2, 128, 0, 1),
+        (9, 3, 64, 5, 64),
+    ] {
+        let l = QkvLayout {
+            q_dim: nh * hd,
+            kv_dim: nkv * hd,
+            head_dim: hd,
+        };
+        let len = pos0 + t;
+        let mut r = rand::rngs::StdRng::seed_from_u64((len * 7 + t) as u64);
+        let mut f = |n: usize| -> Vec<f16> {
+            (0..n)
+                .map(|_| f16::from_f32(r.gen_range(-1.0..1.0)))
+                .collect()
+        };
+        let (k, v) = (f(len * l.kv_dim), f(len * l.kv_dim));
+        let q: Vec<f32> = random(t * l.q_dim, 11)
+            .iter()
+            .map(|x| f16::from_f32(x * 3.0).to_f32())
+            .collect();
+        let gpu = dev.test_flash(&q, &k, &v, (nh, nkv, hd), pos0, t).unwrap();
+        let row = l.q_dim + 2 * l.kv_dim;
+        let mut qkv = vec![0f32; t * row];
+        for i in 0..t {
+            qkv[i * row..i * row + l.q_dim].copy_from_slice(&q[i * l.q_dim..(i + 1) * l.q_dim]);
+        }
+        let mut cpu = vec![0f32; t * l.q_dim];
+        attention(&qkv, t, &l, nh, nkv, pos0, &k, &v, &mut cpu);
+        let e = rel_l2(&gpu, &cpu);
+        eprintln!(
+            "flash prefill {nh}/{nkv} heads, hd {hd}, {pos0} cached + {t} new: rel L2 {e:.2e}"
+        );
+        assert!(
+            gpu.iter().all(|x| x.is_finite()),
+            "unwritten or non-finite outputs"
+        );
+        // f16 output; the CPU rounds its accumulator to f16 per key.
+        assert!(e < 5e-3, "rel L2 {e}");
+    }
+}

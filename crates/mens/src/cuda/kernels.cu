@@ -824,6 +824,107 @@ extern "C" __global__ void unpermute_f16(const float* o, u16* att, int n_head, i
   att[i] = f2h(o[(((u64)kvh * ntok + t) * g + j) * hd + d]);
 }
 
+// Prefill attention, flash-attention style: block (query tile of FA_Q tokens, query head) walks the
+// cache in tiles of FA_K keys held in shared memory, with an online softmax; the score matrix never
+// leaves registers. Four threads per query, each with HD/4 dimensions of q and of the accumulator
+// (scores summed with two shuffles). Query t (at position pos0 + t) sees keys 0..pos0 + t; GQA reads
+// the KV head's cache rows in place. Output: att [t][head * HD] in f16 for the O GEMM.
+#define FA_Q 64
+#define FA_K 32
+template <int HD>
+__device__ void flash_prefill_t(const float* qkv, const u16* kc, const u16* vc, const int* pos, int ntok,
+                                int n_head, int n_kv_head, float scale, u16* att) {
+  constexpr int QD = HD / 4, Q4 = QD / 4, R4 = HD / 4;
+  __shared__ float4 ks[FA_K * R4];
+  __shared__ float4 vs[FA_K * R4];
+  int h = blockIdx.y, g = n_head / n_kv_head, kvh = h / g;
+  int qi = threadIdx.x >> 2, quarter = threadIdx.x & 3;
+  int t = blockIdx.x * FA_Q + qi;
+  int pos0 = *pos;
+  int row = (n_head + 2 * n_kv_head) * HD, kvd = n_kv_head * HD;
+  bool active = t < ntok;
+  float q[QD], acc[QD];
+#pragma unroll
+  for (int d = 0; d < QD; d++) {
+    q[d] = active ? qkv[(u64)t * row + h * HD + quarter * QD + d] * scale : 0.f;
+    acc[d] = 0.f;
+  }
+  float m = NEG_INF, l = 0.f;
+  int qpos = pos0 + t;
+  int kmax = pos0 + min(ntok, blockIdx.x * FA_Q + FA_Q) - 1;  // last key any query here sees
+  for (int k0 = 0; k0 <= kmax; k0 += FA_K) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < FA_K * R4; i += blockDim.x) {
+      int key = k0 + i / R4, d4 = i % R4;
+      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+      if (key <= kmax) {
+        uint2 a = *(const uint2*)(kc + (u64)key * kvd + kvh * HD + 4 * d4);
+        uint2 b = *(const uint2*)(vc + (u64)key * kvd + kvh * HD + 4 * d4);
+        kv = make_float4(h2f(a.x & 0xffff), h2f(a.x >> 16), h2f(a.y & 0xffff), h2f(a.y >> 16));
+        vv = make_float4(h2f(b.x & 0xffff), h2f(b.x >> 16), h2f(b.y & 0xffff), h2f(b.y >> 16));
+      }
+      ks[i] = kv;
+      vs[i] = vv;
+    }
+    __syncthreads();
+    float s[FA_K];
+    float mt = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < FA_K; j++) {
+      const float4* kr = ks + j * R4 + quarter * Q4;
+      float p0 = 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;  // four independent chains
+#pragma unroll
+      for (int d4 = 0; d4 < Q4; d4++) {
+        float4 k = kr[d4];
+        p0 += q[4 * d4] * k.x;
+        p1 += q[4 * d4 + 1] * k.y;
+        p2 += q[4 * d4 + 2] * k.z;
+        p3 += q[4 * d4 + 3] * k.w;
+      }
+      float p = (p0 + p1) + (p2 + p3);
+      p += __shfl_xor_sync(0xffffffff, p, 1);
+      p += __shfl_xor_sync(0xffffffff, p, 2);
+      if (k0 + j > qpos) p = NEG_INF;
+      s[j] = p;
+      mt = fmaxf(mt, p);
+    }
+    float mn = fmaxf(m, mt);
+    float c = expf(m - mn);
+    l *= c;
+#pragma unroll
+    for (int d = 0; d < QD; d++) acc[d] *= c;
+#pragma unroll
+    for (int j = 0; j < FA_K; j++) {
+      float p = s[j] <= NEG_INF ? 0.f : expf(s[j] - mn);
+      l += p;
+      const float4* vr = vs + j * R4 + quarter * Q4;
+#pragma unroll
+      for (int d4 = 0; d4 < Q4; d4++) {
+        float4 v = vr[d4];
+        acc[4 * d4] += p * v.x;
+        acc[4 * d4 + 1] += p * v.y;
+        acc[4 * d4 + 2] += p * v.z;
+        acc[4 * d4 + 3] += p * v.w;
+      }
+    }
+    m = mn;
+  }
+  if (active) {
+    float inv = 1.f / l;
+    u16* o = att + (u64)t * n_head * HD + h * HD + quarter * QD;
+#pragma unroll
+    for (int d = 0; d < QD; d++) o[d] = f2h(acc[d] * inv);
+  }
+}
+extern "C" __global__ void __launch_bounds__(256, 2) flash_prefill64(const float* qkv, const u16* kc, const u16* vc, const int* pos, int ntok,
+                                           int n_head, int n_kv_head, float scale, u16* att) {
+  flash_prefill_t<64>(qkv, kc, vc, pos, ntok, n_head, n_kv_head, scale, att);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) flash_prefill128(const float* qkv, const u16* kc, const u16* vc, const int* pos, int ntok,
+                                            int n_head, int n_kv_head, float scale, u16* att) {
+  flash_prefill_t<128>(qkv, kc, vc, pos, ntok, n_head, n_kv_head, scale, att);
+}
+
 // h16[t][i] = silu(gu[t][i]) * gu[t][f + i] (prefill).
 extern "C" __global__ void swiglu_f16(const float* gu, int f, int ntok, u16* h) {
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

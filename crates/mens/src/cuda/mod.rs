@@ -36,6 +36,15 @@ const TOPK_BLOCKS: usize = 64;
 const ARGMAX_BLOCKS: usize = 32;
 /// Queries per attention sub-batch in prefill (bounds the score buffer).
 const ATT_QUERIES: usize = 512;
+/// Queries per block of the flash prefill attention kernel (FA_Q in kernels.cu).
+const FA_Q: usize = 64;
+
+/// Which prefill attention runs: two batched cuBLAS GEMMs around a softmax kernel (default,
+/// faster on the H200 at long prompts), or the flash-attention style kernel
+/// (`MENS_CUDA_PREFILL_ATTN=flash`: no score buffer).
+fn flash_prefill() -> bool {
+    std::env::var("MENS_CUDA_PREFILL_ATTN").is_ok_and(|v| v == "flash")
+}
 
 fn err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Backend(format!("CUDA: {what}: {e:?}"))
@@ -70,6 +79,8 @@ kernels!(
     qkv_rope,
     softmax_causal,
     unpermute_f16,
+    flash_prefill64,
+    flash_prefill128,
     swiglu_f16,
     argmax,
     topk_partial,
@@ -1152,6 +1163,35 @@ impl CudaSession {
             self.o.ptr, self.xb16.ptr, c.n_head as i32, c.n_kv_head as i32, hd as i32, t as i32)
     }
 
+    /// Causal attention of the `t` new queries (rotated, in `qkv`) against the first pos0 + t
+    /// cache entries of layer `li` (flash-attention kernel), into xb16 as [t][q_dim] f16.
+    fn attention_flash(&self, li: usize, t: usize) -> Result<()> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let (kc, vc) = self.layer_cache(li);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let grid = (t.div_ceil(FA_Q) as u32, c.n_head as u32);
+        let args = (
+            self.qkv.ptr,
+            kc,
+            vc,
+            self.pos.ptr,
+            t as i32,
+            c.n_head as i32,
+            c.n_kv_head as i32,
+            scale,
+            self.xb16.ptr,
+        );
+        if c.head_dim == 64 {
+            launch!(dev, flash_prefill64, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
+        } else {
+            launch!(dev, flash_prefill128, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
+        }
+    }
+
     /// A prompt, `ubatch` tokens at a time; leaves the last token's logits and greedy id.
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
         let chunks: Vec<&[u32]> = tokens.chunks(self.ubatch).collect();
@@ -1187,7 +1227,11 @@ impl CudaSession {
             launch!(dev, rope_store, (t as u32, 1), 256;
                 self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
                 c.n_kv_head as i32, c.head_dim as i32, neox, kc, vc, self.qperm.ptr, t as i32)?;
-            self.attention_prefill(li, t, pos0)?;
+            if flash_prefill() {
+                self.attention_flash(li, t)?;
+            } else {
+                self.attention_prefill(li, t, pos0)?;
+            }
             self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d)?;
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
@@ -1509,5 +1553,53 @@ impl Device {
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
         }
         self.dequant_q8(&aq, &ad, qd)
+    }
+    /// `t` queries (rows of `q_dim`, at positions pos0..pos0 + t) against `pos0 + t` cached
+    /// positions by the prefill attention kernel; output widened from f16.
+    pub fn test_flash(
+        &self,
+        q: &[f32],
+        k: &[half::f16],
+        v: &[half::f16],
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        pos0: usize,
+        t: usize,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let (qd, kvd) = (n_head * head_dim, n_kv_head * head_dim);
+        let row = qd + 2 * kvd;
+        let mut qkv = vec![0f32; t * row];
+        for i in 0..t {
+            qkv[i * row..i * row + qd].copy_from_slice(&q[i * qd..(i + 1) * qd]);
+        }
+        let qb = self.upload(&qkv)?;
+        let (kc, vc) = (self.upload(k)?, self.upload(v)?);
+        let p = self.upload(&[pos0 as i32])?;
+        let out = self.upload(&vec![0xFFFFu16; t * qd])?;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let grid = (t.div_ceil(FA_Q) as u32, n_head as u32);
+        let args = (
+            qb.ptr,
+            kc.ptr,
+            vc.ptr,
+            p.ptr,
+            t as i32,
+            n_head as i32,
+            n_kv_head as i32,
+            scale,
+            out.ptr,
+        );
+        if head_dim == 64 {
+            launch!(self, flash_prefill64, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
+        } else {
+            launch!(self, flash_prefill128, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
+        }
+        let mut h = vec![0u16; t * qd];
+        self.read(&out, 0, &mut h)?;
+        Ok(h.iter()
+            .map(|&x| half::f16::from_bits(x).to_f32())
+            .collect())
     }
 }

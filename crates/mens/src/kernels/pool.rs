@@ -16,7 +16,9 @@ type Job<'a> = dyn Fn(usize) + Sync + 'a;
 struct Shared {
     /// (generation << 32) | next task index: a claim is a compare-exchange within one generation.
     state: AtomicU64,
-    tasks: AtomicUsize,
+    /// (generation << 32) | number of tasks: tagged, so that a worker still in the previous
+    /// generation never reads the next job's task count as its own.
+    tasks: AtomicU64,
     done: AtomicUsize,
     /// The current job, `*const &Job` (valid while its generation runs).
     job: AtomicPtr<()>,
@@ -42,10 +44,12 @@ impl Shared {
             if s >> 32 != gen {
                 return;
             }
-            let i = (s & 0xFFFF_FFFF) as usize;
-            if i >= self.tasks.load(SeqCst) {
+            let i = s & 0xFFFF_FFFF;
+            let t = self.tasks.load(SeqCst);
+            if t >> 32 != gen || i >= t & 0xFFFF_FFFF {
                 return;
             }
+            let i = i as usize;
             if self
                 .state
                 .compare_exchange(s, s + 1, SeqCst, SeqCst)
@@ -97,7 +101,7 @@ impl Pool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
-            tasks: AtomicUsize::new(0),
+            tasks: AtomicU64::new(0),
             done: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             sleepers: AtomicUsize::new(0),
@@ -137,11 +141,12 @@ impl Pool {
         }
         let _one = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let s = &self.shared;
+        assert!(tasks < 1 << 32, "too many tasks");
         let job: &Job = f;
+        let gen = ((s.state.load(SeqCst) >> 32) + 1) & 0xFFFF_FFFF;
         s.job.store(&job as *const &Job as *mut (), SeqCst);
-        s.tasks.store(tasks, SeqCst);
+        s.tasks.store(gen << 32 | tasks as u64, SeqCst);
         s.done.store(0, SeqCst);
-        let gen = (s.state.load(SeqCst) >> 32) + 1;
         s.state.store(gen << 32, SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,6 +192,43 @@ mod tests {
             assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "n = {n}");
         }
         // After the workers have parked, a job still completes.
+        std::thread::sleep(Duration::from_millis(5));
+        let sum = AtomicUsize::new(0);
+        p.run(64, &|i| {
+            sum.fetch_add(i, SeqCst);
+        });
+        assert_eq!(sum.load(SeqCst), 64 * 63 / 2);
+    }
+
+    /// Back-to-back jobs with more workers than cores (so that workers are preempted between
+    /// reading the pool's state and claiming a task): every task of every job runs exactly once,
+    /// and never after its `run` returned. A worker late from the previous job once claimed a task
+    /// of the next one with the previous generation's ticket (seen as a CPU result corrupted on a
+    /// 16-core machine).
+    #[test]
+    fn late_workers_never_run_a_task_twice() {
+        let p = Pool::new(8);
+        for job in 0..20_000usize {
+            let n = 1 + job % 13;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            let live = std::sync::atomic::AtomicBool::new(true);
+            p.run(n, &|i| {
+                assert!(
+                    live.load(SeqCst),
+                    "job {job}: task {i} ran after run() returned"
+                );
+                hits[i].fetch_add(1, SeqCst);
+            });
+            live.store(false, SeqCst);
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(h.load(SeqCst), 1, "job {job}: task {i} of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_parked_pool_still_completes() {
+        let p = Pool::new(3);
         std::thread::sleep(Duration::from_millis(5));
         let sum = AtomicUsize::new(0);
         p.run(64, &|i| {
