@@ -180,41 +180,6 @@ pub fn attention(
     let simd = cfg!(target_arch = "x86_64")
         && super::simd::level() != super::simd::Level::None
         && hd % 8 == 0;
-    // Whole KV groups per task (each K/V row read once for its query heads), where SIMD allows.
-    #[cfg(target_arch = "x86_64")]
-    if simd && group <= MAX_GROUP {
-        let gw = group * hd;
-        let work = |(i, o): (usize, &mut [f32])| {
-            let (ti, kvh) = (i / n_kv_head, i % n_kv_head);
-            let q = &qkv[ti * row + kvh * gw..ti * row + (kvh + 1) * gw];
-            let n = pos0 + ti + 1;
-            // SAFETY: AVX2+FMA+F16C checked; q and o hold the group's heads; the cache holds n rows.
-            unsafe {
-                attend_group_x86(
-                    q,
-                    group,
-                    &k_cache[kvh * hd..],
-                    &v_cache[kvh * hd..],
-                    l.kv_dim,
-                    n,
-                    scale,
-                    o,
-                )
-            }
-        };
-        let out = &mut out[..t * l.q_dim];
-        if t * n_head * (pos0 + t) < 4096 {
-            out.chunks_exact_mut(gw).enumerate().for_each(work);
-        } else {
-            let base = super::OutPtr(out.as_mut_ptr());
-            super::pool::pool().run(t * n_kv_head, &|i| {
-                // SAFETY: task i writes only its own group's slice of `out`.
-                let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(i * gw), gw) };
-                work((i, o));
-            });
-        }
-        return;
-    }
     let work = |(i, o): (usize, &mut [f32])| {
         let (ti, h) = (i / n_head, i % n_head);
         let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
@@ -361,93 +326,6 @@ unsafe fn attend_x86(
     }
 }
 
-/// Query heads per KV head that `attend_group_x86` handles at once.
-const MAX_GROUP: usize = 16;
-
-/// `attend_x86` for the `g` query heads that share one KV head (`q` and `out` hold them one after
-/// the other): each K and V row is loaded and widened once for all of them, and the heads' update
-/// chains interleave. Per head the operations and their order are exactly `attend_x86`'s, so the
-/// results are bit-identical to it.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_group_x86(
-    q: &[f32],
-    g: usize,
-    k: &[f16],
-    v: &[f16],
-    stride: usize,
-    n: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let hd = q.len() / g;
-    let lanes = hd / 8;
-    assert!(
-        g <= MAX_GROUP
-            && lanes <= MAX_HEAD_DIM / 8
-            && out.len() == g * hd
-            && k.len() >= (n - 1) * stride + hd
-            && v.len() >= (n - 1) * stride + hd
-    );
-    let mut acc = [[_mm256_setzero_ps(); MAX_HEAD_DIM / 8]; MAX_GROUP];
-    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut sum = [0f32; MAX_GROUP];
-    let mut kf = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
-    let mut vf = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
-    let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
-    for p in 0..n {
-        let kp = k.as_ptr().add(p * stride) as *const __m128i;
-        let vp = v.as_ptr().add(p * stride) as *const __m128i;
-        for j in 0..lanes {
-            kf[j] = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(j)));
-            vf[j] = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j)));
-        }
-        for h in 0..g {
-            let qh = q.as_ptr().add(h * hd);
-            let mut s0 = _mm256_setzero_ps();
-            let mut s1 = _mm256_setzero_ps();
-            let mut j = 0;
-            while j + 1 < lanes {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(j * 8)), kf[j], s0);
-                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(j * 8 + 8)), kf[j + 1], s1);
-                j += 2;
-            }
-            if j < lanes {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(j * 8)), kf[j], s0);
-            }
-            let sv = _mm256_add_ps(s0, s1);
-            let mut r = _mm_add_ps(_mm256_extractf128_ps(sv, 1), _mm256_castps256_ps128(sv));
-            r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-            r = _mm_add_ss(r, _mm_movehdup_ps(r));
-            let s = _mm_cvtss_f32(r) * scale;
-            let a = &mut acc[h];
-            if s > max[h] {
-                let c = (max[h] - s).exp();
-                sum[h] *= c;
-                let cv = _mm256_set1_ps(c);
-                for x in a[..lanes].iter_mut() {
-                    *x = round(_mm256_mul_ps(*x, cv));
-                }
-                max[h] = s;
-            }
-            let e = (s - max[h]).exp();
-            sum[h] += e;
-            let ev = _mm256_set1_ps(e);
-            for (x, vj) in a[..lanes].iter_mut().zip(&vf[..lanes]) {
-                *x = round(_mm256_fmadd_ps(ev, *vj, *x));
-            }
-        }
-    }
-    for h in 0..g {
-        let inv = _mm256_set1_ps(1.0 / sum[h]);
-        for (j, a) in acc[h][..lanes].iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + j * 8), _mm256_mul_ps(*a, inv));
-        }
-    }
-}
-
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent accumulators so that the compiler vectorises the reduction.
@@ -569,36 +447,6 @@ mod tests {
             unsafe { attend_x86(&q, &k, &v, stride, n, 0.125, &mut b) };
             for (x, y) in a.iter().zip(&b) {
                 assert!((x - y).abs() < 2e-3, "hd {hd} n {n}: {x} vs {y}");
-            }
-        }
-    }
-
-    #[test]
-    fn attend_group_x86_equals_attend_x86_per_head() {
-        if crate::kernels::simd::level() == crate::kernels::simd::Level::None {
-            eprintln!("SKIP: no AVX2+FMA+F16C on this CPU");
-            return;
-        }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
-        for (g, hd, n) in [(7, 64, 300), (6, 128, 37), (3, 64, 1), (1, 24, 9)] {
-            let stride = 2 * hd;
-            let q: Vec<f32> = (0..g * hd).map(|_| rng.gen_range(-2.0..2.0)).collect();
-            let k: Vec<f16> = (0..n * stride)
-                .map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)))
-                .collect();
-            let v: Vec<f16> = (0..n * stride)
-                .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
-                .collect();
-            let mut a = vec![0f32; g * hd];
-            unsafe { attend_group_x86(&q, g, &k, &v, stride, n, 0.125, &mut a) };
-            for h in 0..g {
-                let mut b = vec![0f32; hd];
-                unsafe { attend_x86(&q[h * hd..(h + 1) * hd], &k, &v, stride, n, 0.125, &mut b) };
-                assert_eq!(
-                    &a[h * hd..(h + 1) * hd],
-                    &b[..],
-                    "g {g} hd {hd} n {n} head {h}"
-                );
             }
         }
     }
