@@ -28,6 +28,19 @@ pub(crate) fn check_backend(name: &str) -> Result<()> {
     )
 }
 
+/// `-c` when given (0 = not given), else the trained context halved until it fits (at least 256).
+#[cfg(any(feature = "cuda", feature = "metal"))]
+fn choose_ctx(requested: usize, train_ctx: usize, fits: impl Fn(usize) -> bool) -> usize {
+    if requested > 0 {
+        return requested;
+    }
+    let mut ctx = train_ctx.min(1 << 17);
+    while ctx > 256 && !fits(ctx) {
+        ctx /= 2;
+    }
+    ctx
+}
+
 /// A sequence on `--backend` (cpu is handled by the caller).
 pub(crate) fn session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
     check_backend(&args.backend)?;
@@ -54,16 +67,7 @@ fn metal_session(l: &Loaded, _args: &ModelArgs) -> Result<Box<dyn Runner>> {
     let c = &l.model.config;
     let weights = l.model.weight_bytes();
     let fits = |ctx: usize| weights + kv_cache_bytes(c, ctx) <= b.bytes;
-    let ctx = match l.options.ctx {
-        0 => {
-            let mut ctx = c.train_ctx.min(1 << 17);
-            while ctx > 256 && !fits(ctx) {
-                ctx /= 2;
-            }
-            ctx
-        }
-        n => n,
-    };
+    let ctx = choose_ctx(l.options.ctx, c.train_ctx, fits);
     if !fits(ctx) {
         bail!(
             "memory budget: the model ({} MiB) and a {ctx}-token KV cache ({} MiB) do not fit the {} MiB budget ({})",
@@ -105,16 +109,7 @@ fn cuda_session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         ((q + 2 * kv) * d).max(d * q).max(2 * f * d)
     };
     let fits = |ctx: usize| weights + session_bytes(c, ctx, UBATCH.min(ctx), group) <= budget;
-    let ctx = match l.options.ctx {
-        0 => {
-            let mut ctx = c.train_ctx.min(1 << 17);
-            while ctx > 256 && !fits(ctx) {
-                ctx /= 2;
-            }
-            ctx
-        }
-        n => n,
-    };
+    let ctx = choose_ctx(l.options.ctx, c.train_ctx, fits);
     if !fits(ctx) {
         bail!(
             "memory budget: the model ({} MiB) and a {ctx}-token CUDA session ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use a smaller --ctx-size or model",

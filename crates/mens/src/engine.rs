@@ -189,24 +189,27 @@ impl Sequence {
 
     /// Check that `tokens` may be appended.
     fn check(&self, tokens: &[u32], vocab: usize) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(Error::InvalidArgument("no tokens to process".into()));
-        }
-        if self.pos() + tokens.len() > self.ctx {
-            return Err(Error::Context(format!(
-                "{} tokens in the cache + {} new exceed the context of {} tokens",
-                self.pos(),
-                tokens.len(),
-                self.ctx
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {bad} is outside the vocabulary ({vocab})"
-            )));
-        }
-        Ok(())
+        check_tokens(self.pos(), self.ctx, tokens, vocab)
     }
+}
+
+/// Check that `tokens` may be appended to a sequence holding `pos` of `ctx` tokens (every backend).
+pub(crate) fn check_tokens(pos: usize, ctx: usize, tokens: &[u32], vocab: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::InvalidArgument("no tokens to process".into()));
+    }
+    if pos + tokens.len() > ctx {
+        return Err(Error::Context(format!(
+            "{pos} tokens in the cache + {} new exceed the context of {ctx} tokens",
+            tokens.len()
+        )));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::InvalidArgument(format!(
+            "token id {bad} is outside the vocabulary ({vocab})"
+        )));
+    }
+    Ok(())
 }
 
 /// Run the model's layers over `parts` (each: a sequence and the tokens to append to it, all
@@ -608,7 +611,14 @@ pub trait Runner {
     /// Run `tokens` after the cached ones.
     fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()>;
     /// The uncached baseline: re-run the whole sequence plus `extra` from position 0.
-    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()>;
+    /// `scratch` holds the sequence (give it capacity `ctx` to keep this allocation-free).
+    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
+        scratch.clear();
+        scratch.extend_from_slice(self.tokens());
+        scratch.extend_from_slice(extra);
+        self.truncate(0);
+        self.forward(scratch, Logits::Last)
+    }
     /// Pick the next token from the last forward pass's logits.
     fn sample(&mut self, sampler: &mut crate::sample::Sampler) -> Result<u32>;
     /// Drop the cache entries after `n` tokens.

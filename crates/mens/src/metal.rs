@@ -178,24 +178,12 @@ impl MetalSession {
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
-        let v = self.model.config().vocab_size;
-        if tokens.is_empty() {
-            return Err(Error::InvalidArgument("no tokens to process".into()));
-        }
-        if self.tokens.len() + tokens.len() > self.ctx {
-            return Err(Error::Context(format!(
-                "{} tokens in the cache + {} new exceed the context of {} tokens",
-                self.tokens.len(),
-                tokens.len(),
-                self.ctx
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {bad} is outside the vocabulary ({v})"
-            )));
-        }
-        Ok(())
+        crate::engine::check_tokens(
+            self.tokens.len(),
+            self.ctx,
+            tokens,
+            self.model.config().vocab_size,
+        )
     }
 
     /// Run `tokens` after the cached ones; leaves the last position's logits on the device.
@@ -342,13 +330,6 @@ impl crate::engine::Runner for MetalSession {
                 Ok(())
             }
         }
-    }
-    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
-        scratch.clear();
-        scratch.extend_from_slice(&self.tokens);
-        scratch.extend_from_slice(extra);
-        self.tokens.clear();
-        self.forward(scratch, Logits::Last)
     }
     fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
         let c = &sampler.config;

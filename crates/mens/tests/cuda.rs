@@ -503,3 +503,27 @@ fn flash_prefill_kernel_matches_reference() {
         assert!(e < 5e-3, "rel L2 {e}");
     }
 }
+
+/// The CUDA C source compiles with NVRTC (needs libnvrtc, not a GPU: .ci/run installs it) and
+/// defines every kernel the backend loads.
+#[test]
+fn kernels_compile_with_nvrtc() {
+    let ptx = match mens::cuda::compile_ptx((9, 0)) {
+        Ok(p) => String::from_utf8_lossy(&p).into_owned(),
+        Err(e) if e.to_string().contains("could not be loaded") => {
+            eprintln!("SKIP (not run, not passed): {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    for name in mens::cuda::kernel_names() {
+        assert!(
+            ptx.contains(&format!(".entry {name}(")),
+            "kernel {name} is missing from the PTX"
+        );
+    }
+    eprintln!(
+        "kernels.cu compiled by NVRTC for sm_90: {} bytes of PTX",
+        ptx.len()
+    );
+}

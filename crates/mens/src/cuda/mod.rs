@@ -55,6 +55,9 @@ macro_rules! kernels {
         #[allow(non_snake_case)]
         struct Funcs { $($name: sys::CUfunction,)* }
         impl Funcs {
+            fn names() -> Vec<&'static str> {
+                vec![$(stringify!($name),)*]
+            }
             fn list(&self) -> Vec<(&'static str, sys::CUfunction)> {
                 vec![$((stringify!($name), self.$name),)*]
             }
@@ -105,19 +108,24 @@ pub struct Device {
 unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
-/// Number of CUDA devices, or a clear error when there is no driver or no GPU.
-fn init_context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    // cudarc panics when libcuda cannot be loaded: turn that into an error, quietly.
+/// Run `f`, turning a panic (cudarc panics when a CUDA library cannot be dlopen'ed) into None,
+/// without printing it.
+fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Option<T> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let r = std::panic::catch_unwind(|| CudaContext::new(ordinal));
+    let r = std::panic::catch_unwind(f);
     std::panic::set_hook(hook);
-    match r {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(Error::Backend(format!(
+    r.ok()
+}
+
+/// Number of CUDA devices, or a clear error when there is no driver or no GPU.
+fn init_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    match quietly(|| CudaContext::new(ordinal)) {
+        Some(Ok(c)) => Ok(c),
+        Some(Err(e)) => Err(Error::Backend(format!(
             "no CUDA device was found (the driver reports {e:?})"
         ))),
-        Err(_) => Err(Error::Backend(
+        None => Err(Error::Backend(
             "no CUDA device was found (the CUDA driver library libcuda.so could not be loaded)"
                 .into(),
         )),
@@ -147,10 +155,21 @@ fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
             return Ok(b);
         }
     }
+    let bytes = compile_ptx(arch)?;
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &bytes).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(bytes)
+}
+
+/// Compile kernels.cu with NVRTC for `arch` (no GPU needed, only libnvrtc): the PTX text,
+/// NUL-terminated.
+pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
     let arch_s: &'static str = Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let r = std::panic::catch_unwind(|| {
+    let r = quietly(|| {
         cudarc::nvrtc::compile_ptx_with_opts(
             SRC,
             cudarc::nvrtc::CompileOptions {
@@ -160,11 +179,10 @@ fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
             },
         )
     });
-    std::panic::set_hook(hook);
     let ptx = match r {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return Err(err("NVRTC could not compile the kernels", e)),
-        Err(_) => {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Err(err("NVRTC could not compile the kernels", e)),
+        None => {
             return Err(Error::Backend(
                 "CUDA: NVRTC (libnvrtc.so) could not be loaded; put the CUDA libraries on LD_LIBRARY_PATH".into(),
             ))
@@ -172,13 +190,12 @@ fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
     };
     let mut bytes = ptx.to_src().into_bytes();
     bytes.push(0);
-    if std::fs::create_dir_all(cache_dir()).is_ok() {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &bytes).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
-    }
     Ok(bytes)
+}
+
+/// The names of the kernels the backend loads.
+pub fn kernel_names() -> Vec<&'static str> {
+    Funcs::names()
 }
 
 impl Device {
@@ -209,14 +226,10 @@ impl Device {
         }
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
             .map_err(|e| err("stream", e))?;
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let h = std::panic::catch_unwind(blas::create_handle);
-        std::panic::set_hook(hook);
-        let handle = match h {
-            Ok(Ok(h)) => h,
-            Ok(Err(e)) => return Err(err("cuBLAS", e)),
-            Err(_) => {
+        let handle = match quietly(blas::create_handle) {
+            Some(Ok(h)) => h,
+            Some(Err(e)) => return Err(err("cuBLAS", e)),
+            None => {
                 return Err(Error::Backend(
                     "CUDA: cuBLAS (libcublas.so) could not be loaded; put the CUDA libraries on LD_LIBRARY_PATH".into(),
                 ))
@@ -777,24 +790,7 @@ impl CudaSession {
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
-        let v = self.model.config.vocab_size;
-        if tokens.is_empty() {
-            return Err(Error::InvalidArgument("no tokens to process".into()));
-        }
-        if self.pos() + tokens.len() > self.ctx {
-            return Err(Error::Context(format!(
-                "{} tokens in the cache + {} new exceed the context of {} tokens",
-                self.pos(),
-                tokens.len(),
-                self.ctx
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {bad} is outside the vocabulary ({v})"
-            )));
-        }
-        Ok(())
+        crate::engine::check_tokens(self.pos(), self.ctx, tokens, self.model.config.vocab_size)
     }
 
     /// Run `tokens` after the cached ones. `Logits::Last` leaves the last token's logits on the
@@ -1401,13 +1397,6 @@ impl crate::engine::Runner for CudaSession {
     }
     fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
         CudaSession::forward(self, tokens, logits)
-    }
-    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
-        scratch.clear();
-        scratch.extend_from_slice(&self.tokens);
-        scratch.extend_from_slice(extra);
-        self.reset();
-        self.forward(scratch, Logits::Last)
     }
     fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
         CudaSession::sample(self, sampler)
