@@ -104,17 +104,13 @@ fn cuda_session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
     // Budget: the free device memory less a margin for the context and cuBLAS workspace.
     let budget = free.saturating_sub(mens::memory::CUDA_MARGIN);
     let weights = l.model.weight_bytes();
-    let group = {
-        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-        ((q + 2 * kv) * d).max(d * q).max(2 * f * d)
-    };
-    let fits = |ctx: usize| weights + session_bytes(c, ctx, UBATCH.min(ctx), group) <= budget;
+    let fits = |ctx: usize| weights + session_bytes(c, ctx, UBATCH.min(ctx)) <= budget;
     let ctx = choose_ctx(l.options.ctx, c.train_ctx, fits);
     if !fits(ctx) {
         bail!(
             "memory budget: the model ({} MiB) and a {ctx}-token CUDA session ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use a smaller --ctx-size or model",
             weights >> 20,
-            session_bytes(c, ctx, UBATCH.min(ctx), group) >> 20,
+            session_bytes(c, ctx, UBATCH.min(ctx)) >> 20,
             budget >> 20,
             dev.name,
             free >> 20,

@@ -499,7 +499,17 @@ fn probe(args: ProbeArgs) -> Result<()> {
             gib(g.free)
         );
     }
-    println!("default backend: cpu (this build has no CUDA or Metal backend)");
+    let mut backends = vec!["cpu"];
+    if cfg!(feature = "cuda") {
+        backends.push("cuda");
+    }
+    if cfg!(feature = "metal") {
+        backends.push("metal");
+    }
+    println!(
+        "default backend: cpu (this build has: {}; --backend picks one)",
+        backends.join(", ")
+    );
     match b {
         Ok(b) => println!("memory budget:   {} = {}", gib(b.bytes), b.how),
         Err(e) => println!("memory budget:   none: {e}"),

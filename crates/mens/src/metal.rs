@@ -332,10 +332,7 @@ impl crate::engine::Runner for MetalSession {
         }
     }
     fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
-        let c = &sampler.config;
-        let penalised =
-            c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0;
-        if sampler.is_greedy() && !penalised {
+        if sampler.is_greedy() && !sampler.config.penalised() {
             // One id read back.
             let l = self
                 .logits

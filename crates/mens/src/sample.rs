@@ -49,6 +49,14 @@ impl SamplerConfig {
         }
     }
 
+    /// Whether any repetition penalty changes the logits (then sampling needs the history).
+    pub fn penalised(&self) -> bool {
+        (self.repeat_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0)
+            && self.repeat_last_n > 0
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
@@ -110,9 +118,7 @@ impl Sampler {
     /// tokens so far (prompt and generated), for the penalties.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let c = &self.config;
-        let penalised =
-            c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0;
-        if penalised && c.repeat_last_n > 0 {
+        if c.penalised() {
             self.window.clear();
             let start = history.len().saturating_sub(c.repeat_last_n);
             self.window.extend_from_slice(&history[start..]);

@@ -120,6 +120,13 @@ fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Option<T> {
 
 /// Number of CUDA devices, or a clear error when there is no driver or no GPU.
 fn init_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // Ask first whether libcuda loads at all (no panic to catch, nothing printed from another thread).
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::Backend(
+            "no CUDA device was found (the CUDA driver library libcuda.so could not be loaded)"
+                .into(),
+        ));
+    }
     match quietly(|| CudaContext::new(ordinal)) {
         Some(Ok(c)) => Ok(c),
         Some(Err(e)) => Err(Error::Backend(format!(
@@ -169,6 +176,11 @@ fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
 /// NUL-terminated.
 pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
     let arch_s: &'static str = Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Backend(
+            "CUDA: NVRTC (libnvrtc.so) could not be loaded; put the CUDA libraries on LD_LIBRARY_PATH".into(),
+        ));
+    }
     let r = quietly(|| {
         cudarc::nvrtc::compile_ptx_with_opts(
             SRC,
@@ -226,6 +238,11 @@ impl Device {
         }
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
             .map_err(|e| err("stream", e))?;
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(Error::Backend(
+                "CUDA: cuBLAS (libcublas.so) could not be loaded; put the CUDA libraries on LD_LIBRARY_PATH".into(),
+            ));
+        }
         let handle = match quietly(blas::create_handle) {
             Some(Ok(h)) => h,
             Some(Err(e)) => return Err(err("cuBLAS", e)),
@@ -555,15 +572,6 @@ impl GpuModel {
     fn head(&self) -> &Mat {
         self.output.as_ref().unwrap_or(&self.embedding)
     }
-
-    /// The largest layer matrix group dequantized at once in prefill (values).
-    fn max_group_values(&self) -> usize {
-        let c = &self.config;
-        let qkv = (c.q_dim() + 2 * c.kv_dim()) * c.dim;
-        qkv.max(c.dim * c.q_dim())
-            .max(2 * c.ffn_dim * c.dim)
-            .max(c.dim * c.ffn_dim)
-    }
 }
 
 /// How a session samples on the device.
@@ -584,9 +592,7 @@ pub enum DeviceSampling {
 impl DeviceSampling {
     pub fn of(s: &Sampler) -> Self {
         let c = &s.config;
-        let penalised =
-            c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0;
-        if penalised && c.repeat_last_n > 0 {
+        if c.penalised() {
             DeviceSampling::Host
         } else if s.is_greedy() {
             DeviceSampling::Greedy
@@ -655,8 +661,17 @@ pub struct CudaSession {
     pub graph_kernels: usize,
 }
 
+/// Values of the largest group of layer matrices dequantized at once in prefill.
+fn max_group_values(c: &Config) -> usize {
+    let qkv = (c.q_dim() + 2 * c.kv_dim()) * c.dim;
+    qkv.max(c.dim * c.q_dim())
+        .max(2 * c.ffn_dim * c.dim)
+        .max(c.dim * c.ffn_dim)
+}
+
 /// Bytes a CUDA session of `ctx` tokens and prefill batch `ubatch` allocates on the device.
-pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, max_group: usize) -> u64 {
+pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize) -> u64 {
+    let max_group = max_group_values(c);
     let (d, q, kv, f, v) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.vocab_size);
     let row = q + 2 * kv;
     let splits = ctx.div_ceil(SPLIT);
@@ -690,8 +705,8 @@ impl CudaSession {
             ));
         }
         let ubatch = ubatch.min(ctx);
-        let max_group = model.max_group_values();
-        let need = session_bytes(&c, ctx, ubatch, max_group);
+        let max_group = max_group_values(&c);
+        let need = session_bytes(&c, ctx, ubatch);
         let dev = model.dev.clone();
         let (free, _) = dev.mem_info()?;
         if need + (256 << 20) > free {
@@ -1408,12 +1423,7 @@ impl crate::engine::Runner for CudaSession {
         CudaSession::kv_cache_bytes(self)
     }
     fn bytes(&self) -> usize {
-        session_bytes(
-            &self.model.config,
-            self.ctx,
-            self.ubatch,
-            self.model.max_group_values(),
-        ) as usize
+        session_bytes(&self.model.config, self.ctx, self.ubatch) as usize
     }
     fn launches_per_token(&self) -> Option<(usize, usize)> {
         Some((1, self.graph_kernels))
