@@ -4,8 +4,8 @@ use crate::{Loaded, ModelArgs};
 use anyhow::{bail, Result};
 use mens::engine::Runner;
 
-/// Fail early, with the list of what this build has, for a backend it lacks.
-pub(crate) fn check_backend(name: &str) -> Result<()> {
+/// The backends this build has.
+pub(crate) fn backends() -> Vec<&'static str> {
     let mut have = vec!["cpu"];
     if cfg!(feature = "cuda") {
         have.push("cuda");
@@ -13,6 +13,12 @@ pub(crate) fn check_backend(name: &str) -> Result<()> {
     if cfg!(feature = "metal") {
         have.push("metal");
     }
+    have
+}
+
+/// Fail early, with the list of what this build has, for a backend it lacks.
+pub(crate) fn check_backend(name: &str) -> Result<()> {
+    let have = backends();
     if have.contains(&name) {
         return Ok(());
     }
@@ -46,9 +52,9 @@ pub(crate) fn session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
     check_backend(&args.backend)?;
     match args.backend.as_str() {
         #[cfg(feature = "cuda")]
-        "cuda" => cuda_session(l, args),
+        "cuda" => cuda_session(l),
         #[cfg(feature = "metal")]
-        "metal" => metal_session(l, args),
+        "metal" => metal_session(l),
         other => {
             let _ = l;
             bail!("invalid argument: backend {other:?} needs no GPU session")
@@ -57,7 +63,7 @@ pub(crate) fn session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
 }
 
 #[cfg(feature = "metal")]
-fn metal_session(l: &Loaded, _args: &ModelArgs) -> Result<Box<dyn Runner>> {
+fn metal_session(l: &Loaded) -> Result<Box<dyn Runner>> {
     use mens::memory::{budget, probe, Backend};
     use mens::metal::{kv_cache_bytes, MetalModel, MetalSession};
     use std::sync::Arc;
@@ -84,7 +90,7 @@ fn metal_session(l: &Loaded, _args: &ModelArgs) -> Result<Box<dyn Runner>> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
+fn cuda_session(l: &Loaded) -> Result<Box<dyn Runner>> {
     use mens::cuda::{session_bytes, CudaSession, Device, GpuModel};
     use std::sync::Arc;
     // Prompt tokens per prefill pass: weights are dequantized once per pass, so larger is faster.
@@ -131,6 +137,5 @@ fn cuda_session(l: &Loaded, args: &ModelArgs) -> Result<Box<dyn Runner>> {
         s.kv_cache_bytes() >> 20,
         t0.elapsed().as_secs_f64()
     );
-    let _ = args;
     Ok(Box::new(s))
 }

@@ -127,7 +127,7 @@ pub(crate) struct ModelArgs {
     /// Threads for the CPU kernels (default: all logical cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// Compute backend: cpu, or cuda in a build with the `cuda` feature.
+    /// Compute backend: cpu, or cuda / metal in a build with that feature.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
 }
@@ -499,16 +499,9 @@ fn probe(args: ProbeArgs) -> Result<()> {
             gib(g.free)
         );
     }
-    let mut backends = vec!["cpu"];
-    if cfg!(feature = "cuda") {
-        backends.push("cuda");
-    }
-    if cfg!(feature = "metal") {
-        backends.push("metal");
-    }
     println!(
         "default backend: cpu (this build has: {}; --backend picks one)",
-        backends.join(", ")
+        gpu::backends().join(", ")
     );
     match b {
         Ok(b) => println!("memory budget:   {} = {}", gib(b.bytes), b.how),

@@ -390,16 +390,6 @@ impl Session {
         (&mut self.run.logits[..v], &self.seq.tokens)
     }
 
-    /// The uncached baseline: re-run the whole sequence (the cached tokens, then `extra`) from
-    /// position 0. `scratch` holds the sequence (give it capacity `ctx` to keep this allocation-free).
-    pub fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
-        scratch.clear();
-        scratch.extend_from_slice(&self.seq.tokens);
-        scratch.extend_from_slice(extra);
-        self.reset();
-        self.forward(scratch, Logits::Last)
-    }
-
     /// Run `tokens` through the model after what the cache already holds.
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.seq.check(tokens, self.model.config.vocab_size)?;
@@ -646,9 +636,6 @@ impl Runner for Session {
     }
     fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
         Session::forward(self, tokens, logits)
-    }
-    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
-        Session::rerun(self, extra, scratch)
     }
     fn sample(&mut self, sampler: &mut crate::sample::Sampler) -> Result<u32> {
         Ok(self.sample_next(sampler))

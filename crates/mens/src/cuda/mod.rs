@@ -1316,11 +1316,6 @@ impl CudaSession {
         self.logits_valid = false;
         Ok(totals)
     }
-
-    /// Wait for the device (timing).
-    pub fn sync(&self) -> Result<()> {
-        self.model.dev.sync()
-    }
 }
 
 impl Drop for CudaSession {
