@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::ops::{self, QkvLayout, RopeTable};
-use crate::kernels::{act_type, matmul, ActType, QuantizedInput};
+use crate::kernels::{act_type, attention, matmul, ActType, QuantizedInput};
 use crate::model::Model;
 use half::f16;
 use std::sync::Arc;
@@ -266,7 +266,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 kc,
                 vc,
             );
-            ops::attention(
+            attention::attention(
                 qkv,
                 n,
                 &l,

@@ -5,6 +5,7 @@
 //! carry llama.cpp's AVX2 kernels for Q4_0, Q8_0 and the K-quants. Candle's Q5_0 and Q4_1 dots are
 //! scalar, so `simd.rs` has AVX2 versions (checked against candle's scalar code in the tests).
 
+pub mod attention;
 mod kquant;
 pub mod ops;
 pub mod pool;

@@ -1,0 +1,50 @@
+//! Micro-benchmark of decode attention (one query row per head against the f16 KV cache), the part
+//! of a decode step that grows with the context. `cargo run --release --example attention [threads]`
+use half::f16;
+use mens::kernels::attention::attention;
+use mens::kernels::ops::QkvLayout;
+use std::time::Instant;
+
+fn main() {
+    let threads = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2);
+    mens::kernels::pool::set_threads(threads);
+    // (name, layers, heads, kv heads, head dim): the shapes of Qwen2.5-Coder 0.5B and 1.5B.
+    for (name, layers, n_head, n_kv, hd) in [("0.5B", 24, 14, 2, 64), ("1.5B", 28, 12, 2, 128)] {
+        let l = QkvLayout {
+            q_dim: n_head * hd,
+            kv_dim: n_kv * hd,
+            head_dim: hd,
+        };
+        let ctx = 2048;
+        // Pseudo-random values in [-0.5, 0.5) (a hash of the index), so that the running max of
+        // the scores changes rarely, as in real attention.
+        let val = |i: usize| {
+            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            ((h >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let kc: Vec<f16> = (0..ctx * l.kv_dim).map(|i| f16::from_f32(val(i))).collect();
+        let vc: Vec<f16> = (0..ctx * l.kv_dim)
+            .map(|i| f16::from_f32(val(i + 3)))
+            .collect();
+        let qkv: Vec<f32> = (0..l.q_dim + 2 * l.kv_dim).map(|i| val(i + 11)).collect();
+        let mut out = vec![0f32; l.q_dim];
+        for n in [16usize, 512, 2048] {
+            let reps = 20;
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                for _ in 0..layers {
+                    attention(&qkv, 1, &l, n_head, n_kv, n - 1, &kc, &vc, &mut out);
+                }
+            }
+            let s = t0.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "{name} {n:5} keys: {:6.3} ms per decode step ({layers} layers), {:5.1} ns per head and key",
+                s * 1e3,
+                s * 1e9 * threads as f64 / (layers * n_head * n) as f64
+            );
+        }
+    }
+}
