@@ -1,5 +1,7 @@
 //! Micro-benchmark of decode attention (one query row per head against the f16 KV cache), the part
-//! of a decode step that grows with the context. `cargo run --release --example attention [threads]`
+//! of a decode step that grows with the context: per layer its own cache, read hot (just used) and
+//! cold (64 MiB streamed through the caches before each layer, as a layer's weights do in a real
+//! step). `cargo run --release --example attention [threads]`
 use half::f16;
 use mens::kernels::attention::attention;
 use mens::kernels::ops::QkvLayout;
@@ -11,6 +13,13 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(2);
     mens::kernels::pool::set_threads(threads);
+    // Pseudo-random values in [-0.5, 0.5) (a hash of the index), so that the running max of the
+    // scores changes rarely, as in real attention.
+    let val = |i: usize| {
+        let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((h >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    let junk = vec![1u8; 64 << 20];
     // (name, layers, heads, kv heads, head dim): the shapes of Qwen2.5-Coder 0.5B and 1.5B.
     for (name, layers, n_head, n_kv, hd) in [("0.5B", 24, 14, 2, 64), ("1.5B", 28, 12, 2, 128)] {
         let l = QkvLayout {
@@ -19,32 +28,54 @@ fn main() {
             head_dim: hd,
         };
         let ctx = 2048;
-        // Pseudo-random values in [-0.5, 0.5) (a hash of the index), so that the running max of
-        // the scores changes rarely, as in real attention.
-        let val = |i: usize| {
-            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            ((h >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        let cache = |seed: usize| -> Vec<Vec<f16>> {
+            (0..layers)
+                .map(|li| {
+                    (0..ctx * l.kv_dim)
+                        .map(|i| f16::from_f32(val(i + li * 1_000_003 + seed)))
+                        .collect()
+                })
+                .collect()
         };
-        let kc: Vec<f16> = (0..ctx * l.kv_dim).map(|i| f16::from_f32(val(i))).collect();
-        let vc: Vec<f16> = (0..ctx * l.kv_dim)
-            .map(|i| f16::from_f32(val(i + 3)))
+        let (kc, vc) = (cache(0), cache(7));
+        let qkv: Vec<f32> = (0..l.q_dim + 2 * l.kv_dim)
+            .map(|i| f16::from_f32(val(i + 11)).to_f32())
             .collect();
-        let qkv: Vec<f32> = (0..l.q_dim + 2 * l.kv_dim).map(|i| val(i + 11)).collect();
         let mut out = vec![0f32; l.q_dim];
         for n in [16usize, 512, 2048] {
-            let reps = 20;
-            let t0 = Instant::now();
-            for _ in 0..reps {
-                for _ in 0..layers {
-                    attention(&qkv, 1, &l, n_head, n_kv, n - 1, &kc, &vc, &mut out);
+            for cold in [false, true] {
+                let reps = 10;
+                let mut s = 0.0;
+                for _ in 0..reps {
+                    for li in 0..layers {
+                        if cold {
+                            let x: u64 = junk.iter().step_by(64).map(|&b| b as u64).sum();
+                            std::hint::black_box(x);
+                        }
+                        let t0 = Instant::now();
+                        attention(
+                            &qkv,
+                            1,
+                            &l,
+                            n_head,
+                            n_kv,
+                            n - 1,
+                            &kc[li],
+                            &vc[li],
+                            ctx,
+                            &mut out,
+                        );
+                        s += t0.elapsed().as_secs_f64();
+                    }
                 }
+                let s = s / reps as f64;
+                println!(
+                    "{name} {n:5} keys, {}: {:6.3} ms per decode step ({layers} layers), {:5.1} ns per head and key",
+                    if cold { "cold" } else { "hot " },
+                    s * 1e3,
+                    s * 1e9 * threads as f64 / (layers * n_head * n) as f64
+                );
             }
-            let s = t0.elapsed().as_secs_f64() / reps as f64;
-            println!(
-                "{name} {n:5} keys: {:6.3} ms per decode step ({layers} layers), {:5.1} ns per head and key",
-                s * 1e3,
-                s * 1e9 * threads as f64 / (layers * n_head * n) as f64
-            );
         }
     }
 }

@@ -17,8 +17,8 @@ use super::count_dispatch;
 use super::ops::{QkvLayout, MAX_HEAD_DIM};
 use half::f16;
 
-/// Causal attention of `t` query rows (at positions pos0..pos0+t) against the f16 cache, one pass
-/// per (token, head), so it needs no score buffer. GQA: query head h reads KV head
+/// Causal attention of `t` query rows (at positions pos0..pos0+t) against the f16 cache (head-major:
+/// [kv head][cap][head_dim]), one pass per (token, head), so it needs no score buffer. GQA: query head h reads KV head
 /// h / (n_head / n_kv_head) straight from the cache, without copies.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -30,6 +30,7 @@ pub fn attention(
     pos0: usize,
     k_cache: &[f16],
     v_cache: &[f16],
+    cap: usize,
     out: &mut [f32],
 ) {
     count_dispatch();
@@ -38,25 +39,47 @@ pub fn attention(
     let row = l.q_dim + 2 * l.kv_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     let path = Path::get(hd);
-    let work = |(i, o): (usize, &mut [f32])| {
-        let (ti, h) = (i / n_head, i % n_head);
-        let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
-        let (kvh, n) = (h / group, pos0 + ti + 1);
-        assert!(k_cache.len() >= (n - 1) * l.kv_dim + (kvh + 1) * hd);
-        assert!(v_cache.len() >= (n - 1) * l.kv_dim + (kvh + 1) * hd);
-        let k = &k_cache[kvh * hd..];
-        let v = &v_cache[kvh * hd..];
-        path.attend(q, k, v, l.kv_dim, n, scale, o);
+    // A task is a run of query heads of one KV group for one token: the heads of a group read the
+    // same K/V rows, so one thread reads them from memory once and then from its own cache. Groups
+    // are split only when there are fewer (token, group) pairs than threads.
+    let threads = super::pool::pool().threads();
+    let parts = threads.div_ceil(t * n_kv_head).clamp(1, group);
+    let per = group.div_ceil(parts);
+    let parts = group.div_ceil(per);
+    let work = |j: usize, o: &mut [f32]| {
+        let (ti, kvh, c) = (j / (n_kv_head * parts), j / parts % n_kv_head, j % parts);
+        let h0 = kvh * group + c * per;
+        let n = pos0 + ti + 1;
+        assert!(n <= cap);
+        let k = &k_cache[kvh * cap * hd..(kvh * cap + n) * hd];
+        let v = &v_cache[kvh * cap * hd..(kvh * cap + n) * hd];
+        for (i, o) in o.chunks_exact_mut(hd).enumerate() {
+            let h = h0 + i;
+            let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
+            path.attend(q, k, v, hd, n, scale, o);
+        }
     };
+    // Task j's output: heads h0..h0+len of token ti, contiguous in `out`.
+    let span = |j: usize| {
+        let (ti, kvh, c) = (j / (n_kv_head * parts), j / parts % n_kv_head, j % parts);
+        let h0 = kvh * group + c * per;
+        let len = per.min(group - c * per);
+        (ti * l.q_dim + h0 * hd, len * hd)
+    };
+    let tasks = t * n_kv_head * parts;
     let out = &mut out[..t * l.q_dim];
     if t * n_head * (pos0 + t) < 4096 {
-        out.chunks_exact_mut(hd).enumerate().for_each(work);
+        for j in 0..tasks {
+            let (at, len) = span(j);
+            work(j, &mut out[at..at + len]);
+        }
     } else {
         let base = super::OutPtr(out.as_mut_ptr());
-        super::pool::pool().run(t * n_head, &|i| {
-            // SAFETY: task i writes only its own head_dim slice of `out`.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(i * hd), hd) };
-            work((i, o));
+        super::pool::pool().run(tasks, &|j| {
+            let (at, len) = span(j);
+            // SAFETY: the tasks' spans are disjoint and inside `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(at), len) };
+            work(j, o);
         });
     }
 }
@@ -502,7 +525,7 @@ mod tests {
                 .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
                 .collect();
             let mut out = vec![0f32; t * l.q_dim];
-            attention(&qkv, t, &l, n_head, n_kv, pos0, &kc, &vc, &mut out);
+            attention(&qkv, t, &l, n_head, n_kv, pos0, &kc, &vc, ctx, &mut out);
             for ti in 0..t {
                 for h in 0..n_head {
                     let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
@@ -510,7 +533,7 @@ mod tests {
                     let n = pos0 + ti + 1;
                     let scores: Vec<f32> = (0..n)
                         .map(|p| {
-                            let k = &kc[p * l.kv_dim + kvh * hd..][..hd];
+                            let k = &kc[(kvh * ctx + p) * hd..][..hd];
                             q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum::<f32>()
                                 / (hd as f32).sqrt()
                         })
@@ -520,7 +543,7 @@ mod tests {
                     let z: f32 = e.iter().sum();
                     for j in 0..hd {
                         let want: f32 = (0..n)
-                            .map(|p| e[p] / z * vc[p * l.kv_dim + kvh * hd + j].to_f32())
+                            .map(|p| e[p] / z * vc[(kvh * ctx + p) * hd + j].to_f32())
                             .sum();
                         let got = out[ti * l.q_dim + h * hd + j];
                         assert!(

@@ -126,9 +126,11 @@ pub fn bias_rope_store(
     pos0: usize,
     k_cache: &mut [f16],
     v_cache: &mut [f16],
+    cap: usize,
 ) {
     count_dispatch();
     let row = l.q_dim + 2 * l.kv_dim;
+    let hd = l.head_dim;
     for ti in 0..t {
         let r = &mut qkv[ti * row..(ti + 1) * row];
         if let Some(b) = bias {
@@ -148,8 +150,12 @@ pub fn bias_rope_store(
         for h in k.chunks_exact_mut(l.head_dim) {
             rope.rotate(h, pos, style);
         }
-        k_cache[pos * l.kv_dim..(pos + 1) * l.kv_dim].convert_from_f32_slice(k);
-        v_cache[pos * l.kv_dim..(pos + 1) * l.kv_dim].convert_from_f32_slice(v);
+        // Head-major cache: head h's row for `pos` at (h * cap + pos) * head_dim.
+        for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let at = (h * cap + pos) * hd;
+            k_cache[at..at + hd].convert_from_f32_slice(k);
+            v_cache[at..at + hd].convert_from_f32_slice(v);
+        }
     }
 }
 
