@@ -68,8 +68,16 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     }
     let max_depth = args.depth.iter().copied().max().unwrap_or(0);
     let max_prompt = args.prompt.iter().copied().max().unwrap_or(0);
+    let last_point = args
+        .at
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .clamp(1, args.steps.max(1));
     let ctx = (max_prompt + 1)
         .max(SCHEDULE_PROMPT + args.steps + 1)
+        .max(SCHEDULE_PROMPT + last_point + args.paired + 1)
         .max(max_depth + args.gen + 1)
         .max(16);
     // Admit the context the bench needs (unless -c says more).
@@ -243,6 +251,44 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             }
         }
         schedules.push(sch);
+    }
+
+    // Paired flatness: one step on a sequence at step 1.., one on a sequence at step `last_point`..,
+    // alternating (and swapping which goes first), so that the drift of a shared machine (phases of
+    // tens of steps ±20% on the CI VMs) affects both alike; medians of the step times.
+    let mut paired = None;
+    if args.paired > 0 && args.steps > 0 && last_point > 1 {
+        bar.set_message("paired steps");
+        let mut far: Box<dyn Runner> = if cpu {
+            Box::new(Session::new(
+                l.model.clone(),
+                SessionOptions {
+                    ctx: SCHEDULE_PROMPT + last_point + args.paired + 1,
+                    batch: 512.min(ctx),
+                    logit_rows: 1,
+                },
+            )?)
+        } else {
+            runner(&l, &args.model)?
+        };
+        s.truncate(0);
+        s.forward(&random(SCHEDULE_PROMPT), Logits::Last)?;
+        far.forward(&random(SCHEDULE_PROMPT + last_point - 1), Logits::Last)?;
+        let (mut near_ms, mut far_ms) = (Vec::new(), Vec::new());
+        for i in 0..args.paired {
+            for which in [i % 2, 1 - i % 2] {
+                let (r, out): (&mut dyn Runner, &mut Vec<f64>) = if which == 0 {
+                    (s.as_mut(), &mut near_ms)
+                } else {
+                    (far.as_mut(), &mut far_ms)
+                };
+                let t0 = Instant::now();
+                let next = r.sample(&mut greedy)?;
+                r.forward(&[next], Logits::Last)?;
+                out.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        paired = Some((near_ms, far_ms));
     }
 
     // 3. llama-bench-style decode tests: `gen` tokens after a context of `depth` tokens.
@@ -438,6 +484,15 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             ));
         }
     }
+    if let Some((near, far)) = &paired {
+        let (a, b) = (1e3 / median(near.clone()), 1e3 / median(far.clone()));
+        md.push_str(&format!(
+            "\nPaired flatness (KV cache; {} steps at step 1.. alternating with {} at step {last_point}.., medians): step 1 {a:.2} tokens/s, step {last_point} {b:.2} tokens/s, ratio {:.3}\n",
+            near.len(),
+            far.len(),
+            b / a
+        ));
+    }
     print!("{md}");
     if let Some(path) = &args.md {
         std::fs::write(path, &md)?;
@@ -460,6 +515,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 "dispatches_per_step": sch.dispatches_per_step,
             })).collect::<Vec<_>>(),
             "windows": window_json,
+            "paired": paired.as_ref().map(|(near, far)| json!({
+                "far_step": last_point, "near_step_ms": near, "far_step_ms": far,
+                "near_tokens_per_s": 1e3 / median(near.clone()),
+                "far_tokens_per_s": 1e3 / median(far.clone()),
+                "ratio": median(near.clone()) / median(far.clone()),
+            })),
             "results": depth_rows,
             "memory": {
                 "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),

@@ -245,6 +245,11 @@ pub(crate) struct BenchArgs {
     /// Steps in each reported window.
     #[arg(long, default_value_t = 16)]
     window: usize,
+    /// Paired flatness test: this many decode steps on a sequence at step 1 alternating with as
+    /// many on a second sequence at the last --at step, so that machine drift hits both alike
+    /// (0 skips it).
+    #[arg(long, default_value_t = 32)]
+    paired: usize,
     /// llama-bench-style decode tests: --gen tokens after a context of each depth (comma-separated).
     #[arg(long, value_delimiter = ',')]
     depth: Vec<usize>,
