@@ -32,8 +32,8 @@ impl Default for SessionOptions {
 
 /// The K and V cache of every layer, [layer][kv head][position][head_dim] in f16 (llama.cpp's
 /// default cache type), one allocation each. Head-major, so that attention streams each head's rows
-/// contiguously: with [position][kv_dim] rows a head's keys are strided, hardware prefetch stops at
-/// every page, and decode attention at 512 keys ran ~2x slower from a cold cache.
+/// contiguously (with [position][kv_dim] rows a head's keys are strided: cold-cache attention at 512
+/// keys took 5.7 ms per 0.5B step against 4.9 ms head-major, examples/attention.rs).
 pub struct KvCache {
     k: Vec<f16>,
     v: Vec<f16>,
