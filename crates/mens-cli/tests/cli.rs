@@ -326,7 +326,10 @@ fn the_kv_cache_keeps_decode_flat() {
     let cached_ratio = v["paired"]["ratio"].as_f64().unwrap();
     assert_eq!(v["paired"]["far_step"], 96);
     assert_eq!(v["paired"]["near_step_ms"].as_array().unwrap().len(), 32);
-    eprintln!("cached windows: step 96 / step 1 = {:.2}", tps(true, 96) / tps(true, 1));
+    eprintln!(
+        "cached windows: step 96 / step 1 = {:.2}",
+        tps(true, 96) / tps(true, 1)
+    );
     let uncached_ratio = tps(false, 96) / tps(false, 1);
     eprintln!(
         "decode speed at step 96 / step 1: cached {cached_ratio:.2}, uncached {uncached_ratio:.2}"

@@ -414,10 +414,21 @@ fn qkv_rope_kernel_matches_reference() {
     }
 }
 
+/// A [position][kv head][head_dim] cache (the GPU's layout) as the CPU's [kv head][position][head_dim].
+fn head_major(x: &[half::f16], n: usize, nkv: usize, hd: usize) -> Vec<half::f16> {
+    let mut out = vec![half::f16::ZERO; n * nkv * hd];
+    for p in 0..n {
+        for h in 0..nkv {
+            out[(h * n + p) * hd..][..hd].copy_from_slice(&x[(p * nkv + h) * hd..][..hd]);
+        }
+    }
+    out
+}
+
 #[test]
 fn attention_kernel_matches_reference() {
     use half::f16;
-    use mens::kernels::ops::{attention, QkvLayout};
+    use mens::kernels::{attention::attention, ops::QkvLayout};
     let Some(dev) = device() else { return };
     for (nh, nkv, hd, len) in [
         (14usize, 2usize, 64usize, 1usize),
@@ -446,7 +457,8 @@ fn attention_kernel_matches_reference() {
         let mut qkv = q.clone();
         qkv.extend(vec![0f32; 2 * l.kv_dim]);
         let mut cpu = vec![0f32; l.q_dim];
-        attention(&qkv, 1, &l, nh, nkv, len - 1, &k, &v, &mut cpu);
+        let (kh, vh) = (head_major(&k, len, nkv, hd), head_major(&v, len, nkv, hd));
+        attention(&qkv, 1, &l, nh, nkv, len - 1, &kh, &vh, len, &mut cpu);
         let e = rel_l2(&gpu, &cpu);
         eprintln!("attention {nh}/{nkv} heads, hd {hd}, {len} keys: rel L2 {e:.2e}");
         // q8 output and the CPU's f16-rounded accumulator.
@@ -457,7 +469,7 @@ fn attention_kernel_matches_reference() {
 #[test]
 fn flash_prefill_kernel_matches_reference() {
     use half::f16;
-    use mens::kernels::ops::{attention, QkvLayout};
+    use mens::kernels::{attention::attention, ops::QkvLayout};
     let Some(dev) = device() else { return };
     // (heads, kv heads, head dim, cached positions before, new tokens)
     for (nh, nkv, hd, pos0, t) in [
@@ -490,7 +502,9 @@ fn flash_prefill_kernel_matches_reference() {
             qkv[i * row..i * row + l.q_dim].copy_from_slice(&q[i * l.q_dim..(i + 1) * l.q_dim]);
         }
         let mut cpu = vec![0f32; t * l.q_dim];
-        attention(&qkv, t, &l, nh, nkv, pos0, &k, &v, &mut cpu);
+        let n = pos0 + t;
+        let (kh, vh) = (head_major(&k, n, nkv, hd), head_major(&v, n, nkv, hd));
+        attention(&qkv, t, &l, nh, nkv, pos0, &kh, &vh, n, &mut cpu);
         let e = rel_l2(&gpu, &cpu);
         eprintln!(
             "flash prefill {nh}/{nkv} heads, hd {hd}, {pos0} cached + {t} new: rel L2 {e:.2e}"
