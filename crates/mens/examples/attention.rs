@@ -49,8 +49,17 @@ fn main() {
                 for _ in 0..reps {
                     for li in 0..layers {
                         if cold {
-                            let x: u64 = junk.iter().step_by(64).map(|&b| b as u64).sum();
-                            std::hint::black_box(x);
+                            // Both threads stream half of the junk each (so the pool's workers stay
+                            // awake, as between the kernels of a real step).
+                            let half = junk.len() / 2;
+                            mens::kernels::pool::pool().run(2, &|i| {
+                                let x: u64 = junk[i * half..(i + 1) * half]
+                                    .iter()
+                                    .step_by(64)
+                                    .map(|&b| b as u64)
+                                    .sum();
+                                std::hint::black_box(x);
+                            });
                         }
                         let t0 = Instant::now();
                         attention(

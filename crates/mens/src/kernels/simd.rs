@@ -52,21 +52,6 @@ pub fn level() -> Level {
     })
 }
 
-/// Whether the CPU has AVX-512F (the attention kernel's fast path).
-pub fn avx512f() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("fma")
-                && std::env::var_os("MENS_NO_AVX512").is_none()
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// The weight block types with kernels here.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
