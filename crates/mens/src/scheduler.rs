@@ -401,6 +401,8 @@ fn run(mut batch: Batch, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
                 None => a.next = Some(t),
                 Some(finish) => {
                     let mut a = slots[i].take().expect("planned slot");
+                    // Free before the final event: a client that has its answer sees the slot free.
+                    status.active.fetch_sub(1, Ordering::SeqCst);
                     a.piece.clear();
                     a.emit.clear();
                     if !stop_string {
