@@ -17,9 +17,9 @@ use super::count_dispatch;
 use super::ops::{QkvLayout, MAX_HEAD_DIM};
 use half::f16;
 
-/// Causal attention of `t` query rows (at positions pos0..pos0+t) against the f16 cache (head-major:
-/// [kv head][cap][head_dim]), one pass per (token, head), so it needs no score buffer. GQA: query head h reads KV head
-/// h / (n_head / n_kv_head) straight from the cache, without copies.
+/// Causal attention of `t` query rows (at positions pos0..pos0+t) against the f16 cache, head-major
+/// ([kv head][cap][head_dim]), one pass per (token, head), so it needs no score buffer. GQA: query
+/// head h reads KV head h / (n_head / n_kv_head) straight from the cache, without copies.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     qkv: &[f32],
@@ -46,9 +46,17 @@ pub fn attention(
     let parts = threads.div_ceil(t * n_kv_head).clamp(1, group);
     let per = group.div_ceil(parts);
     let parts = group.div_ceil(per);
-    let work = |j: usize, o: &mut [f32]| {
+    // Task j: token ti, KV head kvh, query heads h0..h0+len (contiguous in `out`).
+    let task = |j: usize| {
         let (ti, kvh, c) = (j / (n_kv_head * parts), j / parts % n_kv_head, j % parts);
-        let h0 = kvh * group + c * per;
+        (ti, kvh, kvh * group + c * per, per.min(group - c * per))
+    };
+    let span = |j: usize| {
+        let (ti, _, h0, len) = task(j);
+        (ti * l.q_dim + h0 * hd, len * hd)
+    };
+    let work = |j: usize, o: &mut [f32]| {
+        let (ti, kvh, h0, _) = task(j);
         let n = pos0 + ti + 1;
         assert!(n <= cap);
         let k = &k_cache[kvh * cap * hd..(kvh * cap + n) * hd];
@@ -58,13 +66,6 @@ pub fn attention(
             let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
             path.attend(q, k, v, hd, n, scale, o);
         }
-    };
-    // Task j's output: heads h0..h0+len of token ti, contiguous in `out`.
-    let span = |j: usize| {
-        let (ti, kvh, c) = (j / (n_kv_head * parts), j / parts % n_kv_head, j % parts);
-        let h0 = kvh * group + c * per;
-        let len = per.min(group - c * per);
-        (ti * l.q_dim + h0 * hd, len * hd)
     };
     let tasks = t * n_kv_head * parts;
     let out = &mut out[..t * l.q_dim];
@@ -117,10 +118,13 @@ impl Path {
         scale: f32,
         out: &mut [f32],
     ) {
+        assert!(
+            n > 0 && out.len() == q.len() && k.len().min(v.len()) >= (n - 1) * stride + q.len()
+        );
         match self {
             Path::Reference => attend_ref(q, k, v, stride, n, scale, out),
-            // SAFETY: the paths are chosen by CPU features (`Path::get`), hd % 64 == 0, and the
-            // caller checked that the cache holds n rows.
+            // SAFETY: the paths are chosen by CPU features (`Path::get`), hd % 64 == 0, and k and v
+            // hold n rows (asserted above).
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => unsafe {
                 match q.len() {
