@@ -346,7 +346,10 @@ fn the_kv_cache_keeps_decode_flat() {
         (ms[3] + ms[4]) / 2.0
     };
     let uncached_ratio = median_ms(1, 8) / median_ms(89, 96);
-    eprintln!("uncached windows: step 96 / step 1 = {:.2}", tps(false, 96) / tps(false, 1));
+    eprintln!(
+        "uncached windows: step 96 / step 1 = {:.2}",
+        tps(false, 96) / tps(false, 1)
+    );
     assert_eq!(v["paired"]["far_step"], 96);
     assert_eq!(v["paired"]["near_step_ms"].as_array().unwrap().len(), 32);
     eprintln!(
