@@ -302,9 +302,9 @@ fn the_kv_cache_keeps_decode_flat() {
             "--reps",
             "1",
             "--steps",
-            "96",
+            "192",
             "--at",
-            "1,96",
+            "1,192",
             "--window",
             "8",
             "--compare",
@@ -321,7 +321,7 @@ fn the_kv_cache_keeps_decode_flat() {
             .as_f64()
             .unwrap()
     };
-    // Cached: the paired measurement (steps at 1 and at 96 alternating), which machine load
+    // Cached: the paired measurement (steps at 1 and at 192 alternating), which machine load
     // affects alike; windows of 8 steps swing with whatever else runs (the other tests).
     let cached_ratio = v["paired"]["ratio"].as_f64().unwrap();
     // Uncached: medians of the per-step times in the two windows (a slow phase of a few steps,
@@ -345,19 +345,19 @@ fn the_kv_cache_keeps_decode_flat() {
         ms.sort_by(f64::total_cmp);
         (ms[3] + ms[4]) / 2.0
     };
-    let uncached_ratio = median_ms(1, 8) / median_ms(89, 96);
+    let uncached_ratio = median_ms(1, 8) / median_ms(185, 192);
     eprintln!(
-        "uncached windows: step 96 / step 1 = {:.2}",
-        tps(false, 96) / tps(false, 1)
+        "uncached windows: step 192 / step 1 = {:.2}",
+        tps(false, 192) / tps(false, 1)
     );
-    assert_eq!(v["paired"]["far_step"], 96);
+    assert_eq!(v["paired"]["far_step"], 192);
     assert_eq!(v["paired"]["near_step_ms"].as_array().unwrap().len(), 32);
     eprintln!(
-        "cached windows: step 96 / step 1 = {:.2}",
-        tps(true, 96) / tps(true, 1)
+        "cached windows: step 192 / step 1 = {:.2}",
+        tps(true, 192) / tps(true, 1)
     );
     eprintln!(
-        "decode speed at step 96 / step 1: cached {cached_ratio:.2}, uncached {uncached_ratio:.2}"
+        "decode speed at step 192 / step 1: cached {cached_ratio:.2}, uncached {uncached_ratio:.2}"
     );
     assert!(
         uncached_ratio < 0.4,
