@@ -354,17 +354,7 @@ pub(crate) fn load_slots(args: &ModelArgs, slots: usize) -> Result<Loaded> {
     if on_cpu {
         prefault(&model);
     }
-    let g = &model.gguf;
-    let source = g.get_str("tokenizer.chat_template")?.map(str::to_string);
-    let tok_text = |id: Option<u32>| {
-        id.map(|i| String::from_utf8_lossy(tokenizer.token_bytes(i)).into_owned())
-            .unwrap_or_default()
-    };
-    let template = ChatTemplate::new(
-        source,
-        tok_text(tokenizer.bos),
-        tok_text(Some(tokenizer.eos)),
-    );
+    let template = ChatTemplate::from_gguf(&model.gguf, &tokenizer)?;
     let c = &model.config;
     eprintln!(
         "mens: loaded {} ({:?}, {} layers, d={}, {} heads / {} kv, vocab {}) — {:.0} MiB of weights in {:.2} s",
@@ -601,17 +591,17 @@ fn run(args: RunArgs) -> Result<()> {
     let l = load(&args.model)?;
     let mut sess = runner(&l, &args.model)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
-    let text = if args.chat {
+    let tokens = if args.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &args.system {
             msgs.push(Message::new("system", s));
         }
         msgs.push(Message::new("user", &args.prompt));
-        l.template.render(&msgs, true)?
+        l.template
+            .tokens(&l.tokenizer, &msgs, true, l.options.ctx)?
     } else {
-        args.prompt.clone()
+        l.tokenizer.encode(&args.prompt)?
     };
-    let tokens = l.tokenizer.encode(&text)?;
     let mut out = std::io::stdout().lock();
     if !args.chat {
         write!(out, "{}", args.prompt)?;
@@ -661,8 +651,9 @@ fn chat(args: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(Message::new("user", line));
-        let text = l.template.render(&messages, true)?;
-        let all = l.tokenizer.encode(&text)?;
+        let all = l
+            .template
+            .tokens(&l.tokenizer, &messages, true, usize::MAX)?;
         // Reuse the cached prefix: only the new turn is prefilled.
         let common = sess
             .tokens()

@@ -9,7 +9,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let l = load(&args.model)?;
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.file.display()))?;
-    let tokens = l.tokenizer.encode(&text)?;
+    let tokens = l.tokenizer.encode_text(&text, usize::MAX)?;
     let ctx = args.model.ctx_size.unwrap_or(512);
     let mut sess = Session::new(
         l.model.clone(),

@@ -20,12 +20,34 @@ pub struct ServeArgs {
     /// Port (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/ routes.
-    #[arg(long, conflicts_with = "api_key_file")]
-    api_key: Option<String>,
-    /// Read the API key from this file (first line).
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/ routes (repeatable: each
+    /// key is its own tenant, whose cached prompts no other key can reuse).
+    #[arg(long)]
+    api_key: Vec<String>,
+    /// Read API keys from this file, one per line.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// A browser origin allowed to call the API, e.g. http://localhost:3000 (repeatable; `*` for
+    /// any). Requests from other origins get 403; non-browser clients send no origin.
+    #[arg(long)]
+    cors_origin: Vec<String>,
+    /// Host header values to answer (DNS rebinding protection) [default: localhost, 127.0.0.1 and
+    /// ::1 when bound to loopback; any otherwise].
+    #[arg(long, value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Connections from one client address at once; when reached, its oldest idle one is closed.
+    #[arg(long, default_value_t = 128)]
+    max_connections_per_client: usize,
+    /// Most tokens one request may generate [default: the rest of the context].
+    #[arg(long)]
+    max_tokens_cap: Option<usize>,
+    /// Seconds a request may generate for; then it ends with finish_reason "length".
+    #[arg(long)]
+    request_timeout: Option<u64>,
+    /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
+    /// streams smooth while a long prompt is prefilled, larger prefills faster.
+    #[arg(long, default_value_t = 128)]
+    step_tokens: usize,
     /// Sequences decoded together, each with its own KV cache of --ctx-size tokens.
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -54,22 +76,44 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if body_limit == 0 || body_limit > 1 << 30 {
         bail!("invalid argument: --body-limit must be between 1 byte and 1G");
     }
-    let api_key = match (&a.api_key, &a.api_key_file) {
-        (Some(k), _) => Some(k.clone()),
-        (None, Some(f)) => {
-            let s = std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read the API key file {}", f.display()))?;
-            let k = s.lines().next().unwrap_or("").trim().to_string();
-            if k.is_empty() {
-                bail!("the API key file {} is empty", f.display());
-            }
-            Some(k)
+    let mut api_keys: Vec<String> = a.api_key.clone();
+    if let Some(f) = &a.api_key_file {
+        let s = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the API key file {}", f.display()))?;
+        let keys: Vec<String> = s
+            .lines()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_string)
+            .collect();
+        if keys.is_empty() {
+            bail!("the API key file {} is empty", f.display());
         }
-        (None, None) => None,
-    };
-    if api_key.as_deref() == Some("") {
+        api_keys.extend(keys);
+    }
+    if api_keys.iter().any(|k| k.is_empty()) {
         bail!("invalid argument: --api-key is empty");
     }
+    if a.step_tokens < a.parallel || a.step_tokens > 8192 {
+        bail!("invalid argument: --step-tokens must be between --parallel and 8192");
+    }
+    if a.max_connections_per_client == 0 {
+        bail!("invalid argument: --max-connections-per-client must be ≥ 1");
+    }
+    if a.max_tokens_cap == Some(0) || a.request_timeout == Some(0) {
+        bail!("invalid argument: --max-tokens-cap and --request-timeout must be ≥ 1");
+    }
+    let allowed_hosts = if !a.allowed_hosts.is_empty() {
+        let mut h = a.allowed_hosts.clone();
+        if a.host.is_loopback() {
+            h.extend(mens_server::loopback_hosts());
+        }
+        Some(h)
+    } else if a.host.is_loopback() {
+        Some(mens_server::loopback_hosts())
+    } else {
+        None
+    };
     let l = load_slots(&a.model, a.parallel)?;
     let name = a.alias.clone().unwrap_or_else(|| {
         crate::model_path(&a.model)
@@ -81,26 +125,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let options = SchedulerOptions {
         slots: a.parallel,
         ctx: l.options.ctx,
-        batch: l.options.batch.max(a.parallel),
+        batch: a.step_tokens,
         queue: a.queue,
     };
     let scheduler = Scheduler::start(l.model.clone(), tokenizer.clone(), options)?;
-    let state = Arc::new(AppState {
-        scheduler,
-        tokenizer,
-        template: l.template,
-        config: ServerConfig {
-            api_key,
-            body_limit: body_limit as usize,
-            model_name: name.clone(),
-            header_timeout: Duration::from_secs(a.timeout.max(1)),
-            ..Default::default()
-        },
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    });
+    let config = ServerConfig {
+        api_keys,
+        body_limit: body_limit as usize,
+        model_name: name.clone(),
+        header_timeout: Duration::from_secs(a.timeout.max(1)),
+        max_connections_per_client: a.max_connections_per_client,
+        cors_origins: a.cors_origin.clone(),
+        allowed_hosts,
+        max_tokens_cap: a.max_tokens_cap,
+        request_timeout: a.request_timeout.map(Duration::from_secs),
+        ..Default::default()
+    };
+    let state = Arc::new(AppState::new(scheduler, tokenizer, l.template, config));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -111,7 +152,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let bound = listener.local_addr()?;
-        if !a.host.is_loopback() && state.config.api_key.is_none() {
+        if !a.host.is_loopback() && state.config.api_keys.is_empty() {
             eprintln!(
                 "mens: WARNING: listening on {bound} without an API key: anyone who can reach this address can use the model (set --api-key or --api-key-file)"
             );

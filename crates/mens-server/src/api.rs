@@ -1,8 +1,9 @@
 //! The OpenAI-shaped endpoints: request types and their checks, responses, server-sent events.
 
+use crate::guard::Tenant;
 use crate::{AppState, RETRY_AFTER};
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::chat::Message;
@@ -25,12 +26,24 @@ pub struct ApiError {
     param: Option<&'static str>,
 }
 
+/// Longest error message: request text echoed in one is cut to this many bytes.
+const MAX_MESSAGE: usize = 512;
+
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("… (cut)");
+        }
         ApiError {
             status,
             kind,
-            message: message.into(),
+            message,
             code: None,
             param: None,
         }
@@ -112,6 +125,24 @@ struct Common {
     repeat_penalty: Option<f32>,
     #[serde(default)]
     n: Option<i64>,
+    #[serde(default)]
+    model: Option<String>,
+    /// An end user's id: prompt caching is shared only within one API key and one `user`.
+    #[serde(default)]
+    user: Option<String>,
+    // Not supported yet: refused when set to anything but their neutral value.
+    #[serde(default)]
+    response_format: Option<Value>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<Value>,
+    #[serde(default)]
+    logit_bias: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -154,6 +185,12 @@ enum Prompt {
 #[derive(Deserialize)]
 struct CompletionRequest {
     prompt: Prompt,
+    /// Parse special-token text in the prompt (`<|im_start|>`) as control tokens (llama-server's
+    /// `parse_special`). Off by default: request text is text.
+    #[serde(default)]
+    parse_special: bool,
+    #[serde(default)]
+    suffix: Option<String>,
     #[serde(flatten)]
     common: Common,
 }
@@ -161,7 +198,73 @@ struct CompletionRequest {
 const MAX_STOPS: usize = 16;
 const MAX_STOP_LEN: usize = 256;
 
+/// A JSON value that leaves a feature off: absent, null, false, 0, "", [] or {}.
+fn neutral(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(Value::Object(o)) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn unsupported(field: &'static str) -> ApiError {
+    ApiError::invalid(format!("{field} is not supported by this server yet")).param(field)
+}
+
 impl Common {
+    /// Refuse what the server cannot do yet, rather than ignore it.
+    fn check_supported(&self, model_name: &str) -> ApiResult<()> {
+        if let Some(m) = &self.model {
+            if !m.is_empty() && m != model_name {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    format!(
+                        "the model '{m}' does not exist here: this server serves '{model_name}'"
+                    ),
+                )
+                .param("model")
+                .with_code("model_not_found"));
+            }
+        }
+        let text_format = self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.get("type").and_then(Value::as_str) == Some("text"));
+        if !neutral(&self.response_format) && !text_format {
+            return Err(unsupported("response_format"));
+        }
+        if !neutral(&self.tools) {
+            return Err(unsupported("tools"));
+        }
+        let choice_off =
+            matches!(&self.tool_choice, Some(Value::String(c)) if c == "none" || c == "auto");
+        if !neutral(&self.tool_choice) && !choice_off {
+            return Err(unsupported("tool_choice"));
+        }
+        for (v, name) in [
+            (&self.logprobs, "logprobs"),
+            (&self.top_logprobs, "top_logprobs"),
+            (&self.logit_bias, "logit_bias"),
+        ] {
+            if !neutral(v) {
+                return Err(unsupported(name));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant whose cached prompts this request may reuse: its API key and `user`.
+    fn tenant(&self, key: Tenant) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (key.0, self.user.as_deref()).hash(&mut h);
+        h.finish()
+    }
+
     fn sampler(&self) -> ApiResult<SamplerConfig> {
         if let Some(n) = self.n {
             if n != 1 {
@@ -179,7 +282,11 @@ impl Common {
         }
         if let Some(k) = self.top_k {
             if !(0..=1 << 20).contains(&k) {
-                return Err(ApiError::invalid(format!("top_k must be ≥ 0, got {k}")).param("top_k"));
+                return Err(ApiError::invalid(format!(
+                    "top_k must be between 0 and {}, got {k}",
+                    1 << 20
+                ))
+                .param("top_k"));
             }
             c.top_k = k as usize;
         }
@@ -226,36 +333,59 @@ impl Common {
         Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
     }
 
-    /// `max_tokens` (or `max_completion_tokens`), checked against the context; absent: the rest
-    /// of the context.
-    fn max_tokens(&self, prompt: usize, ctx: usize) -> ApiResult<usize> {
-        let asked = self.max_completion_tokens.or(self.max_tokens);
+    /// `max_tokens` (or `max_completion_tokens`), checked against the context and the server's
+    /// cap; absent: the rest of the context, at most the cap.
+    fn max_tokens(&self, prompt: usize, ctx: usize, cap: Option<usize>) -> ApiResult<usize> {
+        let (asked, name) = match self.max_completion_tokens {
+            Some(n) => (Some(n), "max_completion_tokens"),
+            None => (self.max_tokens, "max_tokens"),
+        };
         if prompt >= ctx {
             return Err(ApiError::invalid(format!(
                 "the prompt is {prompt} tokens but the context holds {ctx} tokens"
             ))
             .with_code("context_length_exceeded"));
         }
+        let cap = cap.unwrap_or(usize::MAX);
         match asked {
-            None => Ok(ctx - prompt),
-            Some(n) if n < 1 => Err(ApiError::invalid(format!("max_tokens must be ≥ 1, got {n}"))
-                .param("max_tokens")),
-            Some(n) if prompt as i64 + n > ctx as i64 => Err(ApiError::invalid(format!(
-                "the prompt ({prompt} tokens) + max_tokens ({n}) exceed the context of {ctx} tokens; shorten the prompt or lower max_tokens"
+            None => Ok((ctx - prompt).min(cap)),
+            Some(n) if n < 1 => {
+                Err(ApiError::invalid(format!("{name} must be ≥ 1, got {n}")).param(name))
+            }
+            Some(n) if n as u64 > cap as u64 => Err(ApiError::invalid(format!(
+                "{name} = {n} is above this server's limit of {cap} tokens per request"
             ))
-            .param("max_tokens")
+            .param(name)),
+            Some(n) if prompt as i64 + n > ctx as i64 => Err(ApiError::invalid(format!(
+                "the prompt ({prompt} tokens) + {name} ({n}) exceed the context of {ctx} tokens; shorten the prompt or lower {name}"
+            ))
+            .param(name)
             .with_code("context_length_exceeded")),
             Some(n) => Ok(n as usize),
         }
     }
 }
 
-/// Read and parse a JSON body under the size limit.
+/// Read and parse a JSON body: `application/json` only (a browser's no-preflight `text/plain`
+/// cannot reach the API), under the size limit, within the header timeout plus the time the body
+/// takes at the minimum rate (a client that stops sending cannot hold the connection).
 async fn read_json<T: serde::de::DeserializeOwned>(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<T> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            "the request body must be JSON, sent with Content-Type: application/json",
+        ));
+    }
     let limit = s.config.body_limit;
     let too_large = || {
         ApiError::new(
@@ -271,11 +401,62 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    let bytes: Bytes = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())?;
+    let size = declared.unwrap_or(limit as u64);
+    let allowed = s.config.header_timeout
+        + std::time::Duration::from_secs_f64(size as f64 / s.config.min_body_rate.max(1) as f64);
+    let bytes: Bytes = match tokio::time::timeout(allowed, axum::body::to_bytes(body, limit)).await
+    {
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {:.0} s",
+                    allowed.as_secs_f64()
+                ),
+            ))
+        }
+        Ok(Err(e)) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|c| c.is::<http_body_util::LengthLimitError>());
+            return Err(if over {
+                too_large()
+            } else {
+                ApiError::invalid(format!("the request body could not be read: {e}"))
+            });
+        }
+        Ok(Ok(b)) => b,
+    };
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}")))
+}
+
+/// Tokenize off the async workers, at most `tokenize_parallel` prompts at a time.
+async fn tokenize(
+    s: &Arc<AppState>,
+    f: impl FnOnce(&AppState, usize) -> ApiResult<Vec<u32>> + Send + 'static,
+) -> ApiResult<Vec<u32>> {
+    let _permit = s
+        .tokenizing
+        .acquire()
+        .await
+        .map_err(|_| engine_error("the server is stopping".into()))?;
+    let st = s.clone();
+    // The prompt must leave room for one generated token: longer is refused without tokenizing it all.
+    let limit = s.scheduler.options().ctx - 1;
+    tokio::task::spawn_blocking(move || f(&st, limit))
+        .await
+        .map_err(|_| engine_error("tokenizing the prompt failed".into()))?
+}
+
+fn too_long(e: mens::Error) -> ApiError {
+    match e {
+        mens::Error::Context(m) => ApiError::invalid(format!(
+            "{m}, the context of this server's slots: shorten it"
+        ))
+        .with_code("context_length_exceeded"),
+        e => ApiError::invalid(e.to_string()),
+    }
 }
 
 fn now() -> u64 {
@@ -317,6 +498,7 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 pub async fn chat_completions(
     State(s): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -325,19 +507,24 @@ pub async fn chat_completions(
         Err(e) => return e.into_response(),
     };
     let ChatRequest { messages, common } = r;
-    // Rendering and tokenizing a long prompt is CPU work: off the async workers.
-    let st = s.clone();
-    let prompt = match tokio::task::spawn_blocking(move || chat_prompt(&st, &messages)).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return e.into_response(),
-        Err(_) => return engine_error("tokenizing the prompt failed".into()).into_response(),
+    let prompt = match chat_messages(&messages, &common, &s.config.model_name) {
+        Ok(msgs) => tokenize(&s, move |st, limit| chat_prompt(st, &msgs, limit)).await,
+        Err(e) => Err(e),
     };
-    complete(s, Kind::Chat, prompt, &common)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    match prompt {
+        Ok(p) => complete(s, Kind::Chat, p, &common, tenant).await,
+        Err(e) => Err(e),
+    }
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
-fn chat_prompt(s: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<u32>> {
+/// Checked messages, their content flattened to text.
+fn chat_messages(
+    messages: &[ChatMessage],
+    common: &Common,
+    model_name: &str,
+) -> ApiResult<Vec<Message>> {
+    common.check_supported(model_name)?;
     if messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty").param("messages"));
     }
@@ -346,7 +533,7 @@ fn chat_prompt(s: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<u32>> {
         if !ROLES.contains(&m.role.as_str()) {
             return Err(ApiError::invalid(format!(
                 "unknown role '{}' (expected one of {})",
-                m.role,
+                clip(&m.role),
                 ROLES.join(", ")
             ))
             .param("messages"));
@@ -362,7 +549,7 @@ fn chat_prompt(s: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<u32>> {
                         _ => {
                             return Err(ApiError::invalid(format!(
                                 "content parts of type '{}' are not supported (text only)",
-                                p.kind
+                                clip(&p.kind)
                             ))
                             .param("messages"))
                         }
@@ -378,17 +565,34 @@ fn chat_prompt(s: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<u32>> {
         };
         msgs.push(Message::new(role, &content));
     }
-    let text = s
-        .template
-        .render(&msgs, true)
-        .map_err(|e| ApiError::invalid(format!("the chat template failed: {e}")))?;
-    s.tokenizer
-        .encode(&text)
-        .map_err(|e| ApiError::invalid(e.to_string()))
+    Ok(msgs)
+}
+
+/// The first bytes of request text quoted in an error.
+fn clip(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The conversation's token ids: message text is text, only the template's markup is control
+/// tokens (see `ChatTemplate::tokens`).
+fn chat_prompt(s: &AppState, msgs: &[Message], limit: usize) -> ApiResult<Vec<u32>> {
+    s.template
+        .tokens(&s.tokenizer, msgs, true, limit)
+        .map_err(|e| match e {
+            mens::Error::Template(m) => {
+                engine_error(format!("the model's chat template failed: {m}"))
+            }
+            e => too_long(e),
+        })
 }
 
 pub async fn completions(
     State(s): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -396,7 +600,18 @@ pub async fn completions(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let CompletionRequest { prompt, common } = r;
+    let CompletionRequest {
+        prompt,
+        parse_special,
+        suffix,
+        common,
+    } = r;
+    if let Err(e) = common.check_supported(&s.config.model_name) {
+        return e.into_response();
+    }
+    if suffix.as_ref().is_some_and(|x| !x.is_empty()) {
+        return unsupported("suffix").into_response();
+    }
     let text = match prompt {
         Prompt::Text(t) => t,
         Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
@@ -408,20 +623,31 @@ pub async fn completions(
             .param("prompt")
             .into_response()
         }
-        Prompt::Tokens(t) => return finish_completion(s, Ok(t), &common).await,
+        Prompt::Tokens(t) => return finish_completion(s, Ok(t), &common, tenant).await,
     };
-    let st = s.clone();
-    let prompt = match tokio::task::spawn_blocking(move || st.tokenizer.encode(&text)).await {
-        Ok(p) => p,
-        Err(_) => return engine_error("tokenizing the prompt failed".into()).into_response(),
-    };
-    finish_completion(s, prompt, &common).await
+    let prompt = tokenize(&s, move |st, limit| {
+        if parse_special {
+            let ids = st.tokenizer.encode(&text).map_err(too_long)?;
+            if ids.len() > limit {
+                return Err(too_long(mens::Error::Context(format!(
+                    "the prompt is {} tokens",
+                    ids.len()
+                ))));
+            }
+            Ok(ids)
+        } else {
+            st.tokenizer.encode_text(&text, limit).map_err(too_long)
+        }
+    })
+    .await;
+    finish_completion(s, prompt, &common, tenant).await
 }
 
 async fn finish_completion(
     s: Arc<AppState>,
-    prompt: mens::Result<Vec<u32>>,
+    prompt: ApiResult<Vec<u32>>,
     common: &Common,
+    tenant: Tenant,
 ) -> Response {
     let prompt = match prompt {
         Ok(p) if !p.is_empty() => p,
@@ -430,9 +656,9 @@ async fn finish_completion(
                 .param("prompt")
                 .into_response()
         }
-        Err(e) => return ApiError::invalid(e.to_string()).into_response(),
+        Err(e) => return e.into_response(),
     };
-    complete(s, Kind::Text, prompt, common)
+    complete(s, Kind::Text, prompt, common, tenant)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -443,11 +669,12 @@ async fn complete(
     kind: Kind,
     prompt: Vec<u32>,
     c: &Common,
+    tenant: Tenant,
 ) -> ApiResult<Response> {
     let sampler = c.sampler()?;
     let stop = c.stops()?;
     let ctx = s.scheduler.options().ctx;
-    let max_tokens = c.max_tokens(prompt.len(), ctx)?;
+    let max_tokens = c.max_tokens(prompt.len(), ctx, s.config.max_tokens_cap)?;
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     let alive = tx.clone();
     let req = Request {
@@ -457,6 +684,11 @@ async fn complete(
         stop,
         on_event: Box::new(move |e| tx.send(e).is_ok()),
         alive: Box::new(move || !alive.is_closed()),
+        tenant: c.tenant(tenant),
+        deadline: s
+            .config
+            .request_timeout
+            .map(|t| std::time::Instant::now() + t),
     };
     s.scheduler.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),

@@ -1,16 +1,16 @@
 //! An OpenAI-compatible HTTP server over the mens engine: routes, JSON types, server-sent events,
 //! API keys and limits. Thin: it renders and tokenizes prompts, checks requests, hands them to the
-//! engine's [`Scheduler`] and turns its events into HTTP responses.
+//! engine's [`Scheduler`] and turns its events into HTTP responses. The threat model and every limit
+//! are in docs/SECURITY.md.
 
 mod api;
+mod conn;
+mod guard;
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use mens::chat::ChatTemplate;
 use mens::scheduler::Scheduler;
 use mens::tokenizer::Tokenizer;
@@ -24,28 +24,60 @@ pub use api::ApiError;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Required as `Authorization: Bearer KEY` on /v1/ routes when set.
-    pub api_key: Option<String>,
+    /// When not empty, /v1/ routes require one of these as `Authorization: Bearer KEY` (or
+    /// `x-api-key`). Each key is its own tenant: cached prompts are never shared between keys.
+    pub api_keys: Vec<String>,
     /// Largest request body, in bytes (413 beyond).
     pub body_limit: usize,
     /// The name `/v1/models` lists and responses carry.
     pub model_name: String,
-    /// A connection that sends no complete request header within this time is closed.
+    /// A connection that sends no complete request header within this time is closed; a body has
+    /// this long plus its size at `min_body_rate`.
     pub header_timeout: Duration,
-    /// Connections served at once; more wait in the kernel's accept backlog.
+    /// Slowest accepted body upload, bytes per second.
+    pub min_body_rate: usize,
+    /// Connections served at once (see `conn`).
     pub max_connections: usize,
+    /// Connections from one client address.
+    pub max_connections_per_client: usize,
+    /// Browser origins allowed to call the API (CORS); others get 403. Requests without `Origin`
+    /// (every non-browser client) are not affected.
+    pub cors_origins: Vec<String>,
+    /// Host header values accepted (DNS rebinding); `None` accepts any.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Most tokens one request may generate (`max_tokens` above it is refused; absent: this).
+    pub max_tokens_cap: Option<usize>,
+    /// Longest a request may generate for; then it ends with `finish_reason: "length"`.
+    pub request_timeout: Option<Duration>,
+    /// Prompts tokenized at once (each is CPU work off the async workers).
+    pub tokenize_parallel: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            api_key: None,
+            api_keys: Vec::new(),
             body_limit: 8 << 20,
             model_name: "mens".into(),
             header_timeout: Duration::from_secs(30),
+            min_body_rate: 64 << 10,
             max_connections: 256,
+            max_connections_per_client: 128,
+            cors_origins: Vec::new(),
+            allowed_hosts: Some(loopback_hosts()),
+            max_tokens_cap: None,
+            request_timeout: None,
+            tokenize_parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
+}
+
+/// The host names a loopback-bound server answers to.
+pub fn loopback_hosts() -> Vec<String> {
+    ["localhost", "127.0.0.1", "[::1]", "::1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 pub struct AppState {
@@ -55,6 +87,31 @@ pub struct AppState {
     pub config: ServerConfig,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
+    /// Bounds concurrent prompt tokenization.
+    tokenizing: Semaphore,
+    connections: Arc<conn::Registry>,
+}
+
+impl AppState {
+    pub fn new(
+        scheduler: Scheduler,
+        tokenizer: Arc<Tokenizer>,
+        template: ChatTemplate,
+        config: ServerConfig,
+    ) -> Self {
+        AppState {
+            scheduler,
+            tokenizer,
+            template,
+            tokenizing: Semaphore::new(config.tokenize_parallel.max(1)),
+            config,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            connections: Arc::default(),
+        }
+    }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -64,11 +121,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::check,
+        ))
+        .layer(axum::middleware::from_fn(conn::track))
         .with_state(state)
 }
 
-async fn health(State(s): State<Arc<AppState>>) -> Response {
+async fn health(axum::extract::State(s): axum::extract::State<Arc<AppState>>) -> Response {
     let st = s.scheduler.status();
     let o = s.scheduler.options();
     axum::Json(serde_json::json!({
@@ -78,6 +139,7 @@ async fn health(State(s): State<Arc<AppState>>) -> Response {
         "queued": st.queued.load(std::sync::atomic::Ordering::SeqCst),
         "queue_limit": o.queue,
         "ctx_per_slot": o.ctx,
+        "connections": s.connections.open(),
     }))
     .into_response()
 }
@@ -86,77 +148,25 @@ async fn not_found() -> Response {
     ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route").into_response()
 }
 
-/// API key check for /v1/ routes (`/health` stays open, as llama-server's).
-async fn auth(
-    State(s): State<Arc<AppState>>,
-    req: Request<Body>,
-    next: axum::middleware::Next,
-) -> Response {
-    if let Some(key) = &s.config.api_key {
-        if req.uri().path().starts_with("/v1/") && !key_matches(req.headers(), key) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "invalid or missing API key (send Authorization: Bearer KEY)",
-            )
-            .with_code("invalid_api_key")
-            .into_response();
-        }
-    }
-    next.run(req).await
-}
-
-fn key_matches(h: &HeaderMap, key: &str) -> bool {
-    let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let Some(given) = v.strip_prefix("Bearer ") else {
-        return false;
-    };
-    // Constant-time comparison: the time does not tell how much of the key matched.
-    let (a, b) = (given.trim().as_bytes(), key.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Serve HTTP/1.1 on `listener` until `shutdown` completes. Each connection gets a header-read
-/// timeout (idle keep-alive connections are closed) and at most `max_connections` are served at once.
+/// Serve HTTP/1.1 on `listener` until `shutdown` completes (connection limits: see `conn`).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let app = router(state.clone());
-    let permits = Arc::new(Semaphore::new(state.config.max_connections.max(1)));
-    let timeout = state.config.header_timeout;
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-            _ = &mut shutdown => return Ok(()),
-        };
-        let (stream, _) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a little instead of spinning.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut shutdown => return Ok(()),
-        };
-        let _ = stream.set_nodelay(true);
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout)
-                .serve_connection(TokioIo::new(stream), svc);
-            let _ = conn.await;
-            drop(permit);
-        });
-    }
+    let c = &state.config;
+    let limits = (c.max_connections, c.max_connections_per_client);
+    let timeout = c.header_timeout;
+    let registry = state.connections.clone();
+    conn::accept_loop(
+        listener,
+        router(state.clone()),
+        registry,
+        limits,
+        timeout,
+        shutdown,
+    )
+    .await
 }
 
 /// `Retry-After` for 503 answers, in seconds.

@@ -4,213 +4,18 @@
 
 #[path = "../../mens/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use mens::chat::ChatTemplate;
-use mens::gguf::Gguf;
-use mens::model::Model;
 use mens::sample::SamplerConfig;
-use mens::scheduler::{Event, Request, Scheduler, SchedulerOptions};
-use mens::synth::{synth_model, SynthSpec};
+use mens::scheduler::{Event, Request, SchedulerOptions};
 use mens::tokenizer::Tokenizer;
-use mens_server::{AppState, ServerConfig};
+use mens_server::ServerConfig;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-struct Server {
-    addr: SocketAddr,
-    state: Arc<AppState>,
-    _rt: tokio::runtime::Runtime,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-fn start_with(
-    model: Arc<Model>,
-    tok: Tokenizer,
-    opts: SchedulerOptions,
-    config: ServerConfig,
-) -> Server {
-    let tokenizer = Arc::new(tok);
-    let template = ChatTemplate::new(
-        model
-            .gguf
-            .get_str("tokenizer.chat_template")
-            .unwrap()
-            .map(str::to_string),
-        String::new(),
-        String::new(),
-    );
-    let scheduler = Scheduler::start(model, tokenizer.clone(), opts).unwrap();
-    let state = Arc::new(AppState {
-        scheduler,
-        tokenizer,
-        template,
-        config,
-        created: 1,
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    rt.spawn(mens_server::serve(listener, state.clone(), async {
-        let _ = stopped.await;
-    }));
-    Server {
-        addr,
-        state,
-        _rt: rt,
-        _stop: stop,
-    }
-}
-
-fn tiny() -> (Arc<Model>, Tokenizer) {
-    let model =
-        Model::from_gguf(Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap()).unwrap();
-    let tok = Tokenizer::from_gguf(&model.gguf).unwrap();
-    (Arc::new(model), tok)
-}
-
-fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
-    let (m, t) = tiny();
-    let opts = SchedulerOptions {
-        slots,
-        ctx: 256,
-        batch: 64,
-        queue,
-    };
-    start_with(m, t, opts, config)
-}
-
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    /// The `data:` payloads of a server-sent-event body.
-    fn events(&self) -> Vec<String> {
-        String::from_utf8(self.body.clone())
-            .unwrap()
-            .split("\n\n")
-            .filter_map(|e| e.strip_prefix("data: ").map(str::to_string))
-            .collect()
-    }
-}
-
-fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    s
-}
-
-fn read_reply(s: TcpStream) -> Reply {
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.push((k.trim().to_string(), v.trim().to_string()));
-    }
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            line.clear();
-            r.read_line(&mut line).unwrap();
-            let n = usize::from_str_radix(line.trim(), 16).unwrap();
-            if n == 0 {
-                break;
-            }
-            let mut chunk = vec![0u8; n + 2];
-            r.read_exact(&mut chunk).unwrap();
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        r.read_to_end(&mut body).unwrap();
-    }
-    Reply {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn call(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Reply {
-    let b = if body.is_null() {
-        vec![]
-    } else {
-        body.to_string().into_bytes()
-    };
-    read_reply(send(
-        addr,
-        method,
-        path,
-        &[("Content-Type", "application/json")],
-        &b,
-    ))
-}
-
-fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
-    call(addr, "POST", path, &body)
-}
-
-fn assert_error(r: &Reply, status: u16, needle: &str) {
-    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
-    let v = r.json();
-    let e = &v["error"];
-    assert!(e["type"].is_string(), "error type missing: {v}");
-    let m = e["message"].as_str().expect("error message");
-    assert!(m.contains(needle), "message {m:?} lacks {needle:?}");
-}
-
-fn chat(content: &str) -> Value {
-    json!({"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0})
-}
+use support::*;
 
 #[test]
 fn health_and_models() {
@@ -372,7 +177,14 @@ fn invalid_requests_get_openai_errors() {
         400,
         "messages",
     );
-    let r = read_reply(send(a, "POST", "/v1/chat/completions", &[], b"{not json"));
+    let json_type = [("Content-Type", "application/json")];
+    let r = read_reply(send(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &json_type,
+        b"{not json",
+    ));
     assert_error(&r, 400, "not valid");
     let mut b = chat("x");
     b["max_tokens"] = json!(0);
@@ -411,7 +223,7 @@ fn invalid_requests_get_openai_errors() {
     let chunk = "x".repeat(3000);
     write!(
         st,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
         chunk.len(),
         chunk.len()
     )
@@ -427,7 +239,7 @@ fn api_key_is_required_when_set() {
         1,
         2,
         ServerConfig {
-            api_key: Some("sekrit".into()),
+            api_keys: vec!["sekrit".into()],
             ..Default::default()
         },
     );
@@ -460,7 +272,10 @@ fn api_key_is_required_when_set() {
         s.addr,
         "POST",
         "/v1/chat/completions",
-        &[("Authorization", "Bearer sekrit")],
+        &[
+            ("Authorization", "Bearer sekrit"),
+            ("Content-Type", "application/json"),
+        ],
         body.as_bytes(),
     ));
     assert_eq!(r.status, 200);
@@ -491,6 +306,8 @@ fn blocker(
             true
         }),
         alive: Box::new(|| true),
+        tenant: 0,
+        deadline: None,
     };
     (req, release, started)
 }

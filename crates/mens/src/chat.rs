@@ -1,8 +1,13 @@
 //! Chat prompts: the model's own Jinja template (`tokenizer.chat_template`) rendered with minijinja,
-//! under limits (fuel bounds the work, output size is capped); ChatML when the file has no template or
-//! it fails to render.
+//! under limits (fuel bounds the work, the output is cut off at a size cap while it is written);
+//! ChatML when the file has no template. A template that fails is an error, never a silent fallback.
+//!
+//! [`ChatTemplate::tokens`] is the one way a conversation becomes token ids: message text is
+//! [escaped](crate::tokenizer::Tokenizer::escape) before rendering, so only the template's own
+//! markup yields control tokens (a user cannot close their turn and forge a system turn).
 
 use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -40,15 +45,47 @@ impl ChatTemplate {
         }
     }
 
-    /// Render with the model's template; on any failure fall back to ChatML and say why.
+    /// The template of a model file, with its BOS and EOS token texts (one way, for every caller).
+    pub fn from_gguf(g: &crate::gguf::Gguf, tok: &Tokenizer) -> Result<Self> {
+        let source = g.get_str("tokenizer.chat_template")?.map(str::to_string);
+        let text = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(tok.token_bytes(i)).into_owned())
+                .unwrap_or_default()
+        };
+        Ok(ChatTemplate::new(
+            source,
+            text(tok.bos),
+            text(Some(tok.eos)),
+        ))
+    }
+
+    /// Render with the model's template (ChatML when the file has none). The text is what the
+    /// template wrote; see [`Self::tokens`] for the ids.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        if let Some(src) = &self.source {
-            match self.render_jinja(src, messages, add_generation_prompt) {
-                Ok(s) => return Ok(s),
-                Err(e) => tracing::warn!("the model's chat template failed ({e}); using ChatML"),
-            }
+        match &self.source {
+            Some(src) => self.render_jinja(src, messages, add_generation_prompt),
+            None => Ok(chatml(messages, add_generation_prompt)),
         }
-        Ok(chatml(messages, add_generation_prompt))
+    }
+
+    /// The token ids of a conversation, at most `limit` of them: message text is tokenized as
+    /// text (control tokens written in it stay text), the template's markup as markup.
+    pub fn tokens(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        let escaped: Vec<Message> = messages
+            .iter()
+            .map(|m| Message {
+                role: m.role.clone(),
+                content: tok.escape(&m.content).into_owned(),
+            })
+            .collect();
+        let text = self.render(&escaped, add_generation_prompt)?;
+        tok.encode_rendered(&text, limit)
     }
 
     pub fn render_jinja(
@@ -82,20 +119,41 @@ impl ChatTemplate {
         let t = env
             .get_template("chat")
             .map_err(|e| Error::Template(e.to_string()))?;
-        let out = t
-            .render(minijinja::context! {
+        let mut out = Capped(Vec::new());
+        t.render_captured_to(
+            minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
-            })
-            .map_err(|e| Error::Template(e.to_string()))?;
-        if out.len() > MAX_OUTPUT {
-            return Err(Error::Template(format!(
-                "rendered prompt is over {MAX_OUTPUT} bytes"
-            )));
+            },
+            &mut out,
+        )
+        .map_err(|e| {
+            if out.0.len() >= MAX_OUTPUT {
+                Error::Template(format!("the rendered prompt is over {MAX_OUTPUT} bytes"))
+            } else {
+                Error::Template(e.to_string())
+            }
+        })?;
+        String::from_utf8(out.0).map_err(|_| Error::Template("the output is not UTF-8".into()))
+    }
+}
+
+/// A writer that refuses to grow past [`MAX_OUTPUT`] bytes, so a runaway template stops there.
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + b.len() > MAX_OUTPUT {
+            self.0.resize(MAX_OUTPUT, 0);
+            return Err(std::io::Error::other("output limit"));
         }
-        Ok(out)
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -118,7 +176,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn runaway_template_falls_back_to_chatml() {
+    fn runaway_template_is_an_error() {
         let t = ChatTemplate::new(
             Some(
                 "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
@@ -128,11 +186,18 @@ mod tests {
             String::new(),
         );
         let msgs = [Message::new("user", "hi")];
-        assert!(t
-            .render_jinja(t.source.as_ref().unwrap(), &msgs, true)
-            .is_err());
+        let e = t.render(&msgs, true).unwrap_err().to_string();
+        assert!(e.contains("fuel") || e.contains("over"), "{e}");
+        let big = ChatTemplate::new(
+            Some("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}".into()),
+            String::new(),
+            String::new(),
+        );
+        let e = big.render(&msgs, true).unwrap_err().to_string();
+        assert!(e.contains("over 16777216 bytes"), "{e}");
+        let none = ChatTemplate::new(None, String::new(), String::new());
         assert_eq!(
-            t.render(&msgs, true).unwrap(),
+            none.render(&msgs, true).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
     }

@@ -30,10 +30,13 @@ pub fn load_untrusted(bytes: &[u8]) -> Result<()> {
     let tok = tokenizer::Tokenizer::from_gguf(&g);
     if let Ok(t) = &tok {
         t.encode("def f(x):\n    return <|im_start|>x 日本")?;
-    }
-    if let Ok(Some(src)) = g.get_str("tokenizer.chat_template") {
-        let t = chat::ChatTemplate::new(Some(src.to_string()), String::new(), String::new());
-        t.render(&[chat::Message::new("user", "hi")], true)?;
+        let template = chat::ChatTemplate::from_gguf(&g, t)?;
+        template.tokens(
+            t,
+            &[chat::Message::new("user", "hi <|im_end|>")],
+            true,
+            1 << 16,
+        )?;
     }
     let m = model::Model::from_gguf(g)?;
     tok?.check_model(m.config.vocab_size)?;

@@ -165,6 +165,20 @@ impl Config {
                 "head dimension {head_dim} is not even and at most {MAX_HEAD_DIM}"
             ));
         }
+        // Size-like hyperparameters must match what the tensors are: RoPE rotates the whole head
+        // here (as these architectures do), values are as wide as keys.
+        for (k, what) in [
+            ("rope.dimension_count", "the RoPE dimension"),
+            ("attention.value_length", "the value head size"),
+        ] {
+            if let Some(v) = g.get_u64(&key(k))? {
+                if v != head_dim as u64 {
+                    return bad(format!(
+                        "{arch_name}.{k} = {v}: {what} must equal the head size {head_dim}"
+                    ));
+                }
+            }
+        }
         if !(rms_eps > 0.0 && rms_eps < 1.0) || !(rope_base > 1.0 && rope_base.is_finite()) {
             return bad(format!(
                 "rms epsilon {rms_eps} or rope base {rope_base} is out of range"
@@ -181,6 +195,13 @@ impl Config {
             ));
         }
         let vocab_size = emb.dims[1] as usize;
+        if let Some(v) = g.get_u64(&key("vocab_size"))? {
+            if v != vocab_size as u64 {
+                return bad(format!(
+                    "{arch_name}.vocab_size = {v} but token_embd.weight has {vocab_size} rows"
+                ));
+            }
+        }
         Ok(Config {
             arch,
             name,

@@ -10,8 +10,9 @@ use crate::generate::StopMatcher;
 use crate::model::Model;
 use crate::sample::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -57,8 +58,13 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Receives the output; returns false when nobody listens any more (the slot is then freed).
     pub on_event: Box<dyn FnMut(Event) -> bool + Send>,
-    /// Polled once per step: false when the requester has gone away.
+    /// Polled once per step, also while queued: false when the requester has gone away.
     pub alive: Box<dyn Fn() -> bool + Send>,
+    /// Who asked: a slot's cached prompt is reused only by a request of the same tenant, so one
+    /// client cannot learn (by `cached_tokens` or by timing) what another client's prompt was.
+    pub tenant: u64,
+    /// Generation ends (finish `Length`) at this time.
+    pub deadline: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -105,7 +111,7 @@ pub struct Status {
 }
 
 pub struct Scheduler {
-    tx: Option<SyncSender<Job>>,
+    tx: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     status: Arc<Status>,
     options: SchedulerOptions,
@@ -132,7 +138,8 @@ impl Scheduler {
         }
         let batch = Batch::new(model.clone(), options.slots, options.ctx, options.batch)?;
         let kv_bytes = batch.bytes();
-        let (tx, rx) = mpsc::sync_channel(options.queue);
+        // Unbounded channel: `queued` bounds it (submit refuses past options.queue).
+        let (tx, rx) = mpsc::channel();
         let status = Arc::new(Status::default());
         let st = status.clone();
         let thread = std::thread::Builder::new()
@@ -186,21 +193,24 @@ impl Scheduler {
             ))));
         }
         let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        self.status.queued.fetch_add(1, Ordering::SeqCst);
+        let queue = self.options.queue;
+        let taken = self
+            .status
+            .queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                (q < queue).then_some(q + 1)
+            });
+        if taken.is_err() {
+            return Err(SubmitError::QueueFull);
+        }
         let job = Job {
             req,
             submitted: Instant::now(),
         };
-        match tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.status.queued.fetch_sub(1, Ordering::SeqCst);
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::QueueFull,
-                    TrySendError::Disconnected(_) => SubmitError::Stopped,
-                })
-            }
-        }
+        tx.send(job).map_err(|_| {
+            self.status.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
     }
 }
 
@@ -242,37 +252,54 @@ fn run(mut batch: Batch, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
     let ctx = batch.slot(0).ctx();
     let vocab = batch.model.config.vocab_size;
     let mut slots: Vec<Option<Active>> = (0..n).map(|_| None).collect();
+    // Whose prompt each slot's cache holds (prefix reuse stays within a tenant).
+    let mut owner: Vec<Option<u64>> = vec![None; n];
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut one = vec![0u32; n];
     // (slot, prompt start, length, decoding, wants logits) of the current step.
     let mut plan: Vec<(usize, usize, usize, bool, bool)> = Vec::with_capacity(n);
     loop {
-        // Admit waiting requests into free slots; block when there is nothing to do.
+        // Take what was submitted; block when there is nothing to do.
+        if waiting.is_empty() && slots.iter().all(|s| s.is_none()) {
+            match rx.recv() {
+                Ok(j) => waiting.push_back(j),
+                Err(_) => return,
+            }
+        }
+        waiting.extend(rx.try_iter());
+        // A queued request whose client left gives its place up now, not when a slot frees.
+        waiting.retain(|j| {
+            let alive = (j.req.alive)();
+            if !alive {
+                status.queued.fetch_sub(1, Ordering::SeqCst);
+            }
+            alive
+        });
+        // Admit waiting requests into free slots.
         while let Some(free) = slots.iter().position(|s| s.is_none()) {
-            let idle = slots.iter().all(|s| s.is_none());
-            let job = if idle {
-                match rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => return,
-                }
-            } else {
-                match rx.try_recv() {
-                    Ok(j) => j,
-                    Err(_) => break,
-                }
+            let Some(job) = waiting.pop_front() else {
+                break;
             };
             status.queued.fetch_sub(1, Ordering::SeqCst);
-            if !(job.req.alive)() {
-                continue;
-            }
             // The free slot whose cache shares the longest prefix with the prompt (multi-turn chat),
-            // keeping at least the last prompt token to prefill (its logits start the answer).
+            // among those holding this tenant's tokens, keeping at least the last prompt token to
+            // prefill (its logits start the answer).
             let p = &job.req.prompt;
+            let tenant = job.req.tenant;
             let (slot, common) = (0..n)
                 .filter(|&i| slots[i].is_none())
-                .map(|i| (i, common_prefix(batch.slot(i).tokens(), p).min(p.len() - 1)))
+                .map(|i| {
+                    let c = if owner[i] == Some(tenant) {
+                        common_prefix(batch.slot(i).tokens(), p).min(p.len() - 1)
+                    } else {
+                        0
+                    };
+                    (i, c)
+                })
                 .max_by_key(|&(i, c)| (c, std::cmp::Reverse(i)))
                 .unwrap_or((free, 0));
             batch.slot_mut(slot).truncate(common);
+            owner[slot] = Some(tenant);
             status
                 .prompt_tokens
                 .fetch_add(p.len() as u64, Ordering::Relaxed);
@@ -393,7 +420,10 @@ fn run(mut batch: Batch, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
                 }
                 if stop_string {
                     finish = Some(Finish::Stop);
-                } else if a.generated >= a.req.max_tokens || batch.slot(i).pos() + 1 >= ctx {
+                } else if a.generated >= a.req.max_tokens
+                    || batch.slot(i).pos() + 1 >= ctx
+                    || a.req.deadline.is_some_and(|d| Instant::now() >= d)
+                {
                     finish = Some(Finish::Length);
                 }
             }

@@ -1,16 +1,25 @@
 //! The model's own tokenizer, built from GGUF metadata with the `tokenizers` crate (byte-level BPE with
 //! the pre-tokenizer regex llama.cpp uses for the file's `tokenizer.ggml.pre`), and a streaming
 //! detokenizer that only emits complete UTF-8.
+//!
+//! Special tokens are split out here, not by `tokenizers`, because who wrote the text decides which
+//! may appear: [`Tokenizer::encode`] (text the operator wrote: a CLI prompt) parses every special
+//! token; [`Tokenizer::encode_text`] (text from a request) parses only user-defined tokens, as
+//! llama.cpp's `parse_special = false` does, so `<|im_end|>` in a message is plain text;
+//! [`Tokenizer::encode_rendered`] takes a chat template's output in which request text was
+//! [escaped](Tokenizer::escape) before rendering: only the template's own markup yields control tokens.
 
 use crate::error::{Error, Result};
 use crate::gguf::{Array, Gguf};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenizers::SplitDelimiterBehavior;
 
 // Pre-tokenizer regexes as llama.cpp's `llama-vocab.cpp` uses them per `tokenizer.ggml.pre`.
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -31,7 +40,24 @@ pub struct Tokenizer {
     /// Tokens that end generation: eos and the end-of-turn tokens the vocabulary has.
     pub stop_tokens: Vec<u32>,
     vocab: HashMap<String, u32>,
+    /// The pre-tokenizer also splits after a newline that precedes indentation (see `piece_end`).
+    indent_splits: bool,
+    /// Bytes of the longest token: text of n bytes is at least n / this many tokens.
+    max_token_len: usize,
+    /// Control and user-defined tokens: their text and id.
+    specials: Vec<(String, u32)>,
+    /// Finds any of `specials` (leftmost-longest, as `tokenizers` and llama.cpp split them).
+    all_specials: Option<AhoCorasick>,
+    /// Finds the user-defined ones only, with their index in `specials`.
+    user_specials: Option<(AhoCorasick, Vec<usize>)>,
 }
+
+/// Marks an escaped special token in request text handed to a chat template (a private-use
+/// character; see [`Tokenizer::escape`]).
+const ESC: char = '\u{10FFFD}';
+/// Text segments longer than this are tokenized in pieces cut where the pre-tokenizer always
+/// splits, so a token limit can stop early.
+const PIECE: usize = 16 << 10;
 
 /// GPT-2's byte → printable-character map used by byte-level BPE vocabularies.
 pub fn byte_chars() -> [char; 256] {
@@ -151,6 +177,10 @@ impl Tokenizer {
 
         let pre = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
         let byte_level = ByteLevel::new(false, false, false);
+        let indent_splits = matches!(
+            pre,
+            "qwen2" | "deepseek-r1-qwen" | "llama3" | "llama-bpe" | "smaug-bpe"
+        );
         let seq: Vec<PreTokenizerWrapper> = match pre {
             "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_REGEX)?],
             "llama3" | "llama-bpe" | "smaug-bpe" => vec![split(LLAMA3_REGEX)?],
@@ -164,11 +194,15 @@ impl Tokenizer {
 
         let dec = byte_decoder();
         let mut token_bytes = Vec::with_capacity(tokens.len());
-        let mut special = Vec::new();
+        let mut specials: Vec<(String, u32)> = Vec::new();
+        let mut user = Vec::new();
         for (i, t) in tokens.iter().enumerate() {
             let ty = types[i];
-            if ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED {
-                special.push(AddedToken::from(t.clone(), true));
+            if (ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED) && !t.is_empty() {
+                if ty == TOKEN_USER_DEFINED {
+                    user.push(specials.len());
+                }
+                specials.push((t.clone(), i as u32));
                 token_bytes.push(t.as_bytes().to_vec());
             } else {
                 // Byte-level text; a character outside the map is kept as its UTF-8.
@@ -185,7 +219,19 @@ impl Tokenizer {
                 token_bytes.push(b);
             }
         }
-        inner.add_special_tokens(&special);
+        let matcher = |texts: Vec<&str>| -> Result<Option<AhoCorasick>> {
+            if texts.is_empty() {
+                return Ok(None);
+            }
+            AhoCorasickBuilder::new()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(texts)
+                .map(Some)
+                .map_err(|e| Error::Tokenizer(format!("special tokens: {e}")))
+        };
+        let all_specials = matcher(specials.iter().map(|s| s.0.as_str()).collect())?;
+        let user_specials =
+            matcher(user.iter().map(|&i| specials[i].0.as_str()).collect())?.map(|m| (m, user));
 
         let mut stop_tokens = vec![eos];
         for name in [
@@ -207,7 +253,10 @@ impl Tokenizer {
                 stop_tokens.push(v);
             }
         }
+        let max_token_len = token_bytes.iter().map(Vec::len).max().unwrap_or(1).max(1);
         Ok(Tokenizer {
+            indent_splits,
+            max_token_len,
             inner,
             token_bytes,
             bos,
@@ -215,6 +264,9 @@ impl Tokenizer {
             add_bos,
             stop_tokens,
             vocab,
+            specials,
+            all_specials,
+            user_specials,
         })
     }
 
@@ -233,21 +285,162 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) become their ids.
-    /// A BOS is prepended when the model asks for one.
+    /// Token ids of `text` written by the operator (a CLI prompt): every special token written in
+    /// it (`<|im_start|>`) becomes its id. A BOS is prepended when the model asks for one.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
-        if self.add_bos {
-            if let Some(b) = self.bos {
-                ids.push(b);
+        let mut ids = self.start();
+        self.encode_into(text, true, &mut ids, usize::MAX)?;
+        Ok(ids)
+    }
+
+    /// Token ids of `text` from a request: control tokens written in it stay plain text (only
+    /// user-defined tokens are parsed, as llama.cpp's `parse_special = false`). At most `limit`
+    /// tokens: longer text is refused as soon as the count passes it, without tokenizing the rest.
+    pub fn encode_text(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
+        let mut ids = self.start();
+        self.encode_into(text, false, &mut ids, limit)?;
+        Ok(ids)
+    }
+
+    /// Token ids of a chat template's output whose request text went through [`Self::escape`]:
+    /// the special tokens in the template's own text become ids; escaped ones are plain text.
+    pub fn encode_rendered(&self, rendered: &str, limit: usize) -> Result<Vec<u32>> {
+        let mut ids = self.start();
+        let mut from = 0;
+        let mut text = String::new();
+        let flush = |text: &mut String, ids: &mut Vec<u32>| -> Result<()> {
+            if !text.is_empty() {
+                self.encode_into(text, false, ids, limit)?;
+                text.clear();
+            }
+            Ok(())
+        };
+        if let Some(m) = &self.all_specials {
+            for hit in m.find_iter(rendered) {
+                self.unescape_into(&rendered[from..hit.start()], &mut text);
+                flush(&mut text, &mut ids)?;
+                ids.push(self.specials[hit.pattern().as_usize()].1);
+                over(ids.len(), limit)?;
+                from = hit.end();
             }
         }
-        ids.extend_from_slice(enc.get_ids());
+        self.unescape_into(&rendered[from..], &mut text);
+        flush(&mut text, &mut ids)?;
         Ok(ids)
+    }
+
+    /// `text` (from a request) made safe to hand to a chat template: each control or user-defined
+    /// token written in it is replaced by a private-use marker that [`Self::encode_rendered`] turns
+    /// back into the same text, tokenized as text. Templates may trim or slice the result as they
+    /// would the original.
+    pub fn escape<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let Some(m) = &self.all_specials else {
+            return escape_esc(text);
+        };
+        if !m.is_match(text) && !text.contains(ESC) {
+            return Cow::Borrowed(text);
+        }
+        let mut out = String::with_capacity(text.len() + 16);
+        let mut from = 0;
+        for hit in m.find_iter(text) {
+            out.push_str(&escape_esc(&text[from..hit.start()]));
+            out.push(ESC);
+            out.push_str(&hit.pattern().as_usize().to_string());
+            out.push(ESC);
+            from = hit.end();
+        }
+        out.push_str(&escape_esc(&text[from..]));
+        Cow::Owned(out)
+    }
+
+    /// Undo [`Self::escape`]: markers become their special token's text; a cut marker stays as it is.
+    fn unescape_into(&self, s: &str, out: &mut String) {
+        let mut rest = s;
+        while let Some(i) = rest.find(ESC) {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + ESC.len_utf8()..];
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            let closed = after[digits..].starts_with(ESC);
+            match (closed, digits) {
+                (true, 0) => out.push(ESC),
+                (true, _) => match after[..digits]
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|k| self.specials.get(k))
+                {
+                    Some((t, _)) => out.push_str(t),
+                    None => out.push_str(&after[..digits]),
+                },
+                (false, _) => {
+                    out.push(ESC);
+                    rest = after;
+                    continue;
+                }
+            }
+            rest = &after[digits + ESC.len_utf8()..];
+        }
+        out.push_str(rest);
+    }
+
+    fn start(&self) -> Vec<u32> {
+        match (self.add_bos, self.bos) {
+            (true, Some(b)) => vec![b],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Append the ids of `text`, splitting out all special tokens (`trusted`) or the user-defined
+    /// ones only.
+    fn encode_into(
+        &self,
+        text: &str,
+        trusted: bool,
+        ids: &mut Vec<u32>,
+        limit: usize,
+    ) -> Result<()> {
+        let (m, index): (Option<&AhoCorasick>, Option<&[usize]>) = if trusted {
+            (self.all_specials.as_ref(), None)
+        } else {
+            match &self.user_specials {
+                Some((m, i)) => (Some(m), Some(i)),
+                None => (None, None),
+            }
+        };
+        let mut from = 0;
+        if let Some(m) = m {
+            for hit in m.find_iter(text) {
+                self.encode_plain(&text[from..hit.start()], ids, limit)?;
+                let k = hit.pattern().as_usize();
+                ids.push(self.specials[index.map_or(k, |ix| ix[k])].1);
+                over(ids.len(), limit)?;
+                from = hit.end();
+            }
+        }
+        self.encode_plain(&text[from..], ids, limit)
+    }
+
+    /// Byte-level BPE over text with no special token in it, in pieces cut after a newline that
+    /// is followed by an ASCII letter or digit: every pre-tokenizer regex here splits there, so the
+    /// pieces give the same ids as the whole.
+    fn encode_plain(&self, text: &str, ids: &mut Vec<u32>, limit: usize) -> Result<()> {
+        // Text that cannot fit is refused before any of it is tokenized.
+        over(ids.len() + text.len() / self.max_token_len, limit)?;
+        let mut rest = text;
+        while !rest.is_empty() {
+            let cut = if rest.len() <= PIECE {
+                rest.len()
+            } else {
+                piece_end(rest, self.indent_splits)
+            };
+            let enc = self
+                .inner
+                .encode(&rest[..cut], false)
+                .map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
+            ids.extend_from_slice(enc.get_ids());
+            over(ids.len(), limit)?;
+            rest = &rest[cut..];
+        }
+        Ok(())
     }
 
     pub fn token_bytes(&self, id: u32) -> &[u8] {
@@ -273,6 +466,53 @@ impl Tokenizer {
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// A literal [`ESC`] in request text, escaped as an empty marker.
+fn escape_esc(s: &str) -> Cow<'_, str> {
+    if s.contains(ESC) {
+        Cow::Owned(s.replace(ESC, &format!("{ESC}{ESC}")))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// Where the next piece of a long text ends: after the first newline at or past [`PIECE`] bytes
+/// that every pre-tokenizer here splits after, or the whole text. A newline followed by an ASCII
+/// letter or digit is such a place for all of them; with `indent` (the Qwen2 and Llama 3 regexes,
+/// whose `\s*[\r\n]+` ends a whitespace run at its last newline) so is one followed by spaces or
+/// tabs and then a character that is not whitespace.
+fn piece_end(s: &str, indent: bool) -> usize {
+    let b = s.as_bytes();
+    let mut i = PIECE;
+    while i + 1 < b.len() {
+        if b[i] == b'\n' {
+            let next = b[i + 1];
+            if next.is_ascii_alphanumeric() {
+                return i + 1;
+            }
+            if indent && (next == b' ' || next == b'\t') {
+                let run = b[i + 1..]
+                    .iter()
+                    .take_while(|&&c| c == b' ' || c == b'\t')
+                    .count();
+                if b.get(i + 1 + run).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return i + 1;
+                }
+            }
+        }
+        i += 1;
+    }
+    s.len()
+}
+
+fn over(n: usize, limit: usize) -> Result<()> {
+    if n > limit {
+        return Err(Error::Context(format!(
+            "the prompt is more than {limit} tokens"
+        )));
+    }
+    Ok(())
 }
 
 /// Turns a stream of token ids into text, holding back a multi-byte character split across tokens

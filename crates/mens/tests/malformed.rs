@@ -289,3 +289,25 @@ fn fuzz_regressions_load_or_fail_cleanly() {
     eprintln!("{n} fuzz regression inputs replayed");
     assert!(n > 0);
 }
+
+/// Size-like hyperparameters must match the tensors they describe (a RoPE dimension of 1000 with a
+/// head size of 64 loaded and ran before; llama.cpp refuses such a file).
+#[test]
+fn hyperparameters_that_contradict_the_tensors() {
+    for (key, v) in [
+        ("qwen2.rope.dimension_count", 1000u32),
+        ("qwen2.rope.dimension_count", 32),
+        ("qwen2.attention.value_length", 128),
+        ("qwen2.vocab_size", 7),
+    ] {
+        let mut g = Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap();
+        g.metadata.insert(key.into(), Value::U32(v));
+        let e = mens::model::Config::from_gguf(&g).unwrap_err().to_string();
+        assert!(e.contains(key), "{key} = {v}: {e}");
+    }
+    // The real values load.
+    let mut g = Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap();
+    g.metadata
+        .insert("qwen2.rope.dimension_count".into(), Value::U32(64));
+    mens::model::Config::from_gguf(&g).unwrap();
+}
