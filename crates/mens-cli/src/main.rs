@@ -72,7 +72,17 @@ enum Command {
     /// Write a random-weight Qwen2.5 model of a real shape (0.5b, 1.5b, 7b) in llama.cpp's Q4_K_M
     /// layout, for measurements at sizes whose real file is not at hand.
     Synth(SynthArgs),
+    /// Internal: render a chat template in this process, under a memory limit (the helper that
+    /// `mens` runs for every chat prompt, so that a hostile template cannot exhaust its memory).
+    #[command(hide = true)]
+    RenderTemplate {
+        #[arg(long)]
+        memory_limit: u64,
+    },
 }
+
+/// Address space of the template helper process: rendering a long conversation needs tens of MiB.
+const TEMPLATE_MEMORY: u64 = 1 << 30;
 
 #[derive(Args)]
 struct SynthArgs {
@@ -354,7 +364,17 @@ pub(crate) fn load_slots(args: &ModelArgs, slots: usize) -> Result<Loaded> {
     if on_cpu {
         prefault(&model);
     }
-    let template = ChatTemplate::from_gguf(&model.gguf, &tokenizer)?;
+    let mut template = ChatTemplate::from_gguf(&model.gguf, &tokenizer)?;
+    template.isolate(mens::chat::Isolation {
+        program: std::env::current_exe().context("cannot find the mens executable")?,
+        args: vec![
+            "render-template".into(),
+            "--memory-limit".into(),
+            TEMPLATE_MEMORY.to_string(),
+        ],
+        memory_limit: TEMPLATE_MEMORY,
+        timeout: std::time::Duration::from_secs(10),
+    });
     let c = &model.config;
     eprintln!(
         "mens: loaded {} ({:?}, {} layers, d={}, {} heads / {} kv, vocab {}) — {:.0} MiB of weights in {:.2} s",
@@ -717,6 +737,9 @@ fn main() {
         Command::Probe(a) => probe(a),
         Command::Serve(a) => serve::run(a),
         Command::Synth(a) => synth(a),
+        Command::RenderTemplate { memory_limit } => {
+            mens::chat::render_isolated_main(memory_limit).context("render-template")
+        }
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -407,3 +407,74 @@ fn synth_writes_a_model_that_runs() {
         "unknown shape",
     );
 }
+
+/// The tiny model's bytes with its chat template replaced by `template` (padded with spaces to the
+/// original length, so the file stays valid).
+fn with_template(template: &str) -> Vec<u8> {
+    let mut b = synth_model(&SynthSpec::tiny_qwen2());
+    let key = b"tokenizer.chat_template";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    let n = u64::from_le_bytes(b[at + 4..at + 12].try_into().unwrap()) as usize;
+    assert!(template.len() <= n);
+    let padded = format!("{template}{}", " ".repeat(n - template.len()));
+    b[at + 12..at + 12 + n].copy_from_slice(padded.as_bytes());
+    b
+}
+
+/// A model file whose template doubles a string until memory runs out (within minijinja's fuel):
+/// the template runs in a helper process under a memory limit, so mens answers with a clear error
+/// and exit 2 instead of aborting (it aborted at 2.28 GB RSS under a 3 GB limit before).
+#[test]
+fn a_template_that_exhausts_memory_is_refused() {
+    let hostile = "{% set s = namespace(x='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x | length }}";
+    let p = tmp("hostile-template.gguf", &with_template(hostile));
+    fails_with(
+        &[
+            "run",
+            "--chat",
+            "-m",
+            p.to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+        ],
+        "rendering needed more than 1024 MiB of memory",
+    );
+    // A template that loops past its fuel is an error too, not a silent fallback to ChatML.
+    let runaway =
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+    let p = tmp("runaway-template.gguf", &with_template(runaway));
+    fails_with(
+        &[
+            "run",
+            "--chat",
+            "-m",
+            p.to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+        ],
+        "chat template",
+    );
+    // The real template still renders through the helper.
+    let out = mens()
+        .args([
+            "run",
+            "--chat",
+            "-m",
+            tiny().to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -34,6 +34,59 @@ pub struct ChatTemplate {
     source: Option<String>,
     pub bos_token: String,
     pub eos_token: String,
+    isolation: Option<Isolation>,
+}
+
+/// Render in a helper process instead of in this one: minijinja bounds a template's work (fuel)
+/// but not its memory (a string doubled 30 times is 1 GB in a few instructions), and a failed
+/// allocation aborts a Rust process. The helper is `program args…`, which must call
+/// [`render_isolated_main`]; it limits its own address space to `memory_limit` bytes, so a
+/// hostile template kills the helper, and the caller gets an error.
+#[derive(Debug, Clone)]
+pub struct Isolation {
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
+    pub memory_limit: u64,
+    pub timeout: std::time::Duration,
+}
+
+/// What the helper reads on stdin.
+#[derive(Serialize, Deserialize)]
+struct RenderJob {
+    source: String,
+    bos_token: String,
+    eos_token: String,
+    messages: Vec<Message>,
+    add_generation_prompt: bool,
+}
+
+/// The helper process's main: limit the address space, read one [`RenderJob`] as JSON on stdin,
+/// render, write `{"ok": text}` or `{"err": message}` on stdout.
+pub fn render_isolated_main(memory_limit: u64) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    #[cfg(unix)]
+    {
+        let lim = libc::rlimit {
+            rlim_cur: memory_limit as libc::rlim_t,
+            rlim_max: memory_limit as libc::rlim_t,
+        };
+        // SAFETY: setrlimit with a valid pointer to an initialised struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    let mut input = Vec::new();
+    std::io::stdin().read_to_end(&mut input)?;
+    let job: RenderJob = serde_json::from_slice(&input).map_err(std::io::Error::other)?;
+    drop(input);
+    let t = ChatTemplate::new(Some(job.source.clone()), job.bos_token, job.eos_token);
+    let reply = match t.render_jinja(&job.source, &job.messages, job.add_generation_prompt) {
+        Ok(text) => serde_json::json!({ "ok": text }),
+        Err(e) => serde_json::json!({ "err": e.to_string() }),
+    };
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, &reply).map_err(std::io::Error::other)?;
+    out.flush()
 }
 
 impl ChatTemplate {
@@ -42,7 +95,13 @@ impl ChatTemplate {
             source,
             bos_token,
             eos_token,
+            isolation: None,
         }
+    }
+
+    /// Render in a helper process from now on (see [`Isolation`]).
+    pub fn isolate(&mut self, isolation: Isolation) {
+        self.isolation = Some(isolation);
     }
 
     /// The template of a model file, with its BOS and EOS token texts (one way, for every caller).
@@ -62,9 +121,81 @@ impl ChatTemplate {
     /// Render with the model's template (ChatML when the file has none). The text is what the
     /// template wrote; see [`Self::tokens`] for the ids.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        match &self.source {
-            Some(src) => self.render_jinja(src, messages, add_generation_prompt),
-            None => Ok(chatml(messages, add_generation_prompt)),
+        match (&self.source, &self.isolation) {
+            (Some(src), Some(iso)) => self.render_in(iso, src, messages, add_generation_prompt),
+            (Some(src), None) => self.render_jinja(src, messages, add_generation_prompt),
+            (None, _) => Ok(chatml(messages, add_generation_prompt)),
+        }
+    }
+
+    fn render_in(
+        &self,
+        iso: &Isolation,
+        src: &str,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        use std::io::Read;
+        use std::process::{Command, Stdio};
+        let job = RenderJob {
+            source: src.to_string(),
+            bos_token: self.bos_token.clone(),
+            eos_token: self.eos_token.clone(),
+            messages: messages.to_vec(),
+            add_generation_prompt,
+        };
+        let failed = |m: String| Error::Template(format!("the template helper failed: {m}"));
+        let mut child = Command::new(&iso.program)
+            .args(&iso.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(format!("cannot start {}: {e}", iso.program.display())))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let writer = std::thread::spawn(move || {
+            let r = serde_json::to_writer(&mut stdin, &job);
+            drop(stdin);
+            r
+        });
+        let mut stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            // The reply is at most the output cap plus JSON escaping.
+            let r = (&mut stdout)
+                .take(8 * MAX_OUTPUT as u64)
+                .read_to_end(&mut out);
+            let _ = tx.send(r.map(|_| out));
+        });
+        let out = match rx.recv_timeout(iso.timeout) {
+            Ok(r) => r.map_err(|e| failed(e.to_string()))?,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Template(format!(
+                    "rendering took longer than {:?}",
+                    iso.timeout
+                )));
+            }
+        };
+        let status = child.wait().map_err(|e| failed(e.to_string()))?;
+        let _ = writer.join();
+        if !status.success() {
+            return Err(Error::Template(format!(
+                "rendering needed more than {} MiB of memory, or failed ({status})",
+                iso.memory_limit >> 20
+            )));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&out).map_err(|e| failed(format!("bad reply: {e}")))?;
+        match (
+            v.get("ok").and_then(|x| x.as_str()),
+            v.get("err").and_then(|x| x.as_str()),
+        ) {
+            (Some(text), _) => Ok(text.to_string()),
+            (_, Some(e)) => Err(Error::Template(e.to_string())),
+            _ => Err(failed("bad reply".into())),
         }
     }
 
