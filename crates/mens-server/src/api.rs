@@ -890,3 +890,39 @@ fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
 }
+
+/// The checks and prompt building of `/v1/chat/completions` (`chat`) or `/v1/completions` on a
+/// body, without a scheduler or a connection: what the fuzz target and its regression test drive.
+/// The prompt ids, or the error the server would answer.
+pub fn prepare(
+    chat: bool,
+    body: &[u8],
+    tok: &mens::tokenizer::Tokenizer,
+    template: &mens::chat::ChatTemplate,
+    ctx: usize,
+) -> ApiResult<Vec<u32>> {
+    let bad =
+        |e: serde_json::Error| ApiError::invalid(format!("the request body is not valid: {e}"));
+    let (prompt, common) = if chat {
+        let r: ChatRequest = serde_json::from_slice(body).map_err(bad)?;
+        let msgs = chat_messages(&r.messages, &r.common, "mens")?;
+        let p = template
+            .tokens(tok, &msgs, true, ctx - 1)
+            .map_err(too_long)?;
+        (p, r.common)
+    } else {
+        let r: CompletionRequest = serde_json::from_slice(body).map_err(bad)?;
+        r.common.check_supported("mens")?;
+        let p = match r.prompt {
+            Prompt::Text(t) if r.parse_special => tok.encode(&t).map_err(too_long)?,
+            Prompt::Text(t) => tok.encode_text(&t, ctx - 1).map_err(too_long)?,
+            Prompt::Texts(v) => return Err(ApiError::invalid(format!("{} prompts", v.len()))),
+            Prompt::Tokens(t) => t,
+        };
+        (p, r.common)
+    };
+    common.sampler()?;
+    common.stops()?;
+    common.max_tokens(prompt.len(), ctx, None)?;
+    Ok(prompt)
+}

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use api::ApiError;
+pub use api::{prepare, ApiError};
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {

@@ -390,3 +390,51 @@ fn a_departed_client_leaves_the_queue() {
         .submit(req(yes, false))
         .expect("the departed client still holds the queue place");
 }
+
+/// The request fuzz target's seeds and every input kept from its runs (`fuzz/seeds-request`,
+/// `fuzz/corpus-request`) replay through the same checks without a panic; the template target's
+/// likewise through rendering.
+#[test]
+fn fuzz_corpora_replay_cleanly() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+    let g =
+        mens::gguf::Gguf::from_bytes(std::fs::read(root.join("seeds/micro-qwen2.gguf")).unwrap())
+            .unwrap();
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    let t = mens::chat::ChatTemplate::from_gguf(&g, &tok).unwrap();
+    let files = |dir: &str| -> Vec<Vec<u8>> {
+        let Ok(rd) = std::fs::read_dir(root.join(dir)) else {
+            return vec![];
+        };
+        rd.map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect()
+    };
+    let mut n = 0;
+    let mut ok = 0;
+    for data in files("seeds-request")
+        .into_iter()
+        .chain(files("corpus-request"))
+    {
+        let Some((&first, body)) = data.split_first() else {
+            continue;
+        };
+        n += 1;
+        ok += usize::from(mens_server::prepare(first % 2 == 0, body, &tok, &t, 512).is_ok());
+    }
+    assert!(n >= 6 && ok >= 6, "{ok} of {n} request inputs accepted");
+    let roles = ["system", "user", "assistant", "tool"];
+    for data in files("seeds-template")
+        .into_iter()
+        .chain(files("corpus-template"))
+    {
+        let text = String::from_utf8_lossy(&data);
+        let mut parts = text.split('\0');
+        let source = parts.next().unwrap_or_default().to_string();
+        let msgs: Vec<mens::chat::Message> = parts
+            .enumerate()
+            .map(|(i, c)| mens::chat::Message::new(roles[i % roles.len()], c))
+            .collect();
+        let t = mens::chat::ChatTemplate::new(Some(source), "<s>".into(), "</s>".into());
+        let _ = t.tokens(&tok, &msgs, true, 4096);
+    }
+}

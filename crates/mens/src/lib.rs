@@ -15,10 +15,12 @@ pub mod memory;
 pub mod metal;
 pub mod model;
 pub mod perplexity;
+pub mod rope;
 pub mod sample;
 pub mod scheduler;
 pub mod synth;
 pub mod tokenizer;
+pub mod weights;
 
 pub use error::{Error, Result};
 

@@ -14,10 +14,10 @@
 use crate::engine::Logits;
 use crate::error::{Error, Result};
 use crate::gguf::TensorType;
-use crate::kernels::ops::{RopeStyle, RopeTable};
-use crate::kernels::QTensor;
 use crate::model::{Config, Model};
+use crate::rope::{RopeStyle, RopeTable};
 use crate::sample::Sampler;
+use crate::weights::QTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor as CandleQ};
 use candle_core::{DType, Device, Module, Tensor, D};
 use std::borrow::Cow;

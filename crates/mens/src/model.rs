@@ -3,8 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo, TensorType};
-use crate::kernels::ops::{RopeStyle, MAX_HEAD_DIM};
-use crate::kernels::QTensor;
+use crate::rope::{RopeStyle, MAX_HEAD_DIM};
+use crate::weights::QTensor;
 use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,6 @@
 //! Every buffer is allocated once, with the sampler.
 
 use crate::error::{Error, Result};
-use crate::kernels::ops::argmax;
 use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Clone)]
@@ -195,6 +194,19 @@ impl Sampler {
         }
         cand[cand.len() - 1].1
     }
+}
+
+/// Index of the largest value (the first one on ties), as llama.cpp's greedy sampler.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best as u32
 }
 
 #[cfg(test)]

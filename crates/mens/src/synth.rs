@@ -1,7 +1,7 @@
 //! Random-weight GGUF models: tiny ones for fast tests, written by the tests themselves.
 
 use crate::gguf::{Array, TensorType, Value, Writer};
-use crate::kernels::quantize;
+use crate::weights::quantize;
 use rand::{Rng, SeedableRng};
 
 /// Shape and types of a synthetic model.

@@ -6,10 +6,10 @@ use mens::cuda::reference::{matvec, quantize_q8, rel_l2, rmsnorm};
 use mens::cuda::{CudaSession, Device, GpuModel};
 use mens::engine::{Logits, Session, SessionOptions};
 use mens::gguf::{Gguf, Storage, TensorType};
-use mens::kernels::{quantize, QTensor};
 use mens::model::Model;
 use mens::sample::{Sampler, SamplerConfig};
 use mens::synth::{synth_model, SynthSpec};
+use mens::weights::{quantize, QTensor};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
@@ -105,7 +105,7 @@ fn argmax_kernel_finds_the_first_maximum() {
     let Some(dev) = device() else { return };
     for (n, seed) in [(151936usize, 1u64), (1000, 2), (32, 3)] {
         let mut x = random(n, seed);
-        let want = mens::kernels::ops::argmax(&x);
+        let want = mens::sample::argmax(&x);
         assert_eq!(dev.test_argmax(&x).unwrap(), want, "n={n}");
         // A tie later in the array keeps the first index.
         let v = x[want as usize];
@@ -164,8 +164,8 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
         g2.forward(&seq, Logits::Last).unwrap();
         let pl = g2.logits().unwrap().to_vec();
         pre_errs.push((rel_l2(&pl, s.logits()), rel_l2(&gl, &pl)));
-        let ga = mens::kernels::ops::argmax(&gl);
-        agree += (ga == mens::kernels::ops::argmax(s.logits())) as usize;
+        let ga = mens::sample::argmax(&gl);
+        agree += (ga == mens::sample::argmax(s.logits())) as usize;
         // The device's own greedy choice is the argmax of the logits it computed.
         let mut greedy = Sampler::new(SamplerConfig::greedy(), c.vocab_size).unwrap();
         assert_eq!(
@@ -314,10 +314,7 @@ fn device_sampling_draws_from_the_top_k() {
     g.forward(&[5], Logits::Last).unwrap();
     let l = g.logits().unwrap().to_vec();
     let mut greedy = Sampler::new(SamplerConfig::greedy(), v).unwrap();
-    assert_eq!(
-        g.sample(&mut greedy).unwrap(),
-        mens::kernels::ops::argmax(&l)
-    );
+    assert_eq!(g.sample(&mut greedy).unwrap(), mens::sample::argmax(&l));
     assert_eq!(g.tokens().len(), 5);
 }
 
@@ -361,7 +358,7 @@ fn glu_kernel_matches_reference() {
 
 #[test]
 fn qkv_rope_kernel_matches_reference() {
-    use mens::kernels::ops::{RopeStyle, RopeTable};
+    use mens::rope::{RopeStyle, RopeTable};
     let Some(dev) = device() else { return };
     for (nh, nkv, hd, neox) in [(14usize, 2usize, 64usize, true), (4, 2, 128, false)] {
         let d = 256;

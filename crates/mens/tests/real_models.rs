@@ -6,7 +6,7 @@ use common::{json, load};
 use mens::engine::{Logits, Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
 use mens::gguf::TensorType;
-use mens::kernels::ops::argmax;
+use mens::sample::argmax;
 use mens::sample::{Sampler, SamplerConfig};
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {

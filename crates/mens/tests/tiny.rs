@@ -40,12 +40,8 @@ fn kv_cache_parity(spec: SynthSpec) {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         max_diff = max_diff.max(d);
-        let next = mens::kernels::ops::argmax(cached.logits());
-        assert_eq!(
-            next,
-            mens::kernels::ops::argmax(uncached.logits()),
-            "step {step}"
-        );
+        let next = mens::sample::argmax(cached.logits());
+        assert_eq!(next, mens::sample::argmax(uncached.logits()), "step {step}");
         assert!(cached.logits().iter().all(|v| v.is_finite()));
         seq.push(next);
         cached.forward(&[next], Logits::Last).unwrap();
@@ -358,8 +354,8 @@ fn batch_steps_equal_separate_sessions() {
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
                 max_diff = max_diff.max(d);
-                let a = mens::kernels::ops::argmax(bl);
-                assert_eq!(a, mens::kernels::ops::argmax(sl), "slot {s} step {step}");
+                let a = mens::sample::argmax(bl);
+                assert_eq!(a, mens::sample::argmax(sl), "slot {s} step {step}");
                 next[*s] = Some(a);
             } else {
                 assert!(batch.logits_and_tokens(*s).is_none());

@@ -15,10 +15,10 @@
 use crate::engine::Logits;
 use crate::error::{Error, Result};
 use crate::gguf::TensorType;
-use crate::kernels::ops::{RopeStyle, RopeTable};
-use crate::kernels::QTensor;
 use crate::model::{Config, Model};
+use crate::rope::{RopeStyle, RopeTable};
 use crate::sample::Sampler;
+use crate::weights::QTensor;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys, CudaContext};
 use std::ffi::c_void;

@@ -1,6 +1,6 @@
 //! CPU references for the CUDA kernels (tests compare the two on random inputs).
 
-use crate::kernels::QTensor;
+use crate::weights::QTensor;
 
 /// kernels.cu's q8 activation format: int8 in blocks of 32, one (d, s) per block,
 /// d = max|x| / 127, s = d * sum(q).

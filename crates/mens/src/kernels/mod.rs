@@ -11,36 +11,15 @@ pub mod ops;
 pub mod pool;
 mod simd;
 
-use crate::error::{Error, Result};
-use crate::gguf::{Storage, TensorType};
+use crate::gguf::TensorType;
+use crate::weights::{by_type, cast};
+pub use crate::weights::{quantize, QTensor};
 use candle_core::quantized::k_quants::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
     BlockQ8K, BlockQ8_0, BlockQ8_1, GgmlType,
 };
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-/// Calls `$f::<BlockType>` for the block type of tensor type `$t` (one place for the 13-way match).
-macro_rules! by_type {
-    ($t:expr, $f:ident) => {
-        match $t {
-            TensorType::F32 => $f::<f32>,
-            TensorType::F16 => $f::<f16>,
-            TensorType::BF16 => $f::<bf16>,
-            TensorType::Q4_0 => $f::<BlockQ4_0>,
-            TensorType::Q4_1 => $f::<BlockQ4_1>,
-            TensorType::Q5_0 => $f::<BlockQ5_0>,
-            TensorType::Q5_1 => $f::<BlockQ5_1>,
-            TensorType::Q8_0 => $f::<BlockQ8_0>,
-            TensorType::Q2K => $f::<BlockQ2K>,
-            TensorType::Q3K => $f::<BlockQ3K>,
-            TensorType::Q4K => $f::<BlockQ4K>,
-            TensorType::Q5K => $f::<BlockQ5K>,
-            TensorType::Q6K => $f::<BlockQ6K>,
-        }
-    };
-}
 
 /// Counts kernel dispatches (one per matmul or fused elementwise kernel call), for `mens bench`.
 pub static DISPATCHES: AtomicU64 = AtomicU64::new(0);
@@ -48,173 +27,6 @@ pub static DISPATCHES: AtomicU64 = AtomicU64::new(0);
 #[inline]
 pub(crate) fn count_dispatch() {
     DISPATCHES.fetch_add(1, Ordering::Relaxed);
-}
-
-/// A 2-D weight matrix (`rows` outputs × `cols` inputs) stored as in the file, inside the mmap.
-#[derive(Clone)]
-pub struct QTensor {
-    pub ttype: TensorType,
-    pub rows: usize,
-    pub cols: usize,
-    storage: Arc<Storage>,
-    offset: usize,
-    len: usize,
-}
-
-impl QTensor {
-    pub fn new(
-        ttype: TensorType,
-        rows: usize,
-        cols: usize,
-        storage: Arc<Storage>,
-        offset: usize,
-        len: usize,
-    ) -> Result<Self> {
-        let need = ttype.bytes_for((rows * cols) as u64);
-        if need != Some(len as u64) || offset + len > storage.len() {
-            return Err(Error::Model(format!(
-                "tensor of {rows}x{cols} {} has {len} bytes",
-                ttype.name()
-            )));
-        }
-        let align = match ttype {
-            TensorType::F32
-            | TensorType::Q2K
-            | TensorType::Q3K
-            | TensorType::Q4K
-            | TensorType::Q5K
-            | TensorType::Q6K => 4,
-            _ => 2,
-        };
-        if (storage.as_ptr() as usize + offset) % align != 0 {
-            return Err(Error::Model(format!(
-                "tensor data at offset {offset} is not {align}-byte aligned"
-            )));
-        }
-        Ok(QTensor {
-            ttype,
-            rows,
-            cols,
-            storage,
-            offset,
-            len,
-        })
-    }
-
-    pub fn data(&self) -> &[u8] {
-        &self.storage[self.offset..self.offset + self.len]
-    }
-
-    pub fn row_bytes(&self) -> usize {
-        self.len / self.rows
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.len
-    }
-
-    /// Dequantize row `r` into `out` (len = cols).
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let rb = self.row_bytes();
-        let row = &self.data()[r * rb..(r + 1) * rb];
-        fn deq<T: GgmlType>(row: &[u8], out: &mut [f32]) {
-            T::to_float(cast::<T>(row), out)
-        }
-        match self.ttype {
-            // Own code for the Q4_K_M types: candle's K-quant to_float allocates on every call.
-            TensorType::Q4K => dequantize_q4k(row, out),
-            TensorType::Q6K => dequantize_q6k(row, out),
-            t => by_type!(t, deq)(row, out),
-        }
-    }
-}
-
-fn f16_le(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
-}
-
-/// Q4_K blocks (d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles) → f32, as ggml's
-/// `dequantize_row_q4_K`.
-fn dequantize_q4k(row: &[u8], out: &mut [f32]) {
-    for (b, y) in row.chunks_exact(144).zip(out.chunks_exact_mut(256)) {
-        let (d, dmin) = (f16_le(b, 0), f16_le(b, 2));
-        let sc = &b[4..16];
-        let scale_min = |j: usize| -> (f32, f32) {
-            if j < 4 {
-                ((sc[j] & 63) as f32, (sc[j + 4] & 63) as f32)
-            } else {
-                (
-                    ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4)) as f32,
-                    ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)) as f32,
-                )
-            }
-        };
-        for g in 0..4 {
-            let q = &b[16 + 32 * g..16 + 32 * (g + 1)];
-            let (s1, m1) = scale_min(2 * g);
-            let (s2, m2) = scale_min(2 * g + 1);
-            let y = &mut y[64 * g..64 * (g + 1)];
-            for l in 0..32 {
-                y[l] = d * s1 * (q[l] & 0xF) as f32 - dmin * m1;
-                y[l + 32] = d * s2 * (q[l] >> 4) as f32 - dmin * m2;
-            }
-        }
-    }
-}
-
-/// Q6_K blocks (128 bytes low nibbles, 64 bytes high bits, 16 int8 scales, d) → f32, as ggml's
-/// `dequantize_row_q6_K`.
-fn dequantize_q6k(row: &[u8], out: &mut [f32]) {
-    for (b, y) in row.chunks_exact(210).zip(out.chunks_exact_mut(256)) {
-        let d = f16_le(b, 208);
-        for h in 0..2 {
-            let ql = &b[64 * h..64 * h + 64];
-            let qh = &b[128 + 32 * h..128 + 32 * h + 32];
-            let sc = &b[192 + 8 * h..192 + 8 * h + 8];
-            let y = &mut y[128 * h..128 * (h + 1)];
-            for l in 0..32 {
-                let is = l / 16;
-                let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-                y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-                y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-                y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
-            }
-        }
-    }
-}
-
-/// Quantize f32 values (whole blocks) to `t`'s bytes, as stored in GGUF (tests, `mens synth`, benches).
-pub fn quantize(t: TensorType, x: &[f32]) -> Vec<u8> {
-    fn q<T: GgmlType>(x: &[f32]) -> Vec<u8> {
-        let nb = x.len() / T::BLCK_SIZE;
-        let mut blocks = vec![T::zeros(); nb];
-        T::from_float(x, &mut blocks);
-        // SAFETY: plain-old-data blocks viewed as bytes.
-        unsafe {
-            std::slice::from_raw_parts(blocks.as_ptr() as *const u8, nb * std::mem::size_of::<T>())
-                .to_vec()
-        }
-    }
-    by_type!(t, q)(x)
-}
-
-/// Reinterpret bytes as a slice of blocks. Callers guarantee length is a whole number of blocks and
-/// alignment (checked in `QTensor::new` and by `Vec` allocation for activations).
-#[inline]
-fn cast<T>(bytes: &[u8]) -> &[T] {
-    debug_assert_eq!(bytes.len() % std::mem::size_of::<T>(), 0);
-    debug_assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0);
-    // SAFETY: T is a plain-old-data block type (repr(C), no invalid bit patterns), length and alignment as above.
-    unsafe {
-        std::slice::from_raw_parts(
-            bytes.as_ptr() as *const T,
-            bytes.len() / std::mem::size_of::<T>(),
-        )
-    }
 }
 
 /// The activation format a weight type's dot product wants.
@@ -691,7 +503,9 @@ fn rows_typed<T: GgmlType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::Storage;
     use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
 
     fn random_tensor(rows: usize, cols: usize, ttype: TensorType, seed: u64) -> QTensor {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

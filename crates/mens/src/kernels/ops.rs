@@ -3,6 +3,7 @@
 //! against unfused references.
 
 use super::count_dispatch;
+pub use crate::rope::{RopeStyle, RopeTable, MAX_HEAD_DIM};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -45,63 +46,6 @@ pub fn add(x: &mut [f32], delta: &[f32]) {
     count_dispatch();
     for (a, b) in x.iter_mut().zip(delta) {
         *a += b;
-    }
-}
-
-/// How rotary embeddings pair the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Pairs (i, i + d/2): GPT-NeoX and Qwen2.
-    Neox,
-    /// Pairs (2i, 2i+1): Llama as converted to GGUF.
-    Normal,
-}
-
-/// cos/sin for every (position, frequency): [ctx, head_dim/2] each. Built once per session.
-pub struct RopeTable {
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
-    half: usize,
-}
-
-impl RopeTable {
-    pub fn new(ctx: usize, head_dim: usize, base: f32) -> Self {
-        let half = head_dim / 2;
-        let mut cos = vec![0f32; ctx * half];
-        let mut sin = vec![0f32; ctx * half];
-        for p in 0..ctx {
-            for i in 0..half {
-                let freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64);
-                let a = p as f64 * freq;
-                cos[p * half + i] = a.cos() as f32;
-                sin[p * half + i] = a.sin() as f32;
-            }
-        }
-        RopeTable { cos, sin, half }
-    }
-
-    #[inline]
-    pub fn rotate(&self, v: &mut [f32], pos: usize, style: RopeStyle) {
-        let half = self.half;
-        let c = &self.cos[pos * half..(pos + 1) * half];
-        let s = &self.sin[pos * half..(pos + 1) * half];
-        match style {
-            RopeStyle::Neox => {
-                let (a, b) = v.split_at_mut(half);
-                for i in 0..half {
-                    let (x0, x1) = (a[i], b[i]);
-                    a[i] = x0 * c[i] - x1 * s[i];
-                    b[i] = x0 * s[i] + x1 * c[i];
-                }
-            }
-            RopeStyle::Normal => {
-                for i in 0..half {
-                    let (x0, x1) = (v[2 * i], v[2 * i + 1]);
-                    v[2 * i] = x0 * c[i] - x1 * s[i];
-                    v[2 * i + 1] = x0 * s[i] + x1 * c[i];
-                }
-            }
-        }
     }
 }
 
@@ -159,9 +103,6 @@ pub fn bias_rope_store(
     }
 }
 
-/// The largest head dimension the kernels take (attention keeps a head's accumulator on the stack).
-pub const MAX_HEAD_DIM: usize = 256;
-
 /// SwiGLU: out[t, i] = silu(gate_up[t, i]) * gate_up[t, ffn + i], gate and up side by side per row.
 pub fn swiglu(gate_up: &[f32], t: usize, ffn: usize, out: &mut [f32]) {
     count_dispatch();
@@ -172,19 +113,6 @@ pub fn swiglu(gate_up: &[f32], t: usize, ffn: usize, out: &mut [f32]) {
             *o = g / (1.0 + (-g).exp()) * u;
         }
     }
-}
-
-/// Index of the largest value (the first one on ties), as llama.cpp's greedy sampler.
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if v > bv {
-            bv = v;
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[cfg(test)]
@@ -232,6 +160,7 @@ mod tests {
 
     #[test]
     fn swiglu_and_argmax() {
+        use crate::sample::argmax;
         let gu = [1.0f32, -2.0, 3.0, 4.0];
         let mut out = [0f32; 2];
         swiglu(&gu, 1, 2, &mut out);

@@ -1,0 +1,62 @@
+//! Rotary position embeddings: how a head's dimensions are paired, and the cos/sin table every
+//! backend builds once per session.
+
+/// The largest head dimension the kernels take (attention keeps a head's accumulator on the stack).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (i, i + d/2): GPT-NeoX and Qwen2.
+    Neox,
+    /// Pairs (2i, 2i+1): Llama as converted to GGUF.
+    Normal,
+}
+
+/// cos/sin for every (position, frequency): [ctx, head_dim/2] each. Built once per session.
+pub struct RopeTable {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+    half: usize,
+}
+
+impl RopeTable {
+    pub fn new(ctx: usize, head_dim: usize, base: f32) -> Self {
+        let half = head_dim / 2;
+        let mut cos = vec![0f32; ctx * half];
+        let mut sin = vec![0f32; ctx * half];
+        for p in 0..ctx {
+            for i in 0..half {
+                let freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let a = p as f64 * freq;
+                cos[p * half + i] = a.cos() as f32;
+                sin[p * half + i] = a.sin() as f32;
+            }
+        }
+        RopeTable { cos, sin, half }
+    }
+
+    #[inline]
+    pub fn rotate(&self, v: &mut [f32], pos: usize, style: RopeStyle) {
+        let half = self.half;
+        let c = &self.cos[pos * half..(pos + 1) * half];
+        let s = &self.sin[pos * half..(pos + 1) * half];
+        match style {
+            RopeStyle::Neox => {
+                let (a, b) = v.split_at_mut(half);
+                for i in 0..half {
+                    let (x0, x1) = (a[i], b[i]);
+                    a[i] = x0 * c[i] - x1 * s[i];
+                    b[i] = x0 * s[i] + x1 * c[i];
+                }
+            }
+            RopeStyle::Normal => {
+                for i in 0..half {
+                    let (x0, x1) = (v[2 * i], v[2 * i + 1]);
+                    v[2 * i] = x0 * c[i] - x1 * s[i];
+                    v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+                }
+            }
+        }
+    }
+}
