@@ -1,24 +1,22 @@
 //! `mens perplexity`: the engine's `perplexity` over a text file, with llama-perplexity's output.
 
-use crate::{load, PerplexityArgs};
+use crate::args::PerplexityArgs;
+use crate::{load, runner};
 use anyhow::Result;
-use mens::engine::{Session, SessionOptions};
 use std::time::Instant;
 
-pub fn run(args: PerplexityArgs) -> Result<()> {
-    let l = load(&args.model)?;
+/// Window size when -c is not given (llama-perplexity's default).
+const DEFAULT_WINDOW: usize = 512;
+
+pub fn run(mut args: PerplexityArgs) -> Result<()> {
+    // Windows of -c tokens (512 by default): that is the context to admit, not the trained one.
+    let ctx = args.model.ctx_size.unwrap_or(DEFAULT_WINDOW);
+    args.model.ctx_size = Some(ctx);
+    let l = load(&args.model, 1)?;
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.file.display()))?;
     let tokens = l.tokenizer.encode_text(&text, usize::MAX)?;
-    let ctx = args.model.ctx_size.unwrap_or(512);
-    let mut sess = Session::new(
-        l.model.clone(),
-        SessionOptions {
-            ctx,
-            batch: ctx.min(512),
-            logit_rows: 16,
-        },
-    )?;
+    let mut sess = runner(&l)?;
     eprintln!(
         "mens: {} tokens, windows of {ctx}, scoring the second half of each",
         tokens.len()
@@ -29,7 +27,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         None
     };
     let t0 = Instant::now();
-    let r = mens::perplexity::perplexity(&mut sess, &tokens, bos, args.chunks, |i, p| {
+    let r = mens::perplexity::perplexity(sess.as_mut(), &tokens, bos, args.chunks, |i, p| {
         eprint!("[{i}]{p:.4},")
     })?;
     eprintln!();

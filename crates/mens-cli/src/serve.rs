@@ -1,9 +1,11 @@
 //! `mens serve`: load the model, start the engine's scheduler and the HTTP server.
 
-use crate::{load_slots, ModelArgs};
+use crate::args::ModelArgs;
+use crate::load;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use mens::scheduler::{Scheduler, SchedulerOptions};
+use mens::load::Backend;
+use mens::scheduler::{RunnerFactory, Scheduler, SchedulerOptions};
 use mens_server::{AppState, ServerConfig};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -114,21 +116,37 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else {
         None
     };
-    let l = load_slots(&a.model, a.parallel)?;
+    let backend = crate::backend(&a.model);
+    if backend != Backend::Cpu && a.parallel > 1 {
+        bail!(
+            "invalid argument: --backend {} serves one sequence at a time for now (--parallel 1); batched GPU decoding is not built yet",
+            backend.name()
+        );
+    }
+    let l = load(&a.model, a.parallel)?;
     let name = a.alias.clone().unwrap_or_else(|| {
         crate::model_path(&a.model)
             .ok()
             .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "mens".into())
     });
+    let target = l.target();
     let tokenizer = Arc::new(l.tokenizer);
-    let options = SchedulerOptions {
-        slots: a.parallel,
-        ctx: l.options.ctx,
-        batch: a.step_tokens,
-        queue: a.queue,
+    let scheduler = if backend == Backend::Cpu {
+        let options = SchedulerOptions {
+            slots: a.parallel,
+            ctx: l.options.ctx,
+            batch: a.step_tokens,
+            queue: a.queue,
+        };
+        Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
+    } else {
+        // The GPU runner is made (and its weights uploaded) on the scheduler's thread.
+        let factory: RunnerFactory =
+            Box::new(move || target.runner(&mut |m| eprintln!("mens: {m}"), &mut |_, _| {}));
+        let vocab = l.model.config.vocab_size;
+        Scheduler::start(factory, vocab, tokenizer.clone(), a.queue)?
     };
-    let scheduler = Scheduler::start(l.model.clone(), tokenizer.clone(), options)?;
     let config = ServerConfig {
         api_keys,
         body_limit: body_limit as usize,

@@ -6,6 +6,8 @@
 mod api;
 mod conn;
 mod guard;
+mod request;
+mod sse;
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +22,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use api::{prepare, ApiError};
+pub use api::prepare;
+pub use request::ApiError;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {

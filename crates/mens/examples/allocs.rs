@@ -1,5 +1,6 @@
 // Debug helper: prints a backtrace for each heap allocation made during steady decode steps.
-use mens::engine::{Logits, Session, SessionOptions};
+use mens::cpu::{Session, SessionOptions};
+use mens::runner::Logits;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,6 @@
 // Debug helper: top-2 logits at each teacher-forced position of a reference continuation.
-use mens::engine::{Logits, Session, SessionOptions};
+use mens::cpu::{Session, SessionOptions};
+use mens::runner::Logits;
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let model = std::sync::Arc::new(mens::model::Model::open(a[1].as_ref()).unwrap());

@@ -1,10 +1,12 @@
-//! The generation loop: prefill the prompt, then sample and decode one token per step, streaming text
-//! through a callback. Shared by the CLI and (later) the server.
+//! The generation loop for one sequence on any backend: prefill the prompt, then sample and decode one
+//! token per step, streaming text through a callback (the CLI's `run` and `chat`; the server goes
+//! through the scheduler, with the same [`TokenStream`]).
 
-use crate::engine::{Logits, Runner, Session};
 use crate::error::{Error, Result};
+use crate::runner::{Logits, Runner};
 use crate::sample::Sampler;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::stream::TokenStream;
+use crate::tokenizer::Tokenizer;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Default)]
@@ -46,57 +48,6 @@ impl Stats {
     }
     pub fn decode_tps(&self) -> f64 {
         self.decode_steps as f64 / self.decode.as_secs_f64().max(1e-9)
-    }
-}
-
-/// Held-back text: emits what can no longer be the start of a stop string.
-pub(crate) struct StopMatcher {
-    stops: Vec<String>,
-    pending: String,
-}
-
-impl StopMatcher {
-    pub(crate) fn new(stops: Vec<String>) -> Self {
-        StopMatcher {
-            stops,
-            pending: String::new(),
-        }
-    }
-
-    /// Add text; returns (text safe to emit, whether a stop string was hit).
-    pub(crate) fn push(&mut self, text: &str, out: &mut String) -> bool {
-        self.pending.push_str(text);
-        if self.stops.is_empty() {
-            out.push_str(&self.pending);
-            self.pending.clear();
-            return false;
-        }
-        if let Some(i) = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
-        {
-            out.push_str(&self.pending[..i]);
-            self.pending.clear();
-            return true;
-        }
-        // Keep the longest suffix that is a prefix of some stop string.
-        let mut keep_from = self.pending.len();
-        for (i, _) in self.pending.char_indices().rev() {
-            let tail = &self.pending[i..];
-            if self.stops.iter().any(|s| s.starts_with(tail)) {
-                keep_from = i;
-            }
-        }
-        out.push_str(&self.pending[..keep_from]);
-        self.pending.drain(..keep_from);
-        false
-    }
-    pub(crate) fn finish(&mut self, out: &mut String) {
-        out.push_str(&self.pending);
-        self.pending.clear();
     }
 }
 
@@ -143,10 +94,7 @@ pub fn generate<R: Runner + ?Sized>(
         decode: Duration::ZERO,
         stop: StopReason::Length,
     };
-    let mut decoder = StreamDecoder::new();
-    let mut matcher = StopMatcher::new(opts.stop.clone());
-    let mut piece = String::with_capacity(64);
-    let mut emit = String::with_capacity(64);
+    let mut stream = TokenStream::new(opts.stop.clone());
 
     while stats.generated < opts.max_tokens {
         let next = session.sample(sampler)?;
@@ -155,11 +103,8 @@ pub fn generate<R: Runner + ?Sized>(
             stats.stop = StopReason::Eos;
             break;
         }
-        piece.clear();
-        emit.clear();
-        decoder.push(tokenizer, next, &mut piece);
-        let hit = matcher.push(&piece, &mut emit);
-        if !emit.is_empty() && !on_text(&emit) {
+        let (emit, hit) = stream.push(tokenizer, next);
+        if !emit.is_empty() && !on_text(emit) {
             stats.stop = StopReason::Cancelled;
             break;
         }
@@ -180,43 +125,9 @@ pub fn generate<R: Runner + ?Sized>(
         stats.decode += t.elapsed();
         stats.decode_steps += 1;
     }
-    emit.clear();
-    piece.clear();
-    decoder.finish(&mut piece);
-    if stats.stop != StopReason::Stop {
-        matcher.push(&piece, &mut emit);
-        matcher.finish(&mut emit);
-        if !emit.is_empty() {
-            on_text(&emit);
-        }
+    let rest = stream.finish();
+    if !rest.is_empty() {
+        on_text(rest);
     }
     Ok(stats)
-}
-
-impl Session {
-    /// Sample the next token from the last logits, with the cached tokens as the penalty history.
-    pub fn sample_next(&mut self, sampler: &mut Sampler) -> u32 {
-        let (logits, tokens) = self.logits_and_tokens();
-        sampler.sample(logits, tokens)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_matcher_holds_back_partial_stops() {
-        let stops = vec!["</end>".to_string()];
-        let mut m = StopMatcher::new(stops.clone());
-        let mut out = String::new();
-        assert!(!m.push("hello </", &mut out));
-        assert_eq!(out, "hello ");
-        assert!(m.push("end> more", &mut out));
-        assert_eq!(out, "hello ");
-        let mut m = StopMatcher::new(stops.clone());
-        let mut out = String::new();
-        assert!(!m.push("a </b", &mut out));
-        assert_eq!(out, "a </b");
-    }
 }

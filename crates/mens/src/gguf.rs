@@ -515,116 +515,16 @@ impl Gguf {
             HashMap::with_capacity((n_tensors as usize).min(c.remaining() as usize / 64));
         let mut rel_offsets = bounded_vec(n_tensors as usize, c.remaining());
         for i in 0..n_tensors {
-            let at = c.pos as u64;
-            let name = c.string("tensor name")?;
-            let field = |s: &str| format!("tensor {name:?} {s}");
-            let n_dims = c.u32(&field("n_dims"))?;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(Error::gguf(
-                    at,
-                    field("n_dims"),
-                    format!("{n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
-                ));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            let mut elements: u64 = 1;
-            for _ in 0..n_dims {
-                let dat = c.pos as u64;
-                let d = c.u64(&field("dimension"))?;
-                if d == 0 {
-                    return Err(Error::gguf(dat, field("dimension"), "dimension is 0"));
-                }
-                elements = elements.checked_mul(d).ok_or_else(|| {
-                    Error::gguf(dat, field("dimension"), "element count overflows 64 bits")
-                })?;
-                dims.push(d);
-            }
-            let tat = c.pos as u64;
-            let type_id = c.u32(&field("type"))?;
-            let ttype = TensorType::from_id(type_id).ok_or_else(|| {
-                Error::gguf(
-                    tat,
-                    field("type"),
-                    format!("unknown or unsupported tensor type id {type_id}"),
-                )
-            })?;
-            if dims[0] % ttype.block_size() != 0 {
-                return Err(Error::gguf(
-                    at,
-                    field("shape"),
-                    format!(
-                        "row length {} is not a multiple of the {} block size {}",
-                        dims[0],
-                        ttype.name(),
-                        ttype.block_size()
-                    ),
-                ));
-            }
-            let bytes = ttype
-                .bytes_for(elements)
-                .ok_or_else(|| Error::gguf(at, field("shape"), "byte size overflows 64 bits"))?;
-            let oat = c.pos as u64;
-            let offset = c.u64(&field("offset"))?;
-            if offset % alignment != 0 {
-                return Err(Error::gguf(
-                    oat,
-                    field("offset"),
-                    format!("offset {offset} is not a multiple of the alignment {alignment}"),
-                ));
-            }
-            if index.insert(name.clone(), i as usize).is_some() {
+            let (at, info, oat) = read_tensor_info(&mut c, alignment)?;
+            let field = |s: &str| format!("tensor {:?} {s}", info.name);
+            if index.insert(info.name.clone(), i as usize).is_some() {
                 return Err(Error::gguf(at, field("name"), "duplicate tensor name"));
             }
-            rel_offsets.push((oat, offset));
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ttype,
-                offset,
-                bytes,
-            });
+            rel_offsets.push((oat, info.offset));
+            tensors.push(info);
         }
 
-        let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
-        if data_start > file_len && n_tensors > 0 {
-            return Err(Error::gguf(
-                c.pos as u64,
-                "tensor data",
-                "the file ends before its data section",
-            ));
-        }
-        let data_len = file_len.saturating_sub(data_start);
-        for (t, (oat, rel)) in tensors.iter_mut().zip(rel_offsets) {
-            let end = rel.checked_add(t.bytes);
-            if end.is_none_or(|e| e > data_len) {
-                return Err(Error::gguf(
-                    oat,
-                    format!("tensor {:?} offset", t.name),
-                    format!(
-                        "data [{rel}, {rel}+{}) lies outside the {data_len}-byte data section (truncated file?)",
-                        t.bytes
-                    ),
-                ));
-            }
-            t.offset = data_start + rel;
-        }
-        // No two tensors may overlap.
-        let mut spans: Vec<(u64, u64, usize)> = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.offset, t.offset + t.bytes, i))
-            .collect();
-        spans.sort_unstable();
-        for w in spans.windows(2) {
-            if w[1].0 < w[0].1 {
-                let (a, b) = (&tensors[w[0].2], &tensors[w[1].2]);
-                return Err(Error::gguf(
-                    b.offset,
-                    format!("tensor {:?}", b.name),
-                    format!("data overlaps tensor {:?}", a.name),
-                ));
-            }
-        }
+        place_tensors(&mut tensors, rel_offsets, c.pos as u64, alignment, file_len)?;
         Ok(Gguf {
             storage,
             version,
@@ -832,4 +732,129 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// One entry of the tensor table: where it starts, its info (offset relative to the data section)
+/// and where its offset field is, all checked against the format and `alignment`.
+fn read_tensor_info(c: &mut Cursor, alignment: u64) -> Result<(u64, TensorInfo, u64)> {
+    let at = c.pos as u64;
+    let name = c.string("tensor name")?;
+    let field = |s: &str| format!("tensor {name:?} {s}");
+    let n_dims = c.u32(&field("n_dims"))?;
+    if n_dims == 0 || n_dims > MAX_DIMS {
+        return Err(Error::gguf(
+            at,
+            field("n_dims"),
+            format!("{n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
+        ));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    let mut elements: u64 = 1;
+    for _ in 0..n_dims {
+        let dat = c.pos as u64;
+        let d = c.u64(&field("dimension"))?;
+        if d == 0 {
+            return Err(Error::gguf(dat, field("dimension"), "dimension is 0"));
+        }
+        elements = elements.checked_mul(d).ok_or_else(|| {
+            Error::gguf(dat, field("dimension"), "element count overflows 64 bits")
+        })?;
+        dims.push(d);
+    }
+    let tat = c.pos as u64;
+    let type_id = c.u32(&field("type"))?;
+    let ttype = TensorType::from_id(type_id).ok_or_else(|| {
+        Error::gguf(
+            tat,
+            field("type"),
+            format!("unknown or unsupported tensor type id {type_id}"),
+        )
+    })?;
+    if dims[0] % ttype.block_size() != 0 {
+        return Err(Error::gguf(
+            at,
+            field("shape"),
+            format!(
+                "row length {} is not a multiple of the {} block size {}",
+                dims[0],
+                ttype.name(),
+                ttype.block_size()
+            ),
+        ));
+    }
+    let bytes = ttype
+        .bytes_for(elements)
+        .ok_or_else(|| Error::gguf(at, field("shape"), "byte size overflows 64 bits"))?;
+    let oat = c.pos as u64;
+    let offset = c.u64(&field("offset"))?;
+    if offset % alignment != 0 {
+        return Err(Error::gguf(
+            oat,
+            field("offset"),
+            format!("offset {offset} is not a multiple of the alignment {alignment}"),
+        ));
+    }
+    Ok((
+        at,
+        TensorInfo {
+            name,
+            dims,
+            ttype,
+            offset,
+            bytes,
+        },
+        oat,
+    ))
+}
+
+/// Turn the tensors' offsets (relative to the data section, which starts at the first aligned byte
+/// after `table_end`) into file offsets, checking that each lies inside the file and none overlap.
+fn place_tensors(
+    tensors: &mut [TensorInfo],
+    rel_offsets: Vec<(u64, u64)>,
+    table_end: u64,
+    alignment: u64,
+    file_len: u64,
+) -> Result<()> {
+    let data_start = table_end.div_ceil(alignment) * alignment;
+    if data_start > file_len && !tensors.is_empty() {
+        return Err(Error::gguf(
+            table_end,
+            "tensor data",
+            "the file ends before its data section",
+        ));
+    }
+    let data_len = file_len.saturating_sub(data_start);
+    for (t, (oat, rel)) in tensors.iter_mut().zip(rel_offsets) {
+        let end = rel.checked_add(t.bytes);
+        if end.is_none_or(|e| e > data_len) {
+            return Err(Error::gguf(
+                oat,
+                format!("tensor {:?} offset", t.name),
+                format!(
+                    "data [{rel}, {rel}+{}) lies outside the {data_len}-byte data section (truncated file?)",
+                    t.bytes
+                ),
+            ));
+        }
+        t.offset = data_start + rel;
+    }
+    // No two tensors may overlap.
+    let mut spans: Vec<(u64, u64, usize)> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.offset, t.offset + t.bytes, i))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            let (a, b) = (&tensors[w[0].2], &tensors[w[1].2]);
+            return Err(Error::gguf(
+                b.offset,
+                format!("tensor {:?}", b.name),
+                format!("data overlaps tensor {:?}", a.name),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -4,7 +4,7 @@
 //! The rule (from the Apple Silicon seed, applied on every backend): at most 75% of the memory the
 //! model can use goes to model + KV cache + buffers, and at least 2048 MiB stay free for the system.
 
-use crate::engine::{session_bytes, SessionOptions};
+use crate::cpu::{session_bytes, SessionOptions};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use serde::Serialize;
@@ -232,17 +232,12 @@ pub fn fit_context_slots(
             budget.how
         )));
     }
-    // Largest context that fits: the estimate grows monotonically with ctx, so bisect.
-    let (mut lo, mut hi) = (16.min(train), train);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if estimate(model, &opts(mid)).total() <= budget.bytes {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    let max_fit = lo;
+    // Largest context that fits (the estimate grows monotonically with ctx).
+    let lo = 16.min(train);
+    let max_fit = crate::load::largest_fit(lo, train, |c| {
+        estimate(model, &opts(c)).total() <= budget.bytes
+    })
+    .unwrap_or(lo);
     match requested {
         Some(ctx) => {
             let e = estimate(model, &opts(ctx));

@@ -11,11 +11,11 @@
 //!   being expanded to f32 on the device (candle's examples do that: hundreds of MiB).
 //! - Greedy sampling reads back one token id (argmax on the device).
 
-use crate::engine::Logits;
 use crate::error::{Error, Result};
 use crate::gguf::TensorType;
 use crate::model::{Config, Model};
 use crate::rope::{RopeStyle, RopeTable};
+use crate::runner::Logits;
 use crate::sample::Sampler;
 use crate::weights::QTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor as CandleQ};
@@ -178,7 +178,7 @@ impl MetalSession {
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
-        crate::engine::check_tokens(
+        crate::runner::check_tokens(
             self.tokens.len(),
             self.ctx,
             tokens,
@@ -307,17 +307,23 @@ impl MetalSession {
     }
 }
 
-impl crate::engine::Runner for MetalSession {
+impl crate::runner::Runner for MetalSession {
     fn ctx(&self) -> usize {
         self.ctx
     }
-    fn tokens(&self) -> &[u32] {
+    fn max_step_tokens(&self) -> usize {
+        self.ctx
+    }
+    fn slot_tokens(&self, _slot: usize) -> &[u32] {
         &self.tokens
     }
-    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
+    fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
+        let p = crate::runner::single(parts)?;
+        let logits = std::mem::replace(&mut p.logits, Logits::None);
+        let tokens = p.tokens;
         self.check(tokens)?;
         match logits {
-            Logits::Last => self.run(tokens),
+            Logits::Last | Logits::None => self.run(tokens),
             Logits::All { from, f } => {
                 let from = from.min(tokens.len());
                 if from > 0 {
@@ -331,7 +337,7 @@ impl crate::engine::Runner for MetalSession {
             }
         }
     }
-    fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
+    fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
         if sampler.is_greedy() && !sampler.config.penalised() {
             // One id read back.
             let l = self
@@ -346,14 +352,14 @@ impl crate::engine::Runner for MetalSession {
         self.host_logits()?;
         Ok(sampler.sample(&mut self.host_logits, &self.tokens))
     }
-    fn truncate(&mut self, n: usize) {
+    fn truncate_slot(&mut self, _slot: usize, n: usize) {
         self.tokens.truncate(n);
         self.logits = None;
     }
-    fn kv_cache_bytes(&self) -> usize {
-        kv_cache_bytes(self.model.config(), self.ctx) as usize
-    }
-    fn bytes(&self) -> usize {
-        self.kv_cache_bytes() + 2 * self.ctx * self.model.config().head_dim / 2 * 4
+    fn memory(&self) -> crate::runner::Memory {
+        crate::runner::Memory {
+            kv_cache: kv_cache_bytes(self.model.config(), self.ctx) as usize,
+            buffers: 2 * self.ctx * self.model.config().head_dim / 2 * 4,
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! Qwen2 and Llama share this code: they differ in Q/K/V biases, RoPE pairing and tied embeddings.
 
 use crate::error::{Error, Result};
-use crate::gguf::{Gguf, TensorInfo, TensorType};
+use crate::gguf::{Gguf, TensorInfo};
 use crate::rope::{RopeStyle, MAX_HEAD_DIM};
 use crate::weights::QTensor;
 use std::path::Path;
@@ -272,10 +272,5 @@ impl Model {
     /// Bytes of weights as stored (what the mmap brings into memory).
     pub fn weight_bytes(&self) -> u64 {
         self.gguf.tensors.iter().map(|t| t.bytes).sum()
-    }
-
-    /// Types of the matrices, for the activation formats the session must prepare.
-    pub fn types(&self) -> impl Iterator<Item = TensorType> + '_ {
-        self.gguf.tensors.iter().map(|t| t.ttype)
     }
 }

@@ -2,8 +2,8 @@
 //! `ctx`; each window is evaluated from an empty cache and only its second half is scored (each
 //! position predicts the next token), so every scored token sees at least ctx/2 tokens of context.
 
-use crate::engine::{Logits, Session};
 use crate::error::{Error, Result};
+use crate::runner::{Logits, Runner};
 
 #[derive(Debug, Clone)]
 pub struct Perplexity {
@@ -14,16 +14,16 @@ pub struct Perplexity {
     pub scored: usize,
 }
 
-/// `session.options.ctx` is the window. `bos` replaces each window's first token when the model adds
+/// The runner's context is the window (any backend). `bos` replaces each window's first token when the model adds
 /// one (llama.cpp does the same). `progress(window, running ppl)` is called after each window.
 pub fn perplexity(
-    session: &mut Session,
+    session: &mut dyn Runner,
     tokens: &[u32],
     bos: Option<u32>,
     max_windows: Option<usize>,
     mut progress: impl FnMut(usize, f64),
 ) -> Result<Perplexity> {
-    let ctx = session.options.ctx;
+    let ctx = session.ctx();
     if ctx < 4 {
         return Err(Error::InvalidArgument(
             "the perplexity window must be at least 4 tokens".into(),
@@ -48,7 +48,7 @@ pub fn perplexity(
         if let Some(b) = bos {
             window[0] = b;
         }
-        session.reset();
+        session.truncate(0);
         let mut score = |j: usize, logits: &[f32]| {
             if j + 1 >= ctx {
                 return;

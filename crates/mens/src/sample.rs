@@ -23,20 +23,24 @@ pub struct SamplerConfig {
     pub seed: u64,
 }
 
+impl SamplerConfig {
+    /// llama.cpp's defaults (the CLI's and the server's).
+    pub const DEFAULT: SamplerConfig = SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty: 1.0,
+        repeat_last_n: 64,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        seed: 0xDEC0DE,
+    };
+}
+
 impl Default for SamplerConfig {
-    /// llama.cpp's defaults.
     fn default() -> Self {
-        SamplerConfig {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            seed: 0xDEC0DE,
-        }
+        Self::DEFAULT
     }
 }
 

@@ -1,15 +1,19 @@
-//! Many requests over one [`Batch`]: a thread that admits requests into free slots, prefills their
+//! Many requests over one [`Runner`]: a thread that admits requests into free slots, prefills their
 //! prompts in chunks and decodes every active slot together, one batched forward pass per step
 //! (continuous batching: a request joins at the next step, a finished one leaves). Requests beyond
 //! the slots wait in a bounded queue. Output goes back through each request's callback, so the
 //! scheduler knows nothing of who asked (HTTP, a test, a CLI).
-
-use crate::engine::{Batch, Part};
+//!
+//! Each step: [`admit`] waiting requests into free slots (reusing a cached prefix of the same
+//! tenant), [`plan`] the step (a pure function: one token per decoding slot, then prompt chunks in
+//! the room left), run it, and apply the results (sample, stream text, finish).
+use crate::cpu::Batch;
 use crate::error::{Error, Result};
-use crate::generate::StopMatcher;
 use crate::model::Model;
+use crate::runner::{Logits, Part, Runner};
 use crate::sample::{Sampler, SamplerConfig};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::stream::{reusable_prefix, TokenStream};
+use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -106,8 +110,6 @@ pub struct Status {
     pub active: AtomicUsize,
     pub steps: AtomicU64,
     pub generated: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub cached_tokens: AtomicU64,
 }
 
 pub struct Scheduler {
@@ -116,8 +118,10 @@ pub struct Scheduler {
     status: Arc<Status>,
     options: SchedulerOptions,
     vocab: usize,
-    kv_bytes: usize,
 }
+
+/// Builds the runner on the scheduler's thread (a GPU context belongs to the thread that made it).
+pub type RunnerFactory = Box<dyn FnOnce() -> Result<Box<dyn Runner>> + Send>;
 
 struct Job {
     req: Request,
@@ -125,36 +129,66 @@ struct Job {
 }
 
 impl Scheduler {
-    /// Allocate every slot's KV cache and the shared run state, then start the thread.
-    pub fn start(
+    /// The CPU server: `options.slots` sequences of `options.ctx` tokens in one [`Batch`].
+    pub fn cpu(
         model: Arc<Model>,
         tokenizer: Arc<Tokenizer>,
         options: SchedulerOptions,
     ) -> Result<Self> {
-        if options.queue == 0 {
+        let (slots, ctx, batch) = (options.slots, options.ctx, options.batch);
+        let vocab = model.config.vocab_size;
+        let factory: RunnerFactory =
+            Box::new(
+                move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>),
+            );
+        Self::start(factory, vocab, tokenizer, options.queue)
+    }
+
+    /// Start the thread, build the runner on it, and take its slots, context and step size.
+    pub fn start(
+        runner: RunnerFactory,
+        vocab: usize,
+        tokenizer: Arc<Tokenizer>,
+        queue: usize,
+    ) -> Result<Self> {
+        if queue == 0 {
             return Err(Error::InvalidArgument(
                 "the queue must hold ≥ 1 request".into(),
             ));
         }
-        let batch = Batch::new(model.clone(), options.slots, options.ctx, options.batch)?;
-        let kv_bytes = batch.bytes();
-        // Unbounded channel: `queued` bounds it (submit refuses past options.queue).
+        // Unbounded channel: `queued` bounds it (submit refuses past `queue`).
         let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel();
         let status = Arc::new(Status::default());
         let st = status.clone();
         let thread = std::thread::Builder::new()
             .name("mens-scheduler".into())
-            .spawn(move || run(batch, &tokenizer, rx, &st))
+            .spawn(move || match runner() {
+                Ok(r) => {
+                    let _ = ready_tx.send(Ok((r.slots(), r.ctx(), r.max_step_tokens())));
+                    run(r, &tokenizer, rx, &st)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })
             .map_err(|e| {
                 Error::InvalidArgument(format!("cannot start the scheduler thread: {e}"))
             })?;
+        let (slots, ctx, batch) = ready
+            .recv()
+            .map_err(|_| Error::Backend("the scheduler thread ended while starting".into()))??;
         Ok(Scheduler {
             tx: Some(tx),
             thread: Some(thread),
             status,
-            vocab: model.config.vocab_size,
-            options,
-            kv_bytes,
+            vocab,
+            options: SchedulerOptions {
+                slots,
+                ctx,
+                batch,
+                queue,
+            },
         })
     }
 
@@ -164,11 +198,6 @@ impl Scheduler {
 
     pub fn status(&self) -> &Status {
         &self.status
-    }
-
-    /// Bytes of the slots' KV caches and the run state.
-    pub fn bytes(&self) -> usize {
-        self.kv_bytes
     }
 
     /// Check a request and queue it; its output arrives through `on_event`.
@@ -234,79 +263,179 @@ struct Active {
     /// The token to feed at the next step (decoding), once the prompt is in.
     next: Option<u32>,
     sampler: Sampler,
-    decoder: StreamDecoder,
-    matcher: StopMatcher,
+    stream: TokenStream,
     generated: usize,
     first: Option<Duration>,
-    piece: String,
-    emit: String,
 }
 
-/// Length of the common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+/// What the planner sees of a busy slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlotState {
+    pub prompt_len: usize,
+    /// Prompt tokens already in the cache.
+    pub fed: usize,
+    /// Decoding: one token to feed.
+    pub decoding: bool,
 }
 
-fn run(mut batch: Batch, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
-    let n = batch.slots();
-    let ctx = batch.slot(0).ctx();
-    let vocab = batch.model.config.vocab_size;
-    let mut slots: Vec<Option<Active>> = (0..n).map(|_| None).collect();
-    // Whose prompt each slot's cache holds (prefix reuse stays within a tenant).
-    let mut owner: Vec<Option<u64>> = vec![None; n];
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+/// One slot's share of a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Work {
+    /// Feed the token sampled last step.
+    Decode { slot: usize },
+    /// Feed prompt tokens `start..start + len`; `last`: the prompt is then complete (its last
+    /// token's logits start the answer).
+    Prefill {
+        slot: usize,
+        start: usize,
+        len: usize,
+        last: bool,
+    },
+}
+
+impl Work {
+    pub fn slot(&self) -> usize {
+        match *self {
+            Work::Decode { slot } | Work::Prefill { slot, .. } => slot,
+        }
+    }
+}
+
+/// Plan a step within `budget` tokens: every decoding slot feeds its one token (decoding streams
+/// never wait on a prompt), then prompts are fed in chunks, in slot order, in the room left.
+pub fn plan(slots: &[Option<SlotState>], budget: usize, out: &mut Vec<Work>) {
+    out.clear();
+    let mut room = budget;
+    for (slot, s) in slots.iter().enumerate() {
+        if let Some(s) = s {
+            if s.decoding && room > 0 {
+                out.push(Work::Decode { slot });
+                room -= 1;
+            }
+        }
+    }
+    for (slot, s) in slots.iter().enumerate() {
+        if let Some(s) = s {
+            if !s.decoding && room > 0 && s.fed < s.prompt_len {
+                let len = (s.prompt_len - s.fed).min(room);
+                out.push(Work::Prefill {
+                    slot,
+                    start: s.fed,
+                    len,
+                    last: s.fed + len == s.prompt_len,
+                });
+                room -= len;
+            }
+        }
+    }
+}
+
+/// The free slot for a prompt: the one whose cache, holding this tenant's tokens, shares the longest
+/// prefix with it (the next turn of a chat); the lowest free slot when none does. Returns the slot
+/// and how many cached tokens it keeps. `free` lists (slot, owner tenant, cached tokens).
+pub fn choose_slot<'a>(
+    free: impl Iterator<Item = (usize, Option<u64>, &'a [u32])>,
+    tenant: u64,
+    prompt: &[u32],
+) -> Option<(usize, usize)> {
+    free.map(|(i, owner, cached)| {
+        let keep = if owner == Some(tenant) {
+            reusable_prefix(cached, prompt)
+        } else {
+            0
+        };
+        (i, keep)
+    })
+    .max_by_key(|&(i, c)| (c, std::cmp::Reverse(i)))
+}
+
+/// The scheduler thread's state.
+struct Loop<'t> {
+    runner: Box<dyn Runner>,
+    tok: &'t Tokenizer,
+    status: &'t Status,
+    vocab: usize,
+    slots: Vec<Option<Active>>,
+    /// Whose prompt each slot's cache holds (prefix reuse stays within a tenant).
+    owner: Vec<Option<u64>>,
+    waiting: VecDeque<Job>,
+}
+
+fn run(runner: Box<dyn Runner>, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
+    let n = runner.slots();
+    let mut l = Loop {
+        vocab: tok.vocab_size(),
+        runner,
+        tok,
+        status,
+        slots: (0..n).map(|_| None).collect(),
+        owner: vec![None; n],
+        waiting: VecDeque::new(),
+    };
+    let mut states: Vec<Option<SlotState>> = vec![None; n];
+    let mut work = Vec::with_capacity(n);
     let mut one = vec![0u32; n];
-    // (slot, prompt start, length, decoding, wants logits) of the current step.
-    let mut plan: Vec<(usize, usize, usize, bool, bool)> = Vec::with_capacity(n);
     loop {
         // Take what was submitted; block when there is nothing to do.
-        if waiting.is_empty() && slots.iter().all(|s| s.is_none()) {
+        if l.waiting.is_empty() && l.slots.iter().all(|s| s.is_none()) {
             match rx.recv() {
-                Ok(j) => waiting.push_back(j),
+                Ok(j) => l.waiting.push_back(j),
                 Err(_) => return,
             }
         }
-        waiting.extend(rx.try_iter());
+        l.waiting.extend(rx.try_iter());
+        l.admit();
+        for (st, s) in states.iter_mut().zip(&l.slots) {
+            *st = s.as_ref().map(|a| SlotState {
+                prompt_len: a.req.prompt.len(),
+                fed: a.fed,
+                decoding: a.next.is_some(),
+            });
+        }
+        plan(&states, l.runner.max_step_tokens(), &mut work);
+        if work.is_empty() {
+            continue;
+        }
+        l.step(&work, &mut one);
+        l.status.active.store(l.busy(), Ordering::SeqCst);
+    }
+}
+
+impl Loop<'_> {
+    fn busy(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Drop requests whose client left (queued or running), then fill free slots from the queue.
+    fn admit(&mut self) {
+        let status = self.status;
         // A queued request whose client left gives its place up now, not when a slot frees.
-        waiting.retain(|j| {
+        self.waiting.retain(|j| {
             let alive = (j.req.alive)();
             if !alive {
                 status.queued.fetch_sub(1, Ordering::SeqCst);
             }
             alive
         });
-        // Admit waiting requests into free slots.
-        while let Some(free) = slots.iter().position(|s| s.is_none()) {
-            let Some(job) = waiting.pop_front() else {
+        for s in self.slots.iter_mut() {
+            if s.as_ref().is_some_and(|a| !(a.req.alive)()) {
+                *s = None;
+            }
+        }
+        while self.slots.iter().any(|s| s.is_none()) {
+            let Some(job) = self.waiting.pop_front() else {
                 break;
             };
             status.queued.fetch_sub(1, Ordering::SeqCst);
-            // The free slot whose cache shares the longest prefix with the prompt (multi-turn chat),
-            // among those holding this tenant's tokens, keeping at least the last prompt token to
-            // prefill (its logits start the answer).
-            let p = &job.req.prompt;
-            let tenant = job.req.tenant;
-            let (slot, common) = (0..n)
-                .filter(|&i| slots[i].is_none())
-                .map(|i| {
-                    let c = if owner[i] == Some(tenant) {
-                        common_prefix(batch.slot(i).tokens(), p).min(p.len() - 1)
-                    } else {
-                        0
-                    };
-                    (i, c)
-                })
-                .max_by_key(|&(i, c)| (c, std::cmp::Reverse(i)))
-                .unwrap_or((free, 0));
-            batch.slot_mut(slot).truncate(common);
-            owner[slot] = Some(tenant);
-            status
-                .prompt_tokens
-                .fetch_add(p.len() as u64, Ordering::Relaxed);
-            status
-                .cached_tokens
-                .fetch_add(common as u64, Ordering::Relaxed);
-            let sampler = match Sampler::new(job.req.sampler.clone(), vocab) {
+            let runner = &self.runner;
+            let free = (0..self.slots.len())
+                .filter(|&i| self.slots[i].is_none())
+                .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
+            let (slot, keep) =
+                choose_slot(free, job.req.tenant, &job.req.prompt).expect("a slot is free");
+            self.runner.truncate_slot(slot, keep);
+            self.owner[slot] = Some(job.req.tenant);
+            let sampler = match Sampler::new(job.req.sampler.clone(), self.vocab) {
                 Ok(s) => s,
                 Err(e) => {
                     let mut req = job.req;
@@ -314,150 +443,226 @@ fn run(mut batch: Batch, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
                     continue;
                 }
             };
-            let stop = job.req.stop.clone();
-            slots[slot] = Some(Active {
+            self.slots[slot] = Some(Active {
                 submitted: job.submitted,
                 admitted: Instant::now(),
-                fed: common,
-                cached: common,
+                fed: keep,
+                cached: keep,
                 next: None,
                 sampler,
-                decoder: StreamDecoder::new(),
-                matcher: StopMatcher::new(stop),
+                stream: TokenStream::new(job.req.stop.clone()),
                 generated: 0,
                 first: None,
-                piece: String::with_capacity(64),
-                emit: String::with_capacity(64),
                 req: job.req,
             });
         }
+        self.status.active.store(self.busy(), Ordering::SeqCst);
+    }
 
-        // Drop requests whose requester has gone.
-        for s in slots.iter_mut() {
-            if s.as_ref().is_some_and(|a| !(a.req.alive)()) {
-                *s = None;
+    /// Run the planned step and apply its results.
+    fn step(&mut self, work: &[Work], one: &mut [u32]) {
+        for w in work {
+            if let Work::Decode { slot } = *w {
+                one[slot] = self.slots[slot]
+                    .as_ref()
+                    .and_then(|a| a.next)
+                    .expect("decoding");
             }
         }
-        status.active.store(
-            slots.iter().filter(|s| s.is_some()).count(),
-            Ordering::SeqCst,
-        );
-
-        // Plan the step: one token per decoding slot, then prompt chunks in the room left.
-        plan.clear();
-        let mut room = batch.max_tokens_per_step();
-        for (i, s) in slots.iter().enumerate() {
-            if let Some(a) = s {
-                if let Some(t) = a.next {
-                    one[i] = t;
-                    plan.push((i, 0, 1, true, true));
-                    room -= 1;
-                }
-            }
-        }
-        for (i, s) in slots.iter().enumerate() {
-            if let Some(a) = s {
-                if a.next.is_none() && room > 0 {
-                    let len = (a.req.prompt.len() - a.fed).min(room);
-                    let last = a.fed + len == a.req.prompt.len();
-                    plan.push((i, a.fed, len, false, last));
-                    room -= len;
-                }
-            }
-        }
-        if plan.is_empty() {
-            continue;
-        }
-        let parts: Vec<Part> = plan
-            .iter()
-            .map(|&(i, start, len, decoding, logits)| Part {
-                slot: i,
-                tokens: if decoding {
-                    std::slice::from_ref(&one[i])
-                } else {
-                    &slots[i].as_ref().expect("planned slot").req.prompt[start..start + len]
+        let mut parts: Vec<Part> = Vec::with_capacity(work.len());
+        for w in work {
+            let a = self.slots[w.slot()].as_ref().expect("planned slot");
+            parts.push(match *w {
+                Work::Decode { slot } => Part {
+                    slot,
+                    tokens: std::slice::from_ref(&one[slot]),
+                    logits: Logits::Last,
                 },
-                logits,
-            })
-            .collect();
-        let result = batch.step(&parts);
+                Work::Prefill {
+                    slot,
+                    start,
+                    len,
+                    last,
+                } => Part {
+                    slot,
+                    tokens: &a.req.prompt[start..start + len],
+                    logits: if last { Logits::Last } else { Logits::None },
+                },
+            });
+        }
+        let result = self.runner.step(&mut parts);
         drop(parts);
-        status.steps.fetch_add(1, Ordering::Relaxed);
+        self.status.steps.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = result {
-            for &(i, ..) in &plan {
-                if let Some(mut a) = slots[i].take() {
+            for w in work {
+                if let Some(mut a) = self.slots[w.slot()].take() {
                     (a.req.on_event)(Event::Error(e.to_string()));
                 }
             }
-            continue;
+            return;
         }
-
-        for &(i, _, len, decoding, logits) in &plan {
-            let a = slots[i].as_mut().expect("planned slot");
-            if !decoding {
-                a.fed += len;
-            }
-            if !logits {
-                continue;
-            }
-            let (l, history) = batch.logits_and_tokens(i).expect("logits were asked for");
-            let t = a.sampler.sample(l, history);
-            a.generated += 1;
-            status.generated.fetch_add(1, Ordering::Relaxed);
-            a.first.get_or_insert_with(|| a.admitted.elapsed());
-            let mut finish = None;
-            let mut stop_string = false;
-            if tok.is_stop(t) {
-                finish = Some(Finish::Stop);
-            } else {
-                a.piece.clear();
-                a.emit.clear();
-                a.decoder.push(tok, t, &mut a.piece);
-                stop_string = a.matcher.push(&a.piece, &mut a.emit);
-                if !a.emit.is_empty() && !(a.req.on_event)(Event::Text(a.emit.clone())) {
-                    slots[i] = None;
-                    continue;
-                }
-                if stop_string {
-                    finish = Some(Finish::Stop);
-                } else if a.generated >= a.req.max_tokens
-                    || batch.slot(i).pos() + 1 >= ctx
-                    || a.req.deadline.is_some_and(|d| Instant::now() >= d)
-                {
-                    finish = Some(Finish::Length);
-                }
-            }
-            match finish {
-                None => a.next = Some(t),
-                Some(finish) => {
-                    let mut a = slots[i].take().expect("planned slot");
-                    // Free before the final event: a client that has its answer sees the slot free.
-                    status.active.fetch_sub(1, Ordering::SeqCst);
-                    a.piece.clear();
-                    a.emit.clear();
-                    if !stop_string {
-                        a.decoder.finish(&mut a.piece);
-                        a.matcher.push(&a.piece, &mut a.emit);
-                        a.matcher.finish(&mut a.emit);
-                        if !a.emit.is_empty() {
-                            (a.req.on_event)(Event::Text(std::mem::take(&mut a.emit)));
-                        }
+        for w in work {
+            let slot = w.slot();
+            let a = self.slots[slot].as_mut().expect("planned slot");
+            match *w {
+                Work::Prefill { len, last, .. } => {
+                    a.fed += len;
+                    if !last {
+                        continue;
                     }
-                    let usage = Usage {
-                        prompt_tokens: a.req.prompt.len(),
-                        cached_tokens: a.cached,
-                        completion_tokens: a.generated,
-                        finish,
-                        time_to_first_token: a.first.unwrap_or_default(),
-                        total: a.submitted.elapsed(),
-                    };
-                    (a.req.on_event)(Event::Done(usage));
                 }
+                Work::Decode { .. } => {}
             }
+            self.sample(slot);
         }
-        status.active.store(
-            slots.iter().filter(|s| s.is_some()).count(),
-            Ordering::SeqCst,
+    }
+
+    /// Sample a slot's next token, stream its text, and finish it when it is done.
+    fn sample(&mut self, slot: usize) {
+        let ctx = self.runner.ctx();
+        let a = self.slots[slot].as_mut().expect("planned slot");
+        let t = match self.runner.sample_slot(slot, &mut a.sampler) {
+            Ok(t) => t,
+            Err(e) => {
+                let mut a = self.slots[slot].take().expect("planned slot");
+                (a.req.on_event)(Event::Error(e.to_string()));
+                return;
+            }
+        };
+        a.generated += 1;
+        self.status.generated.fetch_add(1, Ordering::Relaxed);
+        a.first.get_or_insert_with(|| a.admitted.elapsed());
+        let finish = if self.tok.is_stop(t) {
+            Some(Finish::Stop)
+        } else {
+            let (text, hit) = a.stream.push(self.tok, t);
+            if !text.is_empty() && !(a.req.on_event)(Event::Text(text.to_string())) {
+                self.slots[slot] = None;
+                return;
+            }
+            if hit {
+                Some(Finish::Stop)
+            } else if a.generated >= a.req.max_tokens
+                || self.runner.slot_tokens(slot).len() + 1 >= ctx
+                || a.req.deadline.is_some_and(|d| Instant::now() >= d)
+            {
+                Some(Finish::Length)
+            } else {
+                None
+            }
+        };
+        let Some(finish) = finish else {
+            a.next = Some(t);
+            return;
+        };
+        let mut a = self.slots[slot].take().expect("planned slot");
+        // Free before the final event: a client that has its answer sees the slot free.
+        self.status.active.fetch_sub(1, Ordering::SeqCst);
+        let rest = a.stream.finish();
+        if !rest.is_empty() {
+            let rest = rest.to_string();
+            (a.req.on_event)(Event::Text(rest));
+        }
+        let usage = Usage {
+            prompt_tokens: a.req.prompt.len(),
+            cached_tokens: a.cached,
+            completion_tokens: a.generated,
+            finish,
+            time_to_first_token: a.first.unwrap_or_default(),
+            total: a.submitted.elapsed(),
+        };
+        (a.req.on_event)(Event::Done(usage));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy(prompt_len: usize, fed: usize, decoding: bool) -> Option<SlotState> {
+        Some(SlotState {
+            prompt_len,
+            fed,
+            decoding,
+        })
+    }
+
+    #[test]
+    fn decoding_slots_always_get_their_token_first() {
+        let mut w = Vec::new();
+        let slots = [
+            busy(4000, 0, false),
+            busy(10, 10, true),
+            None,
+            busy(7, 7, true),
+        ];
+        plan(&slots, 128, &mut w);
+        assert_eq!(
+            w,
+            vec![
+                Work::Decode { slot: 1 },
+                Work::Decode { slot: 3 },
+                Work::Prefill {
+                    slot: 0,
+                    start: 0,
+                    len: 126,
+                    last: false
+                },
+            ]
         );
+        let total: usize = w
+            .iter()
+            .map(|w| match w {
+                Work::Decode { .. } => 1,
+                Work::Prefill { len, .. } => *len,
+            })
+            .sum();
+        assert_eq!(total, 128);
+    }
+
+    #[test]
+    fn prompts_fill_the_room_in_chunks_and_finish() {
+        let mut w = Vec::new();
+        plan(&[busy(300, 256, false), busy(50, 0, false)], 64, &mut w);
+        assert_eq!(
+            w,
+            vec![
+                Work::Prefill {
+                    slot: 0,
+                    start: 256,
+                    len: 44,
+                    last: true
+                },
+                Work::Prefill {
+                    slot: 1,
+                    start: 0,
+                    len: 20,
+                    last: false
+                },
+            ]
+        );
+        plan(&[None, None], 64, &mut w);
+        assert!(w.is_empty());
+        // More decoding slots than room: the budget holds.
+        plan(
+            &[busy(1, 1, true), busy(1, 1, true), busy(1, 1, true)],
+            2,
+            &mut w,
+        );
+        assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn a_slot_is_chosen_by_the_longest_prefix_of_the_same_tenant() {
+        let a: &[u32] = &[1, 2, 3, 4];
+        let b: &[u32] = &[1, 2, 9];
+        let free = || vec![(0, Some(7), a), (1, Some(8), b), (2, None, &[][..])].into_iter();
+        // Tenant 7 keeps 3 tokens of slot 0.
+        assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 4, 5]), Some((0, 4)));
+        // Tenant 8 cannot reuse slot 0's tokens, only its own slot 1's.
+        assert_eq!(choose_slot(free(), 8, &[1, 2, 3, 4, 5]), Some((1, 2)));
+        // A stranger reuses nothing and takes the lowest slot.
+        assert_eq!(choose_slot(free(), 9, &[1, 2, 3]), Some((0, 0)));
+        assert_eq!(choose_slot(std::iter::empty(), 9, &[1]), None);
     }
 }

@@ -151,87 +151,9 @@ impl Tokenizer {
             // Duplicate strings exist in some vocabularies; the first id wins, as in llama.cpp.
             vocab.entry(t.clone()).or_insert(i as u32);
         }
-        let mut merge_pairs = Vec::with_capacity(merges.len());
-        for m in merges {
-            let (a, b) = m
-                .split_once(' ')
-                .ok_or_else(|| Error::Tokenizer(format!("merge {m:?} is not two tokens")))?;
-            if !vocab.contains_key(a) || !vocab.contains_key(b) {
-                return Err(Error::Tokenizer(format!(
-                    "merge {m:?} names a token not in the vocabulary"
-                )));
-            }
-            merge_pairs.push((a.to_string(), b.to_string()));
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(
-                vocab
-                    .iter()
-                    .map(|(k, v)| (k.clone(), *v))
-                    .collect::<tokenizers::models::bpe::Vocab>(),
-                merge_pairs,
-            )
-            .build()
-            .map_err(|e| Error::Tokenizer(format!("BPE: {e}")))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let (inner, indent_splits) = bpe_model(g, &vocab, merges)?;
 
-        let pre = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
-        let byte_level = ByteLevel::new(false, false, false);
-        let indent_splits = matches!(
-            pre,
-            "qwen2" | "deepseek-r1-qwen" | "llama3" | "llama-bpe" | "smaug-bpe"
-        );
-        let seq: Vec<PreTokenizerWrapper> = match pre {
-            "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_REGEX)?],
-            "llama3" | "llama-bpe" | "smaug-bpe" => vec![split(LLAMA3_REGEX)?],
-            "smollm" => vec![split(r"\p{N}")?, split(GPT2_REGEX)?],
-            _ => vec![split(GPT2_REGEX)?],
-        };
-        let mut seq = seq;
-        seq.push(byte_level.into());
-        inner.with_pre_tokenizer(Some(Sequence::new(seq)));
-        inner.with_decoder(Some(ByteLevel::default()));
-
-        let dec = byte_decoder();
-        let mut token_bytes = Vec::with_capacity(tokens.len());
-        let mut specials: Vec<(String, u32)> = Vec::new();
-        let mut user = Vec::new();
-        for (i, t) in tokens.iter().enumerate() {
-            let ty = types[i];
-            if (ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED) && !t.is_empty() {
-                if ty == TOKEN_USER_DEFINED {
-                    user.push(specials.len());
-                }
-                specials.push((t.clone(), i as u32));
-                token_bytes.push(t.as_bytes().to_vec());
-            } else {
-                // Byte-level text; a character outside the map is kept as its UTF-8.
-                let mut b = Vec::with_capacity(t.len());
-                for c in t.chars() {
-                    match dec.get(&c) {
-                        Some(&x) => b.push(x),
-                        None => {
-                            let mut buf = [0u8; 4];
-                            b.extend_from_slice(c.encode_utf8(&mut buf).as_bytes())
-                        }
-                    }
-                }
-                token_bytes.push(b);
-            }
-        }
-        let matcher = |texts: Vec<&str>| -> Result<Option<AhoCorasick>> {
-            if texts.is_empty() {
-                return Ok(None);
-            }
-            AhoCorasickBuilder::new()
-                .match_kind(MatchKind::LeftmostLongest)
-                .build(texts)
-                .map(Some)
-                .map_err(|e| Error::Tokenizer(format!("special tokens: {e}")))
-        };
-        let all_specials = matcher(specials.iter().map(|s| s.0.as_str()).collect())?;
-        let user_specials =
-            matcher(user.iter().map(|&i| specials[i].0.as_str()).collect())?.map(|m| (m, user));
+        let (token_bytes, specials, all_specials, user_specials) = special_tables(tokens, &types)?;
 
         let mut stop_tokens = vec![eos];
         for name in [
@@ -466,6 +388,111 @@ impl Tokenizer {
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// The `tokenizers` BPE model with the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`, and
+/// whether that pre-tokenizer splits after a newline before indentation (see `piece_end`).
+fn bpe_model(
+    g: &Gguf,
+    vocab: &HashMap<String, u32>,
+    merges: &[String],
+) -> Result<(tokenizers::Tokenizer, bool)> {
+    let mut merge_pairs = Vec::with_capacity(merges.len());
+    for m in merges {
+        let (a, b) = m
+            .split_once(' ')
+            .ok_or_else(|| Error::Tokenizer(format!("merge {m:?} is not two tokens")))?;
+        if !vocab.contains_key(a) || !vocab.contains_key(b) {
+            return Err(Error::Tokenizer(format!(
+                "merge {m:?} names a token not in the vocabulary"
+            )));
+        }
+        merge_pairs.push((a.to_string(), b.to_string()));
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(
+            vocab
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect::<tokenizers::models::bpe::Vocab>(),
+            merge_pairs,
+        )
+        .build()
+        .map_err(|e| Error::Tokenizer(format!("BPE: {e}")))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+
+    let pre = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+    let byte_level = ByteLevel::new(false, false, false);
+    let indent_splits = matches!(
+        pre,
+        "qwen2" | "deepseek-r1-qwen" | "llama3" | "llama-bpe" | "smaug-bpe"
+    );
+    let seq: Vec<PreTokenizerWrapper> = match pre {
+        "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_REGEX)?],
+        "llama3" | "llama-bpe" | "smaug-bpe" => vec![split(LLAMA3_REGEX)?],
+        "smollm" => vec![split(r"\p{N}")?, split(GPT2_REGEX)?],
+        _ => vec![split(GPT2_REGEX)?],
+    };
+    let mut seq = seq;
+    seq.push(byte_level.into());
+    inner.with_pre_tokenizer(Some(Sequence::new(seq)));
+    inner.with_decoder(Some(ByteLevel::default()));
+    Ok((inner, indent_splits))
+}
+
+/// Each token's bytes (byte-level text decoded; special tokens as written), the control and
+/// user-defined tokens, and the matchers that split them out of text.
+#[allow(clippy::type_complexity)]
+fn special_tables(
+    tokens: &[String],
+    types: &[i64],
+) -> Result<(
+    Vec<Vec<u8>>,
+    Vec<(String, u32)>,
+    Option<AhoCorasick>,
+    Option<(AhoCorasick, Vec<usize>)>,
+)> {
+    let dec = byte_decoder();
+    let mut token_bytes = Vec::with_capacity(tokens.len());
+    let mut specials: Vec<(String, u32)> = Vec::new();
+    let mut user = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let ty = types[i];
+        if (ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED) && !t.is_empty() {
+            if ty == TOKEN_USER_DEFINED {
+                user.push(specials.len());
+            }
+            specials.push((t.clone(), i as u32));
+            token_bytes.push(t.as_bytes().to_vec());
+        } else {
+            // Byte-level text; a character outside the map is kept as its UTF-8.
+            let mut b = Vec::with_capacity(t.len());
+            for c in t.chars() {
+                match dec.get(&c) {
+                    Some(&x) => b.push(x),
+                    None => {
+                        let mut buf = [0u8; 4];
+                        b.extend_from_slice(c.encode_utf8(&mut buf).as_bytes())
+                    }
+                }
+            }
+            token_bytes.push(b);
+        }
+    }
+    let matcher = |texts: Vec<&str>| -> Result<Option<AhoCorasick>> {
+        if texts.is_empty() {
+            return Ok(None);
+        }
+        AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(texts)
+            .map(Some)
+            .map_err(|e| Error::Tokenizer(format!("special tokens: {e}")))
+    };
+    let all_specials = matcher(specials.iter().map(|s| s.0.as_str()).collect())?;
+    let user_specials =
+        matcher(user.iter().map(|&i| specials[i].0.as_str()).collect())?.map(|m| (m, user));
+    Ok((token_bytes, specials, all_specials, user_specials))
 }
 
 /// A literal [`ESC`] in request text, escaped as an empty marker.

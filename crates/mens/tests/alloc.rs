@@ -1,34 +1,16 @@
 //! Heap allocations per decode step, counted by a counting global allocator (one test in this binary,
 //! so that nothing else allocates while it counts).
 
-use mens::engine::{Logits, Session, SessionOptions};
+use mens::cpu::{Session, SessionOptions};
 use mens::gguf::Gguf;
 use mens::model::Model;
+use mens::runner::{Logits, Runner};
 use mens::sample::{Sampler, SamplerConfig};
 use mens::synth::{synth_model, SynthSpec};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        System.realloc(p, l, n)
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: mens::alloc::Counting = mens::alloc::Counting;
 
 /// A steady decode step (forward of one token + sampling, greedy and with temperature) allocates nothing.
 #[test]
@@ -64,17 +46,17 @@ fn steady_steps_allocate_nothing(spec: &SynthSpec) {
     .unwrap();
     s.forward(&[1, 2, 3, 4, 5, 6, 7, 8], Logits::Last).unwrap();
     for _ in 0..4 {
-        let t = s.sample_next(&mut warm);
+        let t = s.sample(&mut warm).unwrap();
         s.forward(&[t], Logits::Last).unwrap();
     }
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let before = mens::alloc::allocations();
     let steps = 32;
     for i in 0..steps {
         let sampler = if i % 2 == 0 { &mut greedy } else { &mut warm };
-        let t = s.sample_next(sampler);
+        let t = s.sample(sampler).unwrap();
         s.forward(&[t], Logits::Last).unwrap();
     }
-    let n = ALLOCS.load(Ordering::SeqCst) - before;
+    let n = mens::alloc::allocations() - before;
     eprintln!(
         "{}: heap allocations in {steps} decode steps: {n}",
         spec.arch

@@ -2,11 +2,12 @@
 //! they run on the lent GPU (scripts/cuda-device.sh), not in CI, which only type-checks the feature.
 #![cfg(feature = "cuda")]
 
+use mens::cpu::{Session, SessionOptions};
 use mens::cuda::reference::{matvec, quantize_q8, rel_l2, rmsnorm};
 use mens::cuda::{CudaSession, Device, GpuModel};
-use mens::engine::{Logits, Session, SessionOptions};
 use mens::gguf::{Gguf, Storage, TensorType};
 use mens::model::Model;
+use mens::runner::{Logits, Runner};
 use mens::sample::{Sampler, SamplerConfig};
 use mens::synth::{synth_model, SynthSpec};
 use mens::weights::{quantize, QTensor};
@@ -205,7 +206,10 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
     let mut greedy = Sampler::new(SamplerConfig::greedy(), c.vocab_size).unwrap();
     let mut same = 0;
     for _ in 0..32 {
-        let (a, b) = (g_next(&mut gs, &mut greedy), cs.sample_next(&mut greedy));
+        let (a, b) = (
+            g_next(&mut gs, &mut greedy),
+            cs.sample(&mut greedy).unwrap(),
+        );
         if a != b {
             break;
         }
@@ -534,7 +538,7 @@ fn kernels_compile_with_nvrtc() {
         );
     }
     eprintln!(
-        "kernels.cu compiled by NVRTC for sm_90: {} bytes of PTX",
+        "the CUDA kernels (cuda/kernels/) compiled by NVRTC for sm_90: {} bytes of PTX",
         ptx.len()
     );
 }

@@ -157,3 +157,100 @@ fn a_stale_reference_is_caught() {
         vec!["b.md", "d.md#e"]
     );
 }
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The modules ARCHITECTURE.md's table lists (first column, in backticks).
+fn table_modules(arch: &str) -> Vec<String> {
+    let start = arch.find("| module | owns |").expect("the module table");
+    arch[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| code_spans(l).into_iter().next())
+        .collect()
+}
+
+/// The modules lib.rs declares.
+fn declared_modules(lib: &str) -> Vec<String> {
+    lib.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect()
+}
+
+/// Every engine module is in ARCHITECTURE.md's table, and every module there exists.
+#[test]
+fn the_module_table_matches_the_code() {
+    let arch = read("docs/ARCHITECTURE.md");
+    let listed = table_modules(&arch);
+    let declared = declared_modules(&read("crates/mens/src/lib.rs"));
+    assert!(declared.len() > 15, "lib.rs parsed badly: {declared:?}");
+    let missing: Vec<_> = declared.iter().filter(|m| !listed.contains(m)).collect();
+    let extra: Vec<_> = listed.iter().filter(|m| !declared.contains(m)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "ARCHITECTURE.md's module table: missing {missing:?}, not in lib.rs {extra:?}"
+    );
+}
+
+/// The numbers of the form "N kernels per layer" in a text.
+fn kernels_per_layer(text: &str) -> Vec<usize> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(4)
+        .filter(|w| w[1] == "kernels" && w[2] == "per" && w[3].starts_with("layer"))
+        .filter_map(|w| w[0].parse().ok())
+        .collect()
+}
+
+/// What the docs state about the code, where a test can see the code: the KV cache layout (the
+/// CPU cache's own comment) and the CUDA decode kernels per layer (what the graph capture counts).
+#[test]
+fn stated_layouts_and_counts_match_the_code() {
+    let arch = read("docs/ARCHITECTURE.md");
+    let layout = "[layer][kv head][position][head_dim]";
+    assert!(arch.contains(layout), "ARCHITECTURE.md states no KV layout");
+    let cpu = read("crates/mens/src/cpu.rs");
+    let kv_doc = &cpu[..cpu.find("pub struct KvCache").expect("KvCache")];
+    assert!(
+        kv_doc.ends_with("\n") && kv_doc.rsplit("\n\n").next().unwrap().contains(layout),
+        "KvCache's comment no longer states {layout}"
+    );
+    // The per-layer count the decode graph adds up, in session.rs's layer loop.
+    let session = read("crates/mens/src/cuda/session.rs");
+    let f = &session[session.find("fn decode_kernels").expect("decode_kernels")..];
+    let f = &f[..f.find("\n    }\n").unwrap()];
+    let in_loop = &f[f.find("for (li, l) in m.layers").expect("the layer loop")..];
+    let n: usize = in_loop
+        .split("n += ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .and_then(|s| s.trim().parse().ok())
+        .expect("n += N in the layer loop");
+    for doc in [
+        "docs/ARCHITECTURE.md",
+        "README.md",
+        "crates/mens/src/cuda/mod.rs",
+    ] {
+        let stated = kernels_per_layer(&read(doc));
+        assert!(!stated.is_empty(), "{doc} states no kernels per layer");
+        assert!(
+            stated.iter().all(|&s| s == n),
+            "{doc} states {stated:?} kernels per layer; the decode graph has {n}"
+        );
+    }
+}
+
+#[test]
+fn the_checks_catch_drift() {
+    assert_eq!(kernels_per_layer("then 9 kernels per layer: a"), vec![9]);
+    let table = "| module | owns |\n|---|---|\n| `a` | x |\n| `b` (feature) | y |\n\nafter";
+    assert_eq!(table_modules(table), vec!["a", "b"]);
+    assert_eq!(
+        declared_modules("pub mod a;\n#[cfg(x)]\npub mod b;\nmod c;"),
+        vec!["a", "b"]
+    );
+}

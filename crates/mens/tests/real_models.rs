@@ -3,9 +3,10 @@
 
 mod common;
 use common::{json, load};
-use mens::engine::{Logits, Session, SessionOptions};
+use mens::cpu::{Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
 use mens::gguf::TensorType;
+use mens::runner::Logits;
 use mens::sample::argmax;
 use mens::sample::{Sampler, SamplerConfig};
 

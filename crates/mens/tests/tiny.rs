@@ -1,9 +1,10 @@
 //! Fast tests on tiny random-weight models that the tests write themselves.
 
-use mens::engine::{Batch, Logits, Part, Session, SessionOptions};
+use mens::cpu::{Batch, Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
 use mens::gguf::Gguf;
 use mens::model::Model;
+use mens::runner::{Logits, Part};
 use mens::sample::{Sampler, SamplerConfig};
 use mens::synth::{synth_model, SynthSpec};
 use mens::tokenizer::Tokenizer;
@@ -332,15 +333,15 @@ fn batch_steps_equal_separate_sessions() {
                 toks.push((s, vec![next[s].unwrap()], true));
             }
         }
-        let parts: Vec<Part> = toks
+        let mut parts: Vec<Part> = toks
             .iter()
             .map(|(s, t, l)| Part {
                 slot: *s,
                 tokens: t,
-                logits: *l,
+                logits: if *l { Logits::Last } else { Logits::None },
             })
             .collect();
-        batch.step(&parts).unwrap();
+        batch.step(&mut parts).unwrap();
         for (s, t, wants) in &toks {
             sessions[*s].forward(t, Logits::Last).unwrap();
             fed[*s] += t.len();
@@ -365,33 +366,20 @@ fn batch_steps_equal_separate_sessions() {
     eprintln!("batch vs sessions: max |logit difference| {max_diff:e}");
     assert!(max_diff < 1e-3, "max logit difference {max_diff}");
     // Bad steps are errors, not panics.
-    let t = [1u32];
-    let twice = [
-        Part {
-            slot: 0,
-            tokens: &t,
-            logits: true,
-        },
-        Part {
-            slot: 0,
-            tokens: &t,
-            logits: true,
-        },
-    ];
-    assert!(batch.step(&twice).is_err());
-    assert!(batch
-        .step(&[Part {
-            slot: 9,
-            tokens: &t,
-            logits: true
-        }])
-        .is_err());
-    let many = vec![1u32; 33];
-    assert!(batch
-        .step(&[Part {
-            slot: 0,
-            tokens: &many,
-            logits: true
-        }])
-        .is_err());
+    let part = |slot: usize, tokens: &'static [u32]| Part {
+        slot,
+        tokens,
+        logits: Logits::Last,
+    };
+    assert!(batch.step(&mut [part(0, &[1]), part(0, &[1])]).is_err());
+    assert!(batch.step(&mut [part(9, &[1])]).is_err());
+    assert!(batch.step(&mut [part(0, &[1u32; 33])]).is_err());
+    let mut f = |_: usize, _: &[f32]| {};
+    let all = Logits::All { from: 0, f: &mut f };
+    let e = batch.step(&mut [Part {
+        slot: 0,
+        tokens: &[1],
+        logits: all,
+    }]);
+    assert!(e.is_err(), "a batch gives last-position logits only");
 }

@@ -31,7 +31,7 @@ pub fn start_with(
     // The template exactly as the shipped binary builds it.
     let template = ChatTemplate::from_gguf(&model.gguf, &tok).unwrap();
     let tokenizer = Arc::new(tok);
-    let scheduler = Scheduler::start(model, tokenizer.clone(), opts).unwrap();
+    let scheduler = Scheduler::cpu(model, tokenizer.clone(), opts).unwrap();
     let state = Arc::new(AppState::new(scheduler, tokenizer, template, config));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -55,9 +55,9 @@ pub fn start_with(
 }
 
 pub fn tiny() -> (Arc<Model>, Tokenizer) {
-    let model =
-        Model::from_gguf(Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap()).unwrap();
-    let tok = Tokenizer::from_gguf(&model.gguf).unwrap();
+    // As the shipped binary loads a file (mens::load::load calls the same function).
+    let g = Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap();
+    let (model, tok, _) = mens::load::from_gguf(g).unwrap();
     (Arc::new(model), tok)
 }
 

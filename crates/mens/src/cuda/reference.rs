@@ -2,7 +2,7 @@
 
 use crate::weights::QTensor;
 
-/// kernels.cu's q8 activation format: int8 in blocks of 32, one (d, s) per block,
+/// the kernels' q8 activation format: int8 in blocks of 32, one (d, s) per block,
 /// d = max|x| / 127, s = d * sum(q).
 pub fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<[f32; 2]>) {
     let mut q = vec![0i8; x.len()];

@@ -41,14 +41,6 @@ pub fn add_rmsnorm(x: &mut [f32], delta: &[f32], w: &[f32], eps: f32, out: &mut 
     }
 }
 
-/// x += delta.
-pub fn add(x: &mut [f32], delta: &[f32]) {
-    count_dispatch();
-    for (a, b) in x.iter_mut().zip(delta) {
-        *a += b;
-    }
-}
-
 /// Where the Q, K, V projections of `t` tokens lie in one [t, q_dim + 2 kv_dim] buffer.
 pub struct QkvLayout {
     pub q_dim: usize,
@@ -130,7 +122,9 @@ mod tests {
         let (mut x1, mut o1) = (x.clone(), vec![0f32; 2 * d]);
         add_rmsnorm(&mut x1, &delta, &w, 1e-6, &mut o1);
         let (mut x2, mut o2) = (x.clone(), vec![0f32; 2 * d]);
-        add(&mut x2, &delta);
+        for (a, b) in x2.iter_mut().zip(&delta) {
+            *a += b;
+        }
         rmsnorm(&x2, &w, 1e-6, &mut o2);
         assert_eq!(x1, x2);
         assert_eq!(o1, o2);

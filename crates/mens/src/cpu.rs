@@ -1,12 +1,15 @@
-//! A `Session` is one sequence: its KV cache and a `RunState` holding every activation buffer, both
-//! allocated once for the session's context length and batch size (llama2.c's RunState). `forward`
-//! runs a batch of tokens through the model, writing into those buffers; a decode step is a batch of
-//! one and allocates nothing.
+//! The CPU backend. A `Session` is one sequence: its KV cache and a `RunState` holding every
+//! activation buffer, both allocated once for the session's context length and batch size (llama2.c's
+//! RunState). A forward pass runs a batch of tokens through the model, writing into those buffers; a
+//! decode step is a batch of one and allocates nothing. A `Batch` is many sequences stepped together.
+//! Both implement [`Runner`]; this file and `kernels/` are the only ones that know the CPU kernels.
 
 use crate::error::{Error, Result};
 use crate::kernels::ops::{self, QkvLayout, RopeTable};
 use crate::kernels::{act_type, attention, matmul, ActType, QuantizedInput};
 use crate::model::Model;
+use crate::runner::{check_tokens, single, Logits, Memory, Part, Runner};
+use crate::sample::Sampler;
 use half::f16;
 use std::sync::Arc;
 
@@ -198,25 +201,6 @@ impl Sequence {
     }
 }
 
-/// Check that `tokens` may be appended to a sequence holding `pos` of `ctx` tokens (every backend).
-pub(crate) fn check_tokens(pos: usize, ctx: usize, tokens: &[u32], vocab: usize) -> Result<()> {
-    if tokens.is_empty() {
-        return Err(Error::InvalidArgument("no tokens to process".into()));
-    }
-    if pos + tokens.len() > ctx {
-        return Err(Error::Context(format!(
-            "{pos} tokens in the cache + {} new exceed the context of {ctx} tokens",
-            tokens.len()
-        )));
-    }
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::InvalidArgument(format!(
-            "token id {bad} is outside the vocabulary ({vocab})"
-        )));
-    }
-    Ok(())
-}
-
 /// Run the model's layers over `parts` (each: a sequence and the tokens to append to it, all
 /// together at most `run`'s batch size), leaving the final-normed hidden states of every new token,
 /// in order, in `run.xb`. Matrix products run once over all rows; RoPE, the cache write and
@@ -329,18 +313,6 @@ pub struct Session {
     run: RunState,
 }
 
-/// Which logits a forward pass produces.
-pub enum Logits<'a> {
-    /// Only the last token's (generation).
-    Last,
-    /// Every position's from index `from` on, handed to the callback as (index in the tokens given
-    /// to `forward`, logits).
-    All {
-        from: usize,
-        f: &'a mut dyn FnMut(usize, &[f32]),
-    },
-}
-
 impl Session {
     pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Self> {
         if options.ctx == 0 || options.batch == 0 || options.logit_rows == 0 {
@@ -405,6 +377,7 @@ impl Session {
         for chunk in tokens.chunks(b) {
             let last = done + chunk.len() == tokens.len();
             match &mut logits {
+                Logits::None => self.forward_batch(chunk, None),
                 Logits::Last => self.forward_batch(chunk, if last { Some(None) } else { None }),
                 Logits::All { from, f } => {
                     let skip = from.saturating_sub(done);
@@ -473,15 +446,6 @@ pub struct Batch {
     head_rows: Vec<f32>,
 }
 
-/// One slot's share of a batch step.
-#[derive(Debug, Clone, Copy)]
-pub struct Part<'a> {
-    pub slot: usize,
-    pub tokens: &'a [u32],
-    /// Compute the logits of the last of these tokens.
-    pub logits: bool,
-}
-
 impl Batch {
     /// `slots` sequences of `ctx` tokens each; a step processes at most `batch` tokens in all.
     pub fn new(model: Arc<Model>, slots: usize, ctx: usize, batch: usize) -> Result<Self> {
@@ -530,8 +494,9 @@ impl Batch {
     }
 
     /// One step over `parts` (distinct slots, ≤ `max_tokens_per_step` tokens in all). Afterwards
-    /// `logits(slot)` holds the last-token logits of each part that asked for them.
-    pub fn step(&mut self, parts: &[Part]) -> Result<()> {
+    /// `logits(slot)` holds the last-token logits of each part that asked for them (`Logits::Last`;
+    /// `Logits::All` is not supported by a batch yet).
+    pub fn step(&mut self, parts: &mut [Part]) -> Result<()> {
         let total: usize = parts.iter().map(|p| p.tokens.len()).sum();
         if parts.is_empty() || total > self.batch {
             return Err(Error::InvalidArgument(format!(
@@ -541,7 +506,7 @@ impl Batch {
         }
         let n = self.slots.len();
         let mut seen = 0u128;
-        for p in parts {
+        for p in parts.iter() {
             if p.slot >= n || p.slot >= 128 || seen & (1 << p.slot) != 0 {
                 return Err(Error::InvalidArgument(format!(
                     "slot {} is out of range or repeated",
@@ -549,6 +514,11 @@ impl Batch {
                 )));
             }
             seen |= 1 << p.slot;
+            if matches!(p.logits, Logits::All { .. }) {
+                return Err(Error::InvalidArgument(
+                    "a batch step gives the last position's logits only".into(),
+                ));
+            }
             self.slots[p.slot].check(p.tokens, self.model.config.vocab_size)?;
         }
         let m = &*self.model;
@@ -564,9 +534,9 @@ impl Batch {
 
         self.logit_slots.clear();
         let mut row = 0;
-        for p in parts {
+        for p in parts.iter() {
             row += p.tokens.len();
-            if p.logits {
+            if matches!(p.logits, Logits::Last) {
                 let k = self.logit_slots.len();
                 self.head_rows[k * d..(k + 1) * d]
                     .copy_from_slice(&self.run.xb[(row - 1) * d..row * d]);
@@ -598,62 +568,81 @@ impl Batch {
     }
 }
 
-/// What the generation loop and the benchmark need from one sequence, on any backend (CPU
-/// [`Session`], CUDA `cuda::CudaSession`).
-pub trait Runner {
-    /// Context length (tokens the cache holds).
-    fn ctx(&self) -> usize;
-    /// Tokens now in the cache.
-    fn tokens(&self) -> &[u32];
-    /// Run `tokens` after the cached ones.
-    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()>;
-    /// The uncached baseline: re-run the whole sequence plus `extra` from position 0.
-    /// `scratch` holds the sequence (give it capacity `ctx` to keep this allocation-free).
-    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
-        scratch.clear();
-        scratch.extend_from_slice(self.tokens());
-        scratch.extend_from_slice(extra);
-        self.truncate(0);
-        self.forward(scratch, Logits::Last)
-    }
-    /// Pick the next token from the last forward pass's logits.
-    fn sample(&mut self, sampler: &mut crate::sample::Sampler) -> Result<u32>;
-    /// Drop the cache entries after `n` tokens.
-    fn truncate(&mut self, n: usize);
-    fn kv_cache_bytes(&self) -> usize;
-    /// Bytes of KV cache and buffers.
-    fn bytes(&self) -> usize;
-    /// For a GPU: launches the host issues per decode token and kernels they run.
-    fn launches_per_token(&self) -> Option<(usize, usize)> {
-        None
-    }
-    /// For a GPU: (kernel, calls per step, microseconds per step) over `steps` decode steps run
-    /// launch by launch. Empty for the CPU.
-    fn profile_decode(&mut self, _steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
-        Ok(Vec::new())
-    }
-}
-
 impl Runner for Session {
     fn ctx(&self) -> usize {
         self.options.ctx
     }
-    fn tokens(&self) -> &[u32] {
-        Session::tokens(self)
+    fn max_step_tokens(&self) -> usize {
+        self.options.ctx
     }
-    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
-        Session::forward(self, tokens, logits)
+    fn slot_tokens(&self, _slot: usize) -> &[u32] {
+        &self.seq.tokens
     }
-    fn sample(&mut self, sampler: &mut crate::sample::Sampler) -> Result<u32> {
-        Ok(self.sample_next(sampler))
+    fn truncate_slot(&mut self, _slot: usize, n: usize) {
+        self.seq.truncate(n)
     }
-    fn truncate(&mut self, n: usize) {
-        Session::truncate(self, n)
+    fn step(&mut self, parts: &mut [Part]) -> Result<()> {
+        let p = single(parts)?;
+        let logits = std::mem::replace(&mut p.logits, Logits::None);
+        self.forward(p.tokens, logits)
     }
-    fn kv_cache_bytes(&self) -> usize {
-        Session::kv_cache_bytes(self)
+    /// The next token from the last logits, with the cached tokens as the penalty history.
+    fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
+        let (logits, tokens) = self.logits_and_tokens();
+        Ok(sampler.sample(logits, tokens))
     }
-    fn bytes(&self) -> usize {
-        Session::bytes(self)
+    fn memory(&self) -> Memory {
+        Memory {
+            kv_cache: self.seq.kv.bytes(),
+            buffers: self.run.bytes(),
+        }
     }
+}
+
+impl Runner for Batch {
+    fn slots(&self) -> usize {
+        self.slots.len()
+    }
+    fn ctx(&self) -> usize {
+        self.slots[0].ctx
+    }
+    fn max_step_tokens(&self) -> usize {
+        self.batch
+    }
+    fn slot_tokens(&self, slot: usize) -> &[u32] {
+        &self.slots[slot].tokens
+    }
+    fn truncate_slot(&mut self, slot: usize, n: usize) {
+        self.slots[slot].truncate(n)
+    }
+    fn step(&mut self, parts: &mut [Part]) -> Result<()> {
+        Batch::step(self, parts)
+    }
+    fn sample_slot(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32> {
+        let (logits, tokens) = self.logits_and_tokens(slot).ok_or_else(|| {
+            Error::InvalidArgument(format!("slot {slot} has no logits from the last step"))
+        })?;
+        Ok(sampler.sample(logits, tokens))
+    }
+    fn memory(&self) -> Memory {
+        Memory {
+            kv_cache: self.slots.iter().map(|s| s.kv.bytes()).sum(),
+            buffers: self.run.bytes(),
+        }
+    }
+}
+
+/// Threads the CPU kernels use (all logical cores unless set); only the first call, before any
+/// kernel runs, counts (false after that).
+pub fn set_threads(n: usize) -> bool {
+    crate::kernels::pool::set_threads(n)
+}
+
+pub fn threads() -> usize {
+    crate::kernels::pool::pool().threads()
+}
+
+/// Kernel dispatches (parallel regions) issued so far, for `mens bench`.
+pub fn dispatches() -> u64 {
+    crate::kernels::DISPATCHES.load(std::sync::atomic::Ordering::Relaxed)
 }

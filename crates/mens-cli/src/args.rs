@@ -1,0 +1,221 @@
+//! The command line's arguments (clap), shared by the subcommands.
+
+use clap::{Args, ValueEnum};
+use mens::generate::GenerateOptions;
+use mens::load::Backend;
+use mens::sample::SamplerConfig;
+use std::path::PathBuf;
+
+/// llama.cpp's sampling defaults, in one place (the engine's).
+const DEFAULTS: SamplerConfig = SamplerConfig::DEFAULT;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackendArg {
+    Auto,
+    Cpu,
+    Cuda,
+    Metal,
+}
+
+impl BackendArg {
+    pub(crate) fn resolve(self) -> Backend {
+        match self {
+            BackendArg::Auto => Backend::best(),
+            BackendArg::Cpu => Backend::Cpu,
+            BackendArg::Cuda => Backend::Cuda,
+            BackendArg::Metal => Backend::Metal,
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct SynthArgs {
+    /// 0.5b, 1.5b or 7b.
+    #[arg(long)]
+    pub(crate) shape: String,
+    /// Output GGUF file.
+    #[arg(short, long)]
+    pub(crate) output: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ModelArgs {
+    /// Path to a GGUF model file [default: $MENS_MODELS/qwen2.5-coder-0.5b.gguf, where MENS_MODELS
+    /// defaults to ~/.cache/mens/models; `scripts/fetch-models.sh` puts it there].
+    #[arg(short, long)]
+    pub(crate) model: Option<PathBuf>,
+    /// Context length in tokens [default: the largest that fits the memory budget, up to the model's
+    /// trained context].
+    #[arg(short = 'c', long = "ctx-size")]
+    pub(crate) ctx_size: Option<usize>,
+    /// Memory budget for model + KV cache + buffers, e.g. 3G or 512M [default: from `mens probe`].
+    #[arg(long)]
+    pub(crate) memory_budget: Option<String>,
+    /// Threads for the CPU kernels (default: all logical cores).
+    #[arg(short = 't', long)]
+    pub(crate) threads: Option<usize>,
+    /// Compute backend: auto (CUDA when this build has it and a GPU is found, Metal in a Metal
+    /// build, else the CPU), cpu, cuda or metal.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub(crate) backend: BackendArg,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct SampleArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = DEFAULTS.temperature, allow_negative_numbers = true)]
+    pub(crate) temperature: f32,
+    /// Top-k (0 disables).
+    #[arg(long, default_value_t = DEFAULTS.top_k)]
+    pub(crate) top_k: usize,
+    /// Top-p (1 disables).
+    #[arg(long, default_value_t = DEFAULTS.top_p, allow_negative_numbers = true)]
+    pub(crate) top_p: f32,
+    /// Min-p (0 disables).
+    #[arg(long, default_value_t = DEFAULTS.min_p, allow_negative_numbers = true)]
+    pub(crate) min_p: f32,
+    /// Repetition penalty (1 disables).
+    #[arg(long, default_value_t = DEFAULTS.repeat_penalty)]
+    pub(crate) repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long, default_value_t = DEFAULTS.repeat_last_n)]
+    pub(crate) repeat_last_n: usize,
+    /// Random seed (same seed, same output).
+    #[arg(long, default_value_t = DEFAULTS.seed)]
+    pub(crate) seed: u64,
+    /// Stop when this string is generated (repeatable).
+    #[arg(long)]
+    pub(crate) stop: Vec<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub(crate) n_predict: usize,
+    /// Re-run the whole sequence for every token instead of using the KV cache (a baseline).
+    #[arg(long)]
+    pub(crate) no_kv_cache: bool,
+}
+
+impl SampleArgs {
+    pub(crate) fn config(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+            ..DEFAULTS
+        }
+    }
+
+    pub(crate) fn generate_options(&self) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens: self.n_predict,
+            stop: self.stop.clone(),
+            no_kv_cache: self.no_kv_cache,
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    #[command(flatten)]
+    pub(crate) sample: SampleArgs,
+    /// The prompt.
+    #[arg(short, long)]
+    pub(crate) prompt: String,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub(crate) chat: bool,
+    /// System message (with --chat).
+    #[arg(long)]
+    pub(crate) system: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct ChatArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    #[command(flatten)]
+    pub(crate) sample: SampleArgs,
+    /// System message.
+    #[arg(long)]
+    pub(crate) system: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct PerplexityArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// The text file.
+    #[arg(short = 'f', long)]
+    pub(crate) file: PathBuf,
+    /// Score only the first N windows.
+    #[arg(long)]
+    pub(crate) chunks: Option<usize>,
+}
+
+#[derive(Args)]
+pub(crate) struct ProbeArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// Prompt sizes for time to first token (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
+    pub(crate) prompt: Vec<usize>,
+    /// Decode steps timed one by one after a 16-token prompt (0 skips the schedule).
+    #[arg(long, default_value_t = 512)]
+    pub(crate) steps: usize,
+    /// Steps at which decode tokens/s is reported, each over a window of --window steps.
+    #[arg(long, value_delimiter = ',', default_value = "1,256,512")]
+    pub(crate) at: Vec<usize>,
+    /// Steps in each reported window.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) window: usize,
+    /// Paired flatness test: this many decode steps on a sequence at step 1 alternating with as
+    /// many on a second sequence at the last --at step, so that machine drift hits both alike
+    /// (0 skips it).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) paired: usize,
+    /// llama-bench-style decode tests: --gen tokens after a context of each depth (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) depth: Vec<usize>,
+    /// Tokens generated in each --depth test.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) gen: usize,
+    /// Repetitions of the prefill and depth tests (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
+    /// Decode by re-running the whole sequence each step (the uncached baseline).
+    #[arg(long, conflicts_with = "compare")]
+    pub(crate) no_kv_cache: bool,
+    /// Run the decode schedule both with and without the KV cache, side by side.
+    #[arg(long)]
+    pub(crate) compare: bool,
+    /// Write every figure and the machine as JSON to this file.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+    /// Write the Markdown table to this file.
+    #[arg(long)]
+    pub(crate) md: Option<PathBuf>,
+    /// Write an SVG plot of per-step decode time against step.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
+    /// GPU: also time every kernel of a decode step (launched one by one, at the end of the
+    /// decode schedule) and print the table.
+    #[arg(long)]
+    pub(crate) profile: bool,
+}

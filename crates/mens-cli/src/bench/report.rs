@@ -1,0 +1,348 @@
+//! `mens bench`'s report: the Markdown table, the JSON of every raw figure, the SVG plot.
+
+use super::{median, window_at, Plan, Results, Schedule, SCHEDULE_PROMPT};
+use crate::args::BenchArgs;
+use anyhow::Result;
+use mens::load::{Backend, Loaded};
+use mens::runner::Runner;
+use serde_json::{json, Value};
+
+fn mib(b: f64) -> f64 {
+    b / 1048576.0
+}
+
+pub(super) fn write(
+    args: &BenchArgs,
+    plan: &Plan,
+    l: &Loaded,
+    s: &dyn Runner,
+    r: &Results,
+) -> Result<()> {
+    let name = args
+        .model
+        .model
+        .as_ref()
+        .and_then(|p| p.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| l.model.config.name.clone());
+    let device = if l.backend == Backend::Cpu {
+        format!("{} threads, CPU", mens::cpu::threads())
+    } else {
+        format!("backend {}", l.backend.name())
+    };
+    let graph = s.launches_per_token();
+    let (mut md, window_json) = table(args, plan, r, &name, &l.model.config.name, &device, graph);
+    footer(args, plan, l, s, r, graph, &mut md);
+    print!("{md}");
+    if let Some(path) = &args.md {
+        std::fs::write(path, &md)?;
+    }
+    if let Some(path) = &args.plot {
+        plot(path, &r.schedules, &name)?;
+    }
+    if let Some(path) = &args.json {
+        let v = to_json(args, plan, l, s, r, &name, window_json);
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}
+
+fn row(md: &mut String, schedules: &[Schedule], label: &str, f: &dyn Fn(&Schedule) -> String) {
+    md.push_str(&format!("| {label} |"));
+    for sch in schedules {
+        md.push_str(&format!(" {} |", f(sch)));
+    }
+    md.push('\n');
+}
+
+/// The table (rows = metrics, columns = configurations) and the windows' figures for the JSON.
+fn table(
+    args: &BenchArgs,
+    plan: &Plan,
+    r: &Results,
+    name: &str,
+    model_name: &str,
+    device: &str,
+    graph: Option<(usize, usize)>,
+) -> (String, Vec<Value>) {
+    let schedules = &r.schedules;
+    let row = |md: &mut String, label: &str, f: &dyn Fn(&Schedule) -> String| {
+        row(md, schedules, label, f)
+    };
+    let mut md = String::new();
+    md.push_str(&format!(
+        "mens bench: {name} ({}), {}; median of {} reps for prefill; decode windows of {} steps after a {SCHEDULE_PROMPT}-token prompt\n\n",
+        model_name, device, args.reps, args.window.min(args.steps.max(1))
+    ));
+    md.push_str("| metric |");
+    for sch in &r.schedules {
+        md.push_str(&format!(" {} |", sch.name()));
+    }
+    md.push_str("\n|---|");
+    for _ in &r.schedules {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for p in &r.prefill {
+        let n = p["n_prompt"].as_u64().unwrap_or(0);
+        let (ms, tps) = (
+            p["ttft_ms"].as_f64().unwrap_or(0.0),
+            p["tokens_per_s"].as_f64().unwrap_or(0.0),
+        );
+        // The prompt pass is the same with or without the cache.
+        row(&mut md, &format!("TTFT, {n}-token prompt (ms)"), &|_| {
+            format!("{ms:.0}")
+        });
+        row(&mut md, &format!("prefill, {n} tokens (tokens/s)"), &|_| {
+            format!("{tps:.1}")
+        });
+    }
+    let mut window_json = Vec::new();
+    for &p in &plan.points {
+        let r = window_at(p, args.window, args.steps);
+        row(
+            &mut md,
+            &format!(
+                "decode at step {p} (tokens/s, steps {}–{})",
+                r.start(),
+                r.end()
+            ),
+            &|sch| format!("{:.2}", sch.tps_over(&r)),
+        );
+        for sch in schedules {
+            window_json.push(
+                json!({"kv_cache": sch.cached, "step": p, "from": r.start(), "to": r.end(),
+                                    "tokens_per_s": sch.tps_over(&r)}),
+            );
+        }
+    }
+    if args.steps > 0 {
+        row(
+            &mut md,
+            &format!("decode mean, timed steps of 1–{} (tokens/s)", args.steps),
+            &|sch| {
+                format!(
+                    "{:.2}",
+                    sch.times.len() as f64 / sch.times.iter().map(|t| t.1).sum::<f64>()
+                )
+            },
+        );
+        row(&mut md, "heap allocations per decode step", &|sch| {
+            format!("{:.2}", sch.allocations_per_step)
+        });
+        let label = if graph.is_some() {
+            "host launches per decode step (CUDA graph)"
+        } else {
+            "kernel dispatches per decode step"
+        };
+        row(&mut md, label, &|sch| {
+            if sch.dispatches_per_step.is_nan() {
+                "prefill".into()
+            } else {
+                format!("{:.0}", sch.dispatches_per_step)
+            }
+        });
+        if let Some((_, kernels)) = graph {
+            row(
+                &mut md,
+                "kernels per decode step (inside the graph)",
+                &|sch| {
+                    if sch.cached {
+                        kernels.to_string()
+                    } else {
+                        "-".into()
+                    }
+                },
+            );
+        }
+    }
+    for &depth in &args.depth {
+        let vals: Vec<(bool, f64)> = r
+            .depth_rows
+            .iter()
+            .filter(|x| x["n_depth"] == depth)
+            .map(|x| {
+                (
+                    x["kv_cache"] == true,
+                    x["tokens_per_s"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        let label = format!("tg{} @ depth {depth} (tokens/s)", args.gen);
+        row(&mut md, &label, &|sch| {
+            vals.iter()
+                .find(|x| x.0 == sch.cached)
+                .map(|x| format!("{:.2}", x.1))
+                .unwrap_or_default()
+        });
+    }
+    (md, window_json)
+}
+
+/// Memory rows, notes, the kernel profile and the paired figure.
+fn footer(
+    args: &BenchArgs,
+    plan: &Plan,
+    l: &Loaded,
+    s: &dyn Runner,
+    r: &Results,
+    graph: Option<(usize, usize)>,
+    md: &mut String,
+) {
+    let peak = mens::memory::peak_rss().unwrap_or(0);
+    let shared = |md: &mut String, label: &str, v: String| {
+        md.push_str(&format!("| {label} |"));
+        for _ in &r.schedules {
+            md.push_str(&format!(" {v} |"));
+        }
+        md.push('\n');
+    };
+    shared(md, "peak RSS (MiB)", format!("{:.0}", mib(peak as f64)));
+    shared(
+        md,
+        "model (MiB)",
+        format!("{:.0}", mib(l.model.weight_bytes() as f64)),
+    );
+    shared(
+        md,
+        &format!("KV cache, {} tokens (MiB)", plan.ctx),
+        format!("{:.1}", mib(s.kv_cache_bytes() as f64)),
+    );
+    md.push_str(if graph.is_some() {
+        "\nHost launches = launches the host issues per decode token (the CUDA graph); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence (a prefill); only the reported windows are timed.\n"
+    } else {
+        "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n"
+    });
+    if !r.profile.is_empty() {
+        let total: f64 = r.profile.iter().map(|p| p.2).sum();
+        md.push_str(&format!(
+            "\nKernels of one decode step at step {}, launched one by one (not as the graph), mean of 16 steps: {total:.0} µs in all\n\n| kernel | calls per step | µs per step | share |\n|---|---|---|---|\n",
+            args.steps
+        ));
+        for (name, calls, us) in &r.profile {
+            md.push_str(&format!(
+                "| {name} | {calls} | {us:.1} | {:.1}% |\n",
+                100.0 * us / total
+            ));
+        }
+    }
+    if let Some((near, far)) = &r.paired {
+        let (a, b) = (1e3 / median(near.clone()), 1e3 / median(far.clone()));
+        md.push_str(&format!(
+            "\nPaired flatness (KV cache; {} steps at step 1.. alternating with {} at step {}.., medians): step 1 {a:.2} tokens/s, step {} {b:.2} tokens/s, ratio {:.3}\n",
+            near.len(),
+            far.len(),
+            plan.last_point,
+            plan.last_point,
+            b / a
+        ));
+    }
+}
+
+fn to_json(
+    args: &BenchArgs,
+    plan: &Plan,
+    l: &Loaded,
+    s: &dyn Runner,
+    r: &Results,
+    name: &str,
+    window_json: Vec<Value>,
+) -> Value {
+    let c = &l.model.config;
+    let graph = s.launches_per_token();
+    let peak = mens::memory::peak_rss().unwrap_or(0);
+    let cpu = l.backend == Backend::Cpu;
+    let threads = mens::cpu::threads();
+    json!({
+        "model": name, "model_name": c.name, "backend": l.backend.name(), "threads": threads,
+        "graph": graph.map(|g| json!({"launches_per_token": g.0, "kernels_per_token": g.1})),
+        "reps": args.reps, "window": args.window, "schedule_prompt": SCHEDULE_PROMPT,
+        "prefill": r.prefill,
+        "decode": r.schedules.iter().map(|sch| json!({
+            "kv_cache": sch.cached,
+            "steps": sch.times.iter().map(|t| t.0).collect::<Vec<_>>(),
+            "step_ms": sch.times.iter().map(|t| t.1 * 1e3).collect::<Vec<_>>(),
+            "mean_tokens_per_s": sch.times.len() as f64 / sch.times.iter().map(|t| t.1).sum::<f64>().max(1e-12),
+            "allocations_per_step": sch.allocations_per_step,
+            "dispatches_per_step": sch.dispatches_per_step,
+        })).collect::<Vec<_>>(),
+        "windows": window_json,
+        "paired": r.paired.as_ref().map(|(near, far)| json!({
+            "far_step": plan.last_point, "near_step_ms": near, "far_step_ms": far,
+            "near_tokens_per_s": 1e3 / median(near.clone()),
+            "far_tokens_per_s": 1e3 / median(far.clone()),
+            "ratio": median(near.clone()) / median(far.clone()),
+        })),
+        "results": r.depth_rows,
+        "memory": {
+            "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),
+            "file_bytes": l.model.gguf.file_len(), "kv_cache_bytes": s.kv_cache_bytes(),
+            "session_bytes": s.bytes(), "ctx": plan.ctx,
+            "device_bytes": if cpu { Value::Null } else { json!(s.bytes() as u64 + l.model.weight_bytes()) },
+        },
+        "counted": {
+            "allocations": "heap allocations by the global allocator during decode steps",
+            "dispatches": "parallel regions issued to the CPU thread pool per decode step",
+        },
+        "machine": mens::memory::probe(),
+    })
+}
+
+/// Per-step decode time (ms) against step, one series per configuration.
+pub(super) fn plot(path: &std::path::Path, schedules: &[Schedule], name: &str) -> Result<()> {
+    use plotters::prelude::*;
+    let max_step = schedules
+        .iter()
+        .flat_map(|s| s.times.iter().map(|t| t.0))
+        .max()
+        .unwrap_or(1);
+    let max_ms = schedules
+        .iter()
+        .flat_map(|s| s.times.iter().map(|t| t.1 * 1e3))
+        .fold(0f64, f64::max)
+        .max(1e-3);
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("mens decode step time — {name}"),
+            ("sans-serif", 20),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0usize..max_step + 1, 0f64..max_ms * 1.1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("decode step")
+        .y_desc("ms per step")
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, sch) in schedules.iter().enumerate() {
+        let color = if i == 0 { BLUE } else { RED };
+        let pts: Vec<(usize, f64)> = sch.times.iter().map(|t| (t.0, t.1 * 1e3)).collect();
+        if sch.cached {
+            chart
+                .draw_series(LineSeries::new(pts, color))
+                .map_err(|e| err(&e))?
+                .label(sch.name())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        } else {
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(&e))?
+                .label(sch.name())
+                .legend(move |(x, y)| Circle::new((x + 10, y), 3, color.filled()));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}

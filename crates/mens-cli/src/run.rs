@@ -1,0 +1,135 @@
+//! `mens run` (one prompt) and `mens chat` (a conversation in the terminal, its KV cache kept).
+
+use crate::args::{ChatArgs, RunArgs};
+use crate::{load, print_memory, runner};
+use anyhow::Result;
+use mens::chat::Message;
+use mens::generate::{generate, Stats};
+use mens::sample::Sampler;
+use mens::stream::reusable_prefix;
+use std::io::{BufRead, Write};
+
+fn print_stats(s: &Stats) {
+    eprintln!();
+    eprintln!(
+        "mens: prompt {} tokens, {:.1} ms, {:.2} tokens/s",
+        s.prompt_tokens,
+        s.prefill.as_secs_f64() * 1e3,
+        s.prefill_tps()
+    );
+    eprintln!(
+        "mens: generated {} tokens, decode {} steps, {:.1} ms, {:.2} tokens/s (stop: {:?})",
+        s.generated,
+        s.decode_steps,
+        s.decode.as_secs_f64() * 1e3,
+        s.decode_tps(),
+        s.stop
+    );
+}
+
+pub(crate) fn run(args: RunArgs) -> Result<()> {
+    let config = args.sample.config();
+    config.validate()?;
+    let l = load(&args.model, 1)?;
+    let mut sess = runner(&l)?;
+    let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
+    let tokens = if args.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &args.system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", &args.prompt));
+        l.template.tokens(&l.tokenizer, &msgs, true, sess.ctx())?
+    } else {
+        l.tokenizer.encode(&args.prompt)?
+    };
+    let mut out = std::io::stdout().lock();
+    if !args.chat {
+        write!(out, "{}", args.prompt)?;
+    }
+    let stats = generate(
+        &mut *sess,
+        &l.tokenizer,
+        &mut sampler,
+        &tokens,
+        &args.sample.generate_options(),
+        |t| {
+            let _ = write!(out, "{t}");
+            let _ = out.flush();
+            true
+        },
+    )?;
+    writeln!(out)?;
+    print_stats(&stats);
+    print_memory(&l);
+    Ok(())
+}
+pub(crate) fn chat(args: ChatArgs) -> Result<()> {
+    let config = args.sample.config();
+    config.validate()?;
+    let l = load(&args.model, 1)?;
+    let mut sess = runner(&l)?;
+    let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(Message::new("system", s));
+    }
+    eprintln!("mens: chat; an empty line or end of input quits, /reset forgets the conversation");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if line == "/reset" {
+            messages.retain(|m: &Message| m.role == "system");
+            sess.truncate(0);
+            continue;
+        }
+        messages.push(Message::new("user", line));
+        let all = l
+            .template
+            .tokens(&l.tokenizer, &messages, true, usize::MAX)?;
+        // Reuse the cached prefix: only the new turn is prefilled.
+        let common = reusable_prefix(sess.tokens(), &all);
+        sess.truncate(common);
+        let mut answer = String::new();
+        let mut out = std::io::stdout().lock();
+        let stats = generate(
+            &mut *sess,
+            &l.tokenizer,
+            &mut sampler,
+            &all[common..],
+            &args.sample.generate_options(),
+            |t| {
+                answer.push_str(t);
+                let _ = write!(out, "{t}");
+                let _ = out.flush();
+                true
+            },
+        );
+        let stats = match stats {
+            Ok(s) => s,
+            Err(mens::Error::Context(m)) => {
+                eprintln!("mens: {m}; the conversation is reset");
+                messages.retain(|m: &Message| m.role == "system");
+                sess.truncate(0);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        writeln!(out)?;
+        eprintln!(
+            "mens: [{} new prompt tokens ({} reused), {:.1} tokens/s decode]",
+            stats.prompt_tokens,
+            common,
+            stats.decode_tps()
+        );
+        messages.push(Message::new("assistant", &answer));
+    }
+    Ok(())
+}

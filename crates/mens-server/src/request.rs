@@ -1,0 +1,432 @@
+//! Request bodies of the OpenAI endpoints, their checks, and the OpenAI-shaped error.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use mens::chat::Message;
+use mens::sample::SamplerConfig;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::guard::Tenant;
+use crate::RETRY_AFTER;
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
+    pub(crate) code: Option<&'static str>,
+    pub(crate) param: Option<&'static str>,
+}
+
+/// Longest error message: request text echoed in one is cut to this many bytes.
+pub(crate) const MAX_MESSAGE: usize = 512;
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("… (cut)");
+        }
+        ApiError {
+            status,
+            kind,
+            message,
+            code: None,
+            param: None,
+        }
+    }
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+    pub(crate) fn param(mut self, p: &'static str) -> Self {
+        self.param = Some(p);
+        self
+    }
+    pub fn with_code(mut self, c: &'static str) -> Self {
+        self.code = Some(c);
+        self
+    }
+    pub(crate) fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut().insert(header::RETRY_AFTER, RETRY_AFTER);
+        }
+        r
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+pub(crate) struct StreamOptions {
+    #[serde(default)]
+    pub(crate) include_usage: Option<bool>,
+}
+
+/// The fields chat and text completions share.
+#[derive(Deserialize)]
+pub(crate) struct Common {
+    #[serde(default)]
+    pub(crate) stream: Option<bool>,
+    #[serde(default)]
+    pub(crate) stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub(crate) max_tokens: Option<i64>,
+    #[serde(default)]
+    pub(crate) max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub(crate) temperature: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_k: Option<i64>,
+    #[serde(default)]
+    pub(crate) min_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) seed: Option<i64>,
+    #[serde(default)]
+    pub(crate) stop: Option<Stop>,
+    #[serde(default)]
+    pub(crate) frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) repeat_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) n: Option<i64>,
+    #[serde(default)]
+    pub(crate) model: Option<String>,
+    /// An end user's id: prompt caching is shared only within one API key and one `user`.
+    #[serde(default)]
+    pub(crate) user: Option<String>,
+    // Not supported yet: refused when set to anything but their neutral value.
+    #[serde(default)]
+    pub(crate) response_format: Option<Value>,
+    #[serde(default)]
+    pub(crate) tools: Option<Value>,
+    #[serde(default)]
+    pub(crate) tool_choice: Option<Value>,
+    #[serde(default)]
+    pub(crate) logprobs: Option<Value>,
+    #[serde(default)]
+    pub(crate) top_logprobs: Option<Value>,
+    #[serde(default)]
+    pub(crate) logit_bias: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ContentPart {
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    #[serde(default)]
+    pub(crate) text: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ChatMessage {
+    pub(crate) role: String,
+    #[serde(default)]
+    pub(crate) content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ChatRequest {
+    pub(crate) messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CompletionRequest {
+    pub(crate) prompt: Prompt,
+    /// Parse special-token text in the prompt (`<|im_start|>`) as control tokens (llama-server's
+    /// `parse_special`). Off by default: request text is text.
+    #[serde(default)]
+    pub(crate) parse_special: bool,
+    #[serde(default)]
+    pub(crate) suffix: Option<String>,
+    #[serde(flatten)]
+    pub(crate) common: Common,
+}
+
+pub(crate) const MAX_STOPS: usize = 16;
+pub(crate) const MAX_STOP_LEN: usize = 256;
+
+/// A JSON value that leaves a feature off: absent, null, false, 0, "", [] or {}.
+pub(crate) fn neutral(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(Value::Object(o)) => o.is_empty(),
+        _ => false,
+    }
+}
+
+pub(crate) fn unsupported(field: &'static str) -> ApiError {
+    ApiError::invalid(format!("{field} is not supported by this server yet")).param(field)
+}
+
+impl Common {
+    /// Refuse what the server cannot do yet, rather than ignore it.
+    pub(crate) fn check_supported(&self, model_name: &str) -> ApiResult<()> {
+        if let Some(m) = &self.model {
+            if !m.is_empty() && m != model_name {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    format!(
+                        "the model '{m}' does not exist here: this server serves '{model_name}'"
+                    ),
+                )
+                .param("model")
+                .with_code("model_not_found"));
+            }
+        }
+        let text_format = self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.get("type").and_then(Value::as_str) == Some("text"));
+        if !neutral(&self.response_format) && !text_format {
+            return Err(unsupported("response_format"));
+        }
+        if !neutral(&self.tools) {
+            return Err(unsupported("tools"));
+        }
+        let choice_off =
+            matches!(&self.tool_choice, Some(Value::String(c)) if c == "none" || c == "auto");
+        if !neutral(&self.tool_choice) && !choice_off {
+            return Err(unsupported("tool_choice"));
+        }
+        for (v, name) in [
+            (&self.logprobs, "logprobs"),
+            (&self.top_logprobs, "top_logprobs"),
+            (&self.logit_bias, "logit_bias"),
+        ] {
+            if !neutral(v) {
+                return Err(unsupported(name));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant whose cached prompts this request may reuse: its API key and `user`.
+    pub(crate) fn tenant(&self, key: Tenant) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (key.0, self.user.as_deref()).hash(&mut h);
+        h.finish()
+    }
+
+    pub(crate) fn sampler(&self) -> ApiResult<SamplerConfig> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(
+                    ApiError::invalid(format!("n = {n} is not supported: only n = 1")).param("n"),
+                );
+            }
+        }
+        let mut c = SamplerConfig::default();
+        if let Some(t) = self.temperature {
+            c.temperature = t;
+        }
+        if let Some(p) = self.top_p {
+            c.top_p = p;
+        }
+        if let Some(k) = self.top_k {
+            if !(0..=1 << 20).contains(&k) {
+                return Err(ApiError::invalid(format!(
+                    "top_k must be between 0 and {}, got {k}",
+                    1 << 20
+                ))
+                .param("top_k"));
+            }
+            c.top_k = k as usize;
+        }
+        if let Some(p) = self.min_p {
+            c.min_p = p;
+        }
+        if let Some(p) = self.frequency_penalty {
+            c.frequency_penalty = p;
+        }
+        if let Some(p) = self.presence_penalty {
+            c.presence_penalty = p;
+        }
+        if let Some(p) = self.repeat_penalty {
+            c.repeat_penalty = p;
+        }
+        c.seed = match self.seed {
+            Some(s) => s as u64,
+            // No seed: a different draw each request, as OpenAI's API.
+            None => {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                t ^ NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            }
+        };
+        c.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+        Ok(c)
+    }
+
+    pub(crate) fn stops(&self) -> ApiResult<Vec<String>> {
+        let v = match &self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if v.len() > MAX_STOPS || v.iter().any(|s| s.len() > MAX_STOP_LEN) {
+            return Err(ApiError::invalid(format!(
+                "stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_LEN} bytes"
+            ))
+            .param("stop"));
+        }
+        Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+
+    /// `max_tokens` (or `max_completion_tokens`), checked against the context and the server's
+    /// cap; absent: the rest of the context, at most the cap.
+    pub(crate) fn max_tokens(
+        &self,
+        prompt: usize,
+        ctx: usize,
+        cap: Option<usize>,
+    ) -> ApiResult<usize> {
+        let (asked, name) = match self.max_completion_tokens {
+            Some(n) => (Some(n), "max_completion_tokens"),
+            None => (self.max_tokens, "max_tokens"),
+        };
+        if prompt >= ctx {
+            return Err(ApiError::invalid(format!(
+                "the prompt is {prompt} tokens but the context holds {ctx} tokens"
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        let cap = cap.unwrap_or(usize::MAX);
+        match asked {
+            None => Ok((ctx - prompt).min(cap)),
+            Some(n) if n < 1 => {
+                Err(ApiError::invalid(format!("{name} must be ≥ 1, got {n}")).param(name))
+            }
+            Some(n) if n as u64 > cap as u64 => Err(ApiError::invalid(format!(
+                "{name} = {n} is above this server's limit of {cap} tokens per request"
+            ))
+            .param(name)),
+            Some(n) if prompt as i64 + n > ctx as i64 => Err(ApiError::invalid(format!(
+                "the prompt ({prompt} tokens) + {name} ({n}) exceed the context of {ctx} tokens; shorten the prompt or lower {name}"
+            ))
+            .param(name)
+            .with_code("context_length_exceeded")),
+            Some(n) => Ok(n as usize),
+        }
+    }
+}
+
+pub(crate) const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Checked messages, their content flattened to text.
+pub(crate) fn chat_messages(
+    messages: &[ChatMessage],
+    common: &Common,
+    model_name: &str,
+) -> ApiResult<Vec<Message>> {
+    common.check_supported(model_name)?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages must not be empty").param("messages"));
+    }
+    let mut msgs = Vec::with_capacity(messages.len());
+    for m in messages {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "unknown role '{}' (expected one of {})",
+                clip(&m.role),
+                ROLES.join(", ")
+            ))
+            .param("messages"));
+        }
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(x)) => t.push_str(x),
+                        _ => {
+                            return Err(ApiError::invalid(format!(
+                                "content parts of type '{}' are not supported (text only)",
+                                clip(&p.kind)
+                            ))
+                            .param("messages"))
+                        }
+                    }
+                }
+                t
+            }
+        };
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            &m.role
+        };
+        msgs.push(Message::new(role, &content));
+    }
+    Ok(msgs)
+}
+
+/// The first bytes of request text quoted in an error.
+pub(crate) fn clip(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+pub(crate) fn engine_error(m: String) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
+}

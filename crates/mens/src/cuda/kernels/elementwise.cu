@@ -1,0 +1,44 @@
+// x (one row per block, dim a multiple of 32) -> rmsnorm(x) * w, quantized to q8.
+extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, float eps, int dim, i8* aq, float2* ad) {
+  __shared__ float red[32];
+  const float* xr = x + (u64)blockIdx.x * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, red);
+  float scale = rsqrtf(ss / dim + eps);
+  int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int b = threadIdx.x >> 5; b < dim / 32; b += nw) {
+    int i = b * 32 + lane;
+    quant_lane(xr[i] * scale * w[i], aq + (u64)blockIdx.x * dim + b * 32, ad + (u64)blockIdx.x * (dim / 32) + b);
+  }
+}
+
+// Batched norm for prefill: out16[t] = rmsnorm(x[t] (+= delta[t])) * w, in f16 for cuBLAS.
+extern "C" __global__ void add_rmsnorm_f16(float* x, const float* delta, const float* w, float eps, int dim, u16* out) {
+  __shared__ float red[32];
+  float* xr = x + (u64)blockIdx.x * dim;
+  const float* dr = delta ? delta + (u64)blockIdx.x * dim : 0;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i];
+    if (dr) {
+      v += dr[i];
+      xr[i] = v;
+    }
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  float scale = rsqrtf(ss / dim + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(u64)blockIdx.x * dim + i] = f2h(xr[i] * scale * w[i]);
+}
+
+
+// h16[t][i] = silu(gu[t][i]) * gu[t][f + i] (prefill).
+extern "C" __global__ void swiglu_f16(const float* gu, int f, int ntok, u16* h) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (u64)ntok * f) return;
+  u64 t = i / f, k = i % f;
+  float g = gu[t * 2 * f + k], u = gu[t * 2 * f + f + k];
+  h[i] = f2h(g / (1.f + expf(-g)) * u);
+}
+

@@ -1,0 +1,339 @@
+// ---------------------------------------------------------------------------------------------
+// Dot product of the c-th 32-value chunk of a weight row with 32 q8 activations (aq, d8, s8).
+
+template <int T>
+__device__ __forceinline__ float dot32(const u8* row, int c, const int* a, float d8, float s8);
+
+template <>
+__device__ __forceinline__ float dot32<T_Q8_0>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + c * 34;
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) s = dp4a(ld2(b + 2 + 4 * i), a[i], s);
+  return h2f(*(const u16*)b) * d8 * (float)s;
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q4_0>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + c * 18;
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int w = ld2(b + 2 + 4 * i);
+    s = dp4a(w & 0x0F0F0F0F, a[i], s);
+    s = dp4a((w >> 4) & 0x0F0F0F0F, a[4 + i], s);
+  }
+  return h2f(*(const u16*)b) * (d8 * (float)s - 8.f * s8);
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q4_1>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + c * 20;
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int w = ld4(b + 4 + 4 * i);
+    s = dp4a(w & 0x0F0F0F0F, a[i], s);
+    s = dp4a((w >> 4) & 0x0F0F0F0F, a[4 + i], s);
+  }
+  return h2f(*(const u16*)b) * d8 * (float)s + h2f(*(const u16*)(b + 2)) * s8;
+}
+__device__ __forceinline__ int spread4(u32 h) {  // 4 bits -> bit 4 of each byte
+  return (int)(((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q5_0>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + c * 22;
+  u32 qh = (u32)ld2(b + 2);
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int w = ld2(b + 6 + 4 * i);
+    s = dp4a((w & 0x0F0F0F0F) | spread4(qh >> (4 * i)), a[i], s);
+    s = dp4a(((w >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i)), a[4 + i], s);
+  }
+  return h2f(*(const u16*)b) * (d8 * (float)s - 16.f * s8);
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q5_1>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + c * 24;
+  u32 qh = (u32)ld4(b + 4);
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int w = ld4(b + 8 + 4 * i);
+    s = dp4a((w & 0x0F0F0F0F) | spread4(qh >> (4 * i)), a[i], s);
+    s = dp4a(((w >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i)), a[4 + i], s);
+  }
+  return h2f(*(const u16*)b) * d8 * (float)s + h2f(*(const u16*)(b + 2)) * s8;
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q4_K>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + (c >> 3) * 144;  // blocks are 16-byte aligned (144 = 9 * 16)
+  int sub = c & 7;
+  const int4* q4 = (const int4*)(b + 16 + (sub >> 1) * 32);
+  int4 h = *(const int4*)b;  // d, dmin, scales[12]
+  int4 x0 = q4[0], x1 = q4[1];
+  int qs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  int shift = (sub & 1) * 4;
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) s = dp4a((qs[i] >> shift) & 0x0F0F0F0F, a[i], s);
+  // 6-bit scale and min of sub-block `sub` from the header words (no byte addressing, which
+  // would put the header in local memory).
+  int sh = 8 * (sub & 3);
+  u32 y = (u32)h.y >> sh, z = (u32)h.z >> sh, w = (u32)h.w >> sh;
+  int sc, m;
+  if (sub < 4) {
+    sc = y & 63;
+    m = z & 63;
+  } else {
+    sc = (w & 0xF) | (((y >> 6) & 3) << 4);
+    m = ((w >> 4) & 0xF) | (((z >> 6) & 3) << 4);
+  }
+  return h2f((u16)(h.x & 0xffff)) * (float)sc * d8 * (float)s - h2f((u16)((u32)h.x >> 16)) * (float)m * s8;
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q5_K>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + (c >> 3) * 176;
+  int sub = c & 7;
+  const int* qh = (const int*)(b + 16);
+  const int* qs = (const int*)(b + 48 + (sub >> 1) * 32);
+  int shift = (sub & 1) * 4;
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    s = dp4a(((qs[i] >> shift) & 0x0F0F0F0F) | ((((u32)qh[i] >> sub) & 0x01010101u) << 4), a[i], s);
+  int sc, m;
+  scale_min_k4(sub, b + 4, &sc, &m);
+  return h2f(*(const u16*)b) * (float)sc * d8 * (float)s - h2f(*(const u16*)(b + 2)) * (float)m * s8;
+}
+// 8 consecutive u32 from a 2-byte aligned address: 9 aligned loads and funnel shifts instead of
+// 16 two-byte loads (Q6_K blocks are 210 bytes, so every other one is only 2-byte aligned).
+__device__ __forceinline__ void ld8_a2(const u8* p, int* out) {
+  const u32* w = (const u32*)((u64)p & ~(u64)3);
+  u32 sh = ((u32)(u64)p & 3) * 8;
+  u32 x[9];
+#pragma unroll
+  for (int i = 0; i < 9; i++) x[i] = w[i];
+#pragma unroll
+  for (int i = 0; i < 8; i++) out[i] = (int)__funnelshift_r(x[i], x[i + 1], sh);
+}
+template <>
+__device__ __forceinline__ float dot32<T_Q6_K>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u8* b = row + (c >> 3) * 210;
+  int sub = c & 7, n = sub >> 2, g = sub & 3;
+  const u8* ql = b + n * 64 + (g & 1) * 32;
+  const u8* qh = b + 128 + n * 32;
+  const i8* sc = (const i8*)(b + 192) + n * 8 + 2 * g;
+  int lsh = (g >> 1) * 4, hsh = 2 * g;
+  int l[8], h[8];
+  ld8_a2(ql, l);
+  ld8_a2(qh, h);
+  int s0 = 0, s1 = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int v = ((l[i] >> lsh) & 0x0F0F0F0F) | (((h[i] >> hsh) & 0x03030303) << 4);
+    s0 = dp4a(sub32(v), a[i], s0);
+  }
+#pragma unroll
+  for (int i = 4; i < 8; i++) {
+    int v = ((l[i] >> lsh) & 0x0F0F0F0F) | (((h[i] >> hsh) & 0x03030303) << 4);
+    s1 = dp4a(sub32(v), a[i], s1);
+  }
+  return h2f(*(const u16*)(b + 208)) * d8 * (float)(sc[0] * s0 + sc[1] * s1);
+}
+__device__ __forceinline__ float a8(const int* a, int i) { return (float)((const i8*)a)[i]; }
+template <>
+__device__ __forceinline__ float dot32<T_F16>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u16* w = (const u16*)row + c * 32;
+  float s = 0.f;
+  for (int i = 0; i < 32; i++) s += h2f(w[i]) * a8(a, i);
+  return s * d8;
+}
+template <>
+__device__ __forceinline__ float dot32<T_BF16>(const u8* row, int c, const int* a, float d8, float s8) {
+  const u16* w = (const u16*)row + c * 32;
+  float s = 0.f;
+  for (int i = 0; i < 32; i++) s += __int_as_float((int)((u32)w[i] << 16)) * a8(a, i);
+  return s * d8;
+}
+template <>
+__device__ __forceinline__ float dot32<T_F32>(const u8* row, int c, const int* a, float d8, float s8) {
+  const float* w = (const float*)row + c * 32;
+  float s = 0.f;
+  for (int i = 0; i < 32; i++) s += w[i] * a8(a, i);
+  return s * d8;
+}
+
+// Dot of one row with the whole q8 activation vector, by one warp.
+template <int T>
+__device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __restrict__ aq,
+                           const float2* __restrict__ ad) {
+  float acc = 0.f;
+  int lane = threadIdx.x & 31;
+#pragma unroll 4
+  for (int c = lane; c < nchunks; c += 32) {
+    int a[8];
+    const int4* ap = (const int4*)(aq + c * 32);
+    int4 a0 = ap[0], a1 = ap[1];
+    a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
+    a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+    float2 ds = ad[c];
+    acc += dot32<T>(row, c, a, ds.x, ds.y);
+  }
+  return warp_sum(acc);
+}
+__device__ float row_dot(int type, const u8* row, int nchunks, const i8* aq, const float2* ad) {
+  switch (type) {
+    case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad);
+    case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad);
+    case T_Q5_0: return row_dot_t<T_Q5_0>(row, nchunks, aq, ad);
+    case T_Q8_0: return row_dot_t<T_Q8_0>(row, nchunks, aq, ad);
+    case T_Q4_0: return row_dot_t<T_Q4_0>(row, nchunks, aq, ad);
+    case T_Q4_1: return row_dot_t<T_Q4_1>(row, nchunks, aq, ad);
+    case T_Q5_1: return row_dot_t<T_Q5_1>(row, nchunks, aq, ad);
+    case T_Q5_K: return row_dot_t<T_Q5_K>(row, nchunks, aq, ad);
+    case T_F16: return row_dot_t<T_F16>(row, nchunks, aq, ad);
+    case T_BF16: return row_dot_t<T_BF16>(row, nchunks, aq, ad);
+    default: return row_dot_t<T_F32>(row, nchunks, aq, ad);
+  }
+}
+
+struct Seg {
+  const u8* w;
+  u64 row_bytes;
+  int type;
+  int rows;
+};
+
+// out[r] (+)= W[r] . a (+ bias[r]) for the rows of up to three matrices stacked (Q, K, V).
+// One warp per row, 4 warps per block. mode 0 stores, 1 adds (the residual).
+extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
+                                  float* out, const float* bias, int mode) {
+  int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+  int total = s0.rows + s1.rows + s2.rows;
+  if (r >= total) return;
+  Seg s = s0;
+  int rr = r;
+  if (rr >= s0.rows) {
+    rr -= s0.rows;
+    s = s1;
+    if (rr >= s1.rows) {
+      rr -= s1.rows;
+      s = s2;
+    }
+  }
+  float v = row_dot(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad);
+  if ((threadIdx.x & 31) == 0) {
+    if (bias) v += bias[r];
+    out[r] = mode ? out[r] + v : v;
+  }
+}
+
+// Quantize 32 floats held one per lane into a q8 block (by one warp).
+__device__ __forceinline__ void quant_lane(float v, i8* qs, float2* ds) {
+  float amax = warp_max(fabsf(v));
+  float d = amax / 127.f;
+  int q = d > 0.f ? __float2int_rn(v / d) : 0;
+  qs[threadIdx.x & 31] = (i8)q;
+  float sq = warp_sum((float)q);
+  if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * sq);
+}
+
+// Two rows of one type against the same activations, loads interleaved (gate and up).
+template <int T>
+__device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ rb, int nchunks,
+                             const i8* __restrict__ aq, const float2* __restrict__ ad) {
+  float x = 0.f, y = 0.f;
+  int lane = threadIdx.x & 31;
+#pragma unroll 2
+  for (int c = lane; c < nchunks; c += 32) {
+    int a[8];
+    const int4* ap = (const int4*)(aq + c * 32);
+    int4 a0 = ap[0], a1 = ap[1];
+    a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
+    a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+    float2 ds = ad[c];
+    x += dot32<T>(ra, c, a, ds.x, ds.y);
+    y += dot32<T>(rb, c, a, ds.x, ds.y);
+  }
+  return make_float2(warp_sum(x), warp_sum(y));
+}
+__device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchunks, const i8* aq, const float2* ad) {
+  if (ta == tb) {
+    switch (ta) {
+      case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad);
+      case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad);
+      case T_Q5_0: return row_dot2_t<T_Q5_0>(ra, rb, nchunks, aq, ad);
+      case T_Q8_0: return row_dot2_t<T_Q8_0>(ra, rb, nchunks, aq, ad);
+      default: break;
+    }
+  }
+  return make_float2(row_dot(ta, ra, nchunks, aq, ad), row_dot(tb, rb, nchunks, aq, ad));
+}
+
+// h = silu(gate . a) * (up . a), quantized to q8: a block of 32 warps makes 32 rows (one q8
+// block), one gate row and one up row per warp.
+extern "C" __global__ void __launch_bounds__(1024) matvec_glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad,
+                                         i8* hq, float2* hd) {
+  __shared__ float h[32];
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int r = blockIdx.x * 32 + w;
+  float2 gu = make_float2(0.f, 0.f);
+  if (r < gate.rows)
+    gu = row_dot2(gate.type, gate.w + (u64)r * gate.row_bytes, up.type, up.w + (u64)r * up.row_bytes,
+                  cols / 32, aq, ad);
+  if (lane == 0) h[w] = gu.x / (1.f + expf(-gu.x)) * gu.y;
+  __syncthreads();
+  if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
+}
+
+// Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos, Q
+// (rounded to f16, as llama.cpp's flash attention reads it) into qkv. One warp per pair of rows
+// that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are paired
+// the same way, unrotated.
+extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
+                                    const float* bias, const float* cosv, const float* sinv, const int* pos,
+                                    int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc) {
+  int half = hd / 2;
+  int p = blockIdx.x * 4 + (threadIdx.x >> 5);
+  int heads = n_head + 2 * n_kv_head;
+  if (p >= heads * half) return;
+  int h = p / half, k = p % half;
+  int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
+  Seg s = s0;
+  int base = 0;
+  if (ra >= s0.rows) {
+    base = s0.rows;
+    s = s1;
+    if (ra >= s0.rows + s1.rows) {
+      base = s0.rows + s1.rows;
+      s = s2;
+    }
+  }
+  float2 v = row_dot2(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
+                      cols / 32, aq, ad);
+  if ((threadIdx.x & 31) != 0) return;
+  float x0 = v.x, x1 = v.y;
+  if (bias) {
+    x0 += bias[ra];
+    x1 += bias[rb];
+  }
+  int ps = *pos, kvd = n_kv_head * hd;
+  if (h < n_head + n_kv_head) {
+    float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
+    float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+    if (h < n_head) {
+      qkv[ra] = h2f(f2h(y0));
+      qkv[rb] = h2f(f2h(y1));
+    } else {
+      int o = ps * kvd + (h - n_head) * hd;
+      kc[o + ra - h * hd] = f2h(y0);
+      kc[o + rb - h * hd] = f2h(y1);
+    }
+  } else {
+    int o = ps * kvd + (h - n_head - n_kv_head) * hd;
+    vc[o + ra - h * hd] = f2h(x0);
+    vc[o + rb - h * hd] = f2h(x1);
+  }
+}
+

@@ -1,0 +1,189 @@
+// Dequantize the c-th 32-value chunk of a row into 32 floats.
+template <int T>
+__device__ void deq32(const u8* row, int c, float* y);
+template <>
+__device__ void deq32<T_Q8_0>(const u8* row, int c, float* y) {
+  const u8* b = row + c * 34;
+  float d = h2f(*(const u16*)b);
+  for (int i = 0; i < 32; i++) y[i] = d * (float)(i8)b[2 + i];
+}
+template <>
+__device__ void deq32<T_Q4_0>(const u8* row, int c, float* y) {
+  const u8* b = row + c * 18;
+  float d = h2f(*(const u16*)b);
+  for (int i = 0; i < 16; i++) {
+    y[i] = d * (float)((b[2 + i] & 0xF) - 8);
+    y[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
+  }
+}
+template <>
+__device__ void deq32<T_Q4_1>(const u8* row, int c, float* y) {
+  const u8* b = row + c * 20;
+  float d = h2f(*(const u16*)b), m = h2f(*(const u16*)(b + 2));
+  for (int i = 0; i < 16; i++) {
+    y[i] = d * (float)(b[4 + i] & 0xF) + m;
+    y[i + 16] = d * (float)(b[4 + i] >> 4) + m;
+  }
+}
+template <>
+__device__ void deq32<T_Q5_0>(const u8* row, int c, float* y) {
+  const u8* b = row + c * 22;
+  float d = h2f(*(const u16*)b);
+  u32 qh = (u32)ld2(b + 2);
+  for (int i = 0; i < 16; i++) {
+    int h0 = (int)((qh >> i) & 1), h1 = (int)((qh >> (i + 16)) & 1);
+    y[i] = d * (float)(((b[6 + i] & 0xF) | (h0 << 4)) - 16);
+    y[i + 16] = d * (float)(((b[6 + i] >> 4) | (h1 << 4)) - 16);
+  }
+}
+template <>
+__device__ void deq32<T_Q5_1>(const u8* row, int c, float* y) {
+  const u8* b = row + c * 24;
+  float d = h2f(*(const u16*)b), m = h2f(*(const u16*)(b + 2));
+  u32 qh = (u32)ld4(b + 4);
+  for (int i = 0; i < 16; i++) {
+    int h0 = (int)((qh >> i) & 1), h1 = (int)((qh >> (i + 16)) & 1);
+    y[i] = d * (float)((b[8 + i] & 0xF) | (h0 << 4)) + m;
+    y[i + 16] = d * (float)((b[8 + i] >> 4) | (h1 << 4)) + m;
+  }
+}
+template <>
+__device__ void deq32<T_Q4_K>(const u8* row, int c, float* y) {
+  const u8* b = row + (c >> 3) * 144;
+  int sub = c & 7, sc, m;
+  scale_min_k4(sub, b + 4, &sc, &m);
+  float d = h2f(*(const u16*)b) * sc, mn = h2f(*(const u16*)(b + 2)) * m;
+  const u8* qs = b + 16 + (sub >> 1) * 32;
+  int shift = (sub & 1) * 4;
+  for (int i = 0; i < 32; i++) y[i] = d * (float)((qs[i] >> shift) & 0xF) - mn;
+}
+template <>
+__device__ void deq32<T_Q5_K>(const u8* row, int c, float* y) {
+  const u8* b = row + (c >> 3) * 176;
+  int sub = c & 7, sc, m;
+  scale_min_k4(sub, b + 4, &sc, &m);
+  float d = h2f(*(const u16*)b) * sc, mn = h2f(*(const u16*)(b + 2)) * m;
+  const u8* qh = b + 16;
+  const u8* qs = b + 48 + (sub >> 1) * 32;
+  int shift = (sub & 1) * 4;
+  for (int i = 0; i < 32; i++) y[i] = d * (float)(((qs[i] >> shift) & 0xF) | (((qh[i] >> sub) & 1) << 4)) - mn;
+}
+template <>
+__device__ void deq32<T_Q6_K>(const u8* row, int c, float* y) {
+  const u8* b = row + (c >> 3) * 210;
+  int sub = c & 7, n = sub >> 2, g = sub & 3;
+  const u8* ql = b + n * 64 + (g & 1) * 32;
+  const u8* qh = b + 128 + n * 32;
+  const i8* sc = (const i8*)(b + 192) + n * 8 + 2 * g;
+  float d = h2f(*(const u16*)(b + 208));
+  int lsh = (g >> 1) * 4, hsh = 2 * g;
+  for (int i = 0; i < 32; i++) {
+    int q = (((ql[i] >> lsh) & 0xF) | (((qh[i] >> hsh) & 3) << 4)) - 32;
+    y[i] = d * (float)sc[i >> 4] * (float)q;
+  }
+}
+template <>
+__device__ void deq32<T_F16>(const u8* row, int c, float* y) {
+  const u16* w = (const u16*)row + c * 32;
+  for (int i = 0; i < 32; i++) y[i] = h2f(w[i]);
+}
+template <>
+__device__ void deq32<T_BF16>(const u8* row, int c, float* y) {
+  const u16* w = (const u16*)row + c * 32;
+  for (int i = 0; i < 32; i++) y[i] = __int_as_float((int)((u32)w[i] << 16));
+}
+template <>
+__device__ void deq32<T_F32>(const u8* row, int c, float* y) {
+  const float* w = (const float*)row + c * 32;
+  for (int i = 0; i < 32; i++) y[i] = w[i];
+}
+__device__ void deq(int type, const u8* row, int c, float* y) {
+  switch (type) {
+    case T_Q4_K: deq32<T_Q4_K>(row, c, y); break;
+    case T_Q6_K: deq32<T_Q6_K>(row, c, y); break;
+    case T_Q5_0: deq32<T_Q5_0>(row, c, y); break;
+    case T_Q8_0: deq32<T_Q8_0>(row, c, y); break;
+    case T_Q4_0: deq32<T_Q4_0>(row, c, y); break;
+    case T_Q4_1: deq32<T_Q4_1>(row, c, y); break;
+    case T_Q5_1: deq32<T_Q5_1>(row, c, y); break;
+    case T_Q5_K: deq32<T_Q5_K>(row, c, y); break;
+    case T_F16: deq32<T_F16>(row, c, y); break;
+    case T_BF16: deq32<T_BF16>(row, c, y); break;
+    default: deq32<T_F32>(row, c, y); break;
+  }
+}
+
+// W (rows x cols, quantized) -> f16 row-major, one thread per 32-value chunk (prefill GEMMs).
+extern "C" __global__ void dequant_f16(Seg s, int cols, u16* out) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  int per_row = cols / 32;
+  if (i >= (u64)s.rows * per_row) return;
+  u64 r = i / per_row;
+  int c = (int)(i % per_row);
+  float y[32];
+  deq(s.type, s.w + r * s.row_bytes, c, y);
+  uint4* o = (uint4*)(out + r * cols + c * 32);  // 64 bytes, 16-byte stores
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const float* v = y + 8 * k;
+    uint4 u;
+    u.x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
+    u.y = (u32)f2h(v[2]) | ((u32)f2h(v[3]) << 16);
+    u.z = (u32)f2h(v[4]) | ((u32)f2h(v[5]) << 16);
+    u.w = (u32)f2h(v[6]) | ((u32)f2h(v[7]) << 16);
+    o[k] = u;
+  }
+}
+
+// x[t] = embedding row of toks[t] (f32). Grid: tokens; block: chunks of the row.
+extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
+  int t = blockIdx.x;
+  const u8* row = s.w + (u64)toks[t] * s.row_bytes;
+  float y[32];
+  for (int c = threadIdx.x; c < cols / 32; c += blockDim.x) {
+    deq(s.type, row, c, y);
+    for (int k = 0; k < 32; k++) x[(u64)t * cols + c * 32 + k] = y[k];
+  }
+}
+
+// Q/K/V bias, RoPE on Q and K, K and V into the f16 cache at positions pos0 + t. Q is rounded to
+// f16 (as llama.cpp's flash attention reads it); with qperm it is also written in f16, grouped by
+// KV head ([kv_head][t][j][hd]) for the prefill GEMMs. Grid: tokens; block: 256 threads.
+extern "C" __global__ void rope_store(float* qkv, const float* bias, const float* cosv, const float* sinv,
+                                      const int* pos, int n_head, int n_kv_head, int hd, int neox,
+                                      u16* kc, u16* vc, u16* qperm, int ntok) {
+  int t = blockIdx.x;
+  int p = *pos + t;
+  int qd = n_head * hd, kvd = n_kv_head * hd, row = qd + 2 * kvd, half = hd / 2;
+  float* r = qkv + (u64)t * row;
+  if (bias) {
+    for (int i = threadIdx.x; i < row; i += blockDim.x) r[i] += bias[i];
+    __syncthreads();
+  }
+  const float* cs = cosv + (u64)p * half;
+  const float* sn = sinv + (u64)p * half;
+  int nh = n_head + n_kv_head;
+  for (int i = threadIdx.x; i < nh * half; i += blockDim.x) {
+    int h = i / half, k = i % half;
+    float* v = r + h * hd;  // K heads follow the Q heads
+    int a = neox ? k : 2 * k, b = neox ? k + half : 2 * k + 1;
+    float x0 = v[a], x1 = v[b];
+    float y0 = x0 * cs[k] - x1 * sn[k], y1 = x0 * sn[k] + x1 * cs[k];
+    if (h < n_head) {
+      u16 h0 = f2h(y0), h1 = f2h(y1);
+      v[a] = h2f(h0);
+      v[b] = h2f(h1);
+      if (qperm) {
+        int g = n_head / n_kv_head, kvh = h / g, j = h % g;
+        u16* q = qperm + (((u64)kvh * ntok + t) * g + j) * hd;
+        q[a] = h0;
+        q[b] = h1;
+      }
+    } else {
+      kc[(u64)p * kvd + (h - n_head) * hd + a] = f2h(y0);
+      kc[(u64)p * kvd + (h - n_head) * hd + b] = f2h(y1);
+    }
+  }
+  for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[(u64)p * kvd + i] = f2h(r[qd + kvd + i]);
+}
+

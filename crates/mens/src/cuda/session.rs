@@ -1,0 +1,799 @@
+//! One sequence on the GPU: its KV cache, every buffer, the decode graph, sampling on the device,
+//! and the [`Runner`](crate::runner::Runner) implementation.
+
+use super::*;
+
+/// How a session samples on the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeviceSampling {
+    Greedy,
+    TopK {
+        k: usize,
+        temp: f32,
+        top_p: f32,
+        min_p: f32,
+        seed: u64,
+    },
+    /// Penalties or a top-k above TOPK_MAX: the logits go to the host sampler.
+    Host,
+}
+
+impl DeviceSampling {
+    pub fn of(s: &Sampler) -> Self {
+        let c = &s.config;
+        if c.penalised() {
+            DeviceSampling::Host
+        } else if s.is_greedy() {
+            DeviceSampling::Greedy
+        } else if c.top_k > TOPK_MAX {
+            DeviceSampling::Host
+        } else {
+            DeviceSampling::TopK {
+                // top-k 0 (off) keeps the 64 most likely tokens.
+                k: if c.top_k == 0 { TOPK_MAX } else { c.top_k },
+                temp: c.temperature,
+                top_p: c.top_p,
+                min_p: c.min_p,
+                seed: c.seed,
+            }
+        }
+    }
+}
+
+/// One sequence on the GPU: KV cache, every buffer, the decode graph.
+pub struct CudaSession {
+    pub model: Arc<GpuModel>,
+    ctx: usize,
+    ubatch: usize,
+    tokens: Vec<u32>,
+    kc: Buf,
+    vc: Buf,
+    cos: Buf,
+    sin: Buf,
+    // decode
+    x: Buf,
+    qkv: Buf,
+    aq: Buf,
+    ad: Buf,
+    hq: Buf,
+    hd: Buf,
+    part_o: Buf,
+    part_ml: Buf,
+    logits: Buf,
+    partial: Buf,
+    counter: Buf,
+    tok: Buf,
+    out: Buf,
+    pos: Buf,
+    rng_ctr: Buf,
+    cand: Buf,
+    // prefill
+    xb16: Buf,
+    w16: Buf,
+    tmp: Buf,
+    gu: Buf,
+    h16: Buf,
+    qperm: Buf,
+    scores: Buf,
+    probs: Buf,
+    o: Buf,
+    toks: Buf,
+    pinned: *mut i32,
+    graph: Option<sys::CUgraphExec>,
+    /// The token id the device holds as the next step's input (sampled there).
+    dev_tok: Option<u32>,
+    /// Whether the device's pos equals tokens.len() (false after truncate/reset).
+    pos_synced: bool,
+    host_logits: Vec<f32>,
+    logits_valid: bool,
+    /// Kernels in the decode graph.
+    pub graph_kernels: usize,
+}
+
+/// Values of the largest group of layer matrices dequantized at once in prefill.
+fn max_group_values(c: &Config) -> usize {
+    let qkv = (c.q_dim() + 2 * c.kv_dim()) * c.dim;
+    qkv.max(c.dim * c.q_dim())
+        .max(2 * c.ffn_dim * c.dim)
+        .max(c.dim * c.ffn_dim)
+}
+
+/// Bytes a CUDA session of `ctx` tokens and prefill batch `ubatch` allocates on the device.
+pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize) -> u64 {
+    let max_group = max_group_values(c);
+    let (d, q, kv, f, v) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.vocab_size);
+    let row = q + 2 * kv;
+    let splits = ctx.div_ceil(SPLIT);
+    let b = ubatch;
+    let kvc = 2 * c.n_layer * ctx * kv * 2;
+    let rope = 2 * ctx * c.head_dim / 2 * 4;
+    let dec = 4 * (b * d + b * row)
+        + d.max(q) * 2
+        + f * 2
+        + splits * c.n_head * (c.head_dim + 2) * 4
+        + v * 4;
+    let pre = 2 * b * d.max(q)
+        + 2 * max_group
+        + 4 * b * d
+        + 4 * b * 2 * f
+        + 2 * b * f
+        + 2 * b * q
+        + c.n_head * b.min(ATT_QUERIES) * ctx * 6
+        + 4 * b * q
+        + 4 * b;
+    (kvc + rope + dec + pre + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
+}
+
+impl CudaSession {
+    /// A session of `ctx` tokens; prompts are processed `ubatch` tokens at a time.
+    pub fn new(model: Arc<GpuModel>, ctx: usize, ubatch: usize) -> Result<Self> {
+        let c = model.config.clone();
+        if ctx == 0 || ubatch == 0 || ctx > i32::MAX as usize / 2 {
+            return Err(Error::InvalidArgument(
+                "context and batch must be > 0".into(),
+            ));
+        }
+        let ubatch = ubatch.min(ctx);
+        let max_group = max_group_values(&c);
+        let need = session_bytes(&c, ctx, ubatch);
+        let dev = model.dev.clone();
+        let (free, _) = dev.mem_info()?;
+        if need + (256 << 20) > free {
+            return Err(Error::Memory(format!(
+                "a CUDA session of {ctx} tokens needs {} MiB (KV cache and buffers) but {} has {} MiB free",
+                need >> 20,
+                dev.name,
+                free >> 20
+            )));
+        }
+        let (d, q, kv, f, v) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.vocab_size);
+        let row = q + 2 * kv;
+        let splits = ctx.div_ceil(SPLIT);
+        let b = ubatch;
+        let rope = RopeTable::new(ctx, c.head_dim, c.rope_base);
+        let a = |n: usize| dev.alloc(n);
+        let kc = a(c.n_layer * ctx * kv * 2)?;
+        let vc = a(c.n_layer * ctx * kv * 2)?;
+        let pinned =
+            unsafe { drv::malloc_host(16, 0) }.map_err(|e| err("pinned memory", e))? as *mut i32;
+        let s = CudaSession {
+            cos: dev.upload(&rope.cos)?,
+            sin: dev.upload(&rope.sin)?,
+            x: a(4 * b * d)?,
+            qkv: a(4 * b * row)?,
+            aq: a(d.max(q))?,
+            ad: a(8 * d.max(q) / 32)?,
+            hq: a(f)?,
+            hd: a(8 * f / 32)?,
+            part_o: a(4 * splits * c.n_head * c.head_dim)?,
+            part_ml: a(8 * splits * c.n_head)?,
+            logits: a(4 * v)?,
+            partial: a(8 * ARGMAX_BLOCKS)?,
+            counter: dev.upload(&[0u32; 1 + 64])?,
+            tok: a(4)?,
+            out: a(4)?,
+            pos: a(4)?,
+            rng_ctr: dev.upload(&[0u64])?,
+            cand: a(8 * TOPK_BLOCKS * TOPK_MAX)?,
+            xb16: a(2 * b * d.max(q))?,
+            w16: a(2 * max_group)?,
+            tmp: a(4 * b * d)?,
+            gu: a(4 * b * 2 * f)?,
+            h16: a(2 * b * f)?,
+            qperm: a(2 * b * q)?,
+            scores: a(4 * c.n_head * b.min(ATT_QUERIES) * ctx)?,
+            probs: a(2 * c.n_head * b.min(ATT_QUERIES) * ctx)?,
+            o: a(4 * b * q)?,
+            toks: a(4 * b)?,
+            kc,
+            vc,
+            pinned,
+            graph: None,
+            dev_tok: None,
+            pos_synced: false,
+            host_logits: vec![0f32; v],
+            logits_valid: false,
+            graph_kernels: 0,
+            tokens: Vec::with_capacity(ctx),
+            ctx,
+            ubatch,
+            model,
+        };
+        let mut s = s;
+        // Record the decode graph now, so the first token does not pay for it.
+        s.capture()?;
+        Ok(s)
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+    pub fn pos(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    pub fn reset(&mut self) {
+        self.truncate(0);
+    }
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.logits_valid = false;
+        self.pos_synced = false;
+        self.dev_tok = None;
+    }
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.kc.bytes + self.vc.bytes
+    }
+
+    fn layer_cache(&self, li: usize) -> (u64, u64) {
+        let c = &self.model.config;
+        let per = (self.ctx * c.kv_dim() * 2) as u64;
+        (self.kc.ptr + li as u64 * per, self.vc.ptr + li as u64 * per)
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<()> {
+        crate::runner::check_tokens(self.pos(), self.ctx, tokens, self.model.config.vocab_size)
+    }
+
+    /// Run `tokens` after the cached ones. `Logits::Last` leaves the last token's logits on the
+    /// device (and its greedy choice); `Logits::All` hands each position's logits to the callback
+    /// (positions before `from` are prefilled in batches, the rest decoded one by one).
+    pub fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
+        self.check(tokens)?;
+        self.model.dev.bind()?;
+        match logits {
+            // The head runs anyway (a prefill chunk without logits costs one more matvec).
+            Logits::Last | Logits::None => {
+                if tokens.len() == 1 {
+                    self.decode(tokens[0])
+                } else {
+                    self.prefill(tokens)
+                }
+            }
+            Logits::All { from, f } => {
+                let from = from.min(tokens.len());
+                if from > 0 {
+                    self.prefill(&tokens[..from])?;
+                }
+                for (i, &t) in tokens.iter().enumerate().skip(from) {
+                    self.decode(t)?;
+                    f(i, self.logits()?);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The last position's logits, copied to the host.
+    pub fn logits(&mut self) -> Result<&[f32]> {
+        if !self.logits_valid {
+            let dev = &self.model.dev;
+            dev.read(&self.logits, 0, &mut self.host_logits)?;
+            self.logits_valid = true;
+        }
+        Ok(&self.host_logits)
+    }
+
+    /// Pick the next token: on the device when the sampler allows it (one 4-byte read-back),
+    /// otherwise on the host from copied logits.
+    pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        match DeviceSampling::of(sampler) {
+            DeviceSampling::Greedy => {
+                // The decode graph / prefill already ran argmax and copied the id.
+                self.model.dev.sync()?;
+                let t = unsafe { *self.pinned } as u32;
+                self.dev_tok = Some(t);
+                Ok(t)
+            }
+            DeviceSampling::TopK {
+                k,
+                temp,
+                top_p,
+                min_p,
+                seed,
+            } => {
+                let t = self.sample_device(k, temp, top_p, min_p, seed)?;
+                self.dev_tok = Some(t);
+                Ok(t)
+            }
+            DeviceSampling::Host => {
+                self.logits()?;
+                let t = sampler.sample(&mut self.host_logits, &self.tokens);
+                self.logits_valid = false; // penalties changed the copy
+                Ok(t)
+            }
+        }
+    }
+
+    fn sample_device(
+        &mut self,
+        k: usize,
+        temp: f32,
+        top_p: f32,
+        min_p: f32,
+        seed: u64,
+    ) -> Result<u32> {
+        let dev = self.model.dev.clone();
+        let v = self.model.config.vocab_size as i32;
+        let slice = (v as usize).div_ceil(TOPK_BLOCKS) as i32;
+        let k = k as i32;
+        launch!(dev, topk_partial, (TOPK_BLOCKS as u32, 1), 256;
+            self.logits.ptr, v, k, slice, self.cand.ptr)?;
+        launch!(dev, sample_final, (1, 1), 256;
+            self.cand.ptr, (TOPK_BLOCKS as i32) * k, k, temp, top_p, min_p, seed,
+            self.rng_ctr.ptr, self.tok.ptr, self.out.ptr, self.pos.ptr, 0i32)?;
+        unsafe {
+            drv::memcpy_dtoh_async(
+                std::slice::from_raw_parts_mut(self.pinned, 1),
+                self.out.ptr,
+                dev.stream,
+            )
+        }
+        .map_err(|e| err("copy from device", e))?;
+        dev.sync()?;
+        Ok(unsafe { *self.pinned } as u32)
+    }
+
+    /// The LM head on the q8 activations in `aq`, then argmax (advancing pos by `advance`) and the
+    /// copy of the chosen id to pinned host memory.
+    fn head(&self, advance: i32) -> Result<()> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let h = m.head().seg;
+        let rows = c.vocab_size;
+        launch!(dev, matvec as "matvec (LM head)", (rows.div_ceil(4) as u32, 1), 128;
+            h, Seg::NONE, Seg::NONE, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr, 0u64, 0i32)?;
+        launch!(dev, argmax, (ARGMAX_BLOCKS as u32, 1), 1024;
+            self.logits.ptr, rows as i32, self.partial.ptr, self.counter.ptr, self.tok.ptr,
+            self.out.ptr, self.pos.ptr, advance)?;
+        unsafe {
+            drv::memcpy_dtoh_async(
+                std::slice::from_raw_parts_mut(self.pinned, 1),
+                self.out.ptr,
+                dev.stream,
+            )
+        }
+        .map_err(|e| err("copy from device", e))
+    }
+
+    /// Every kernel of one decode step (what the graph holds).
+    fn decode_kernels(&self) -> Result<usize> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let (d, q, kv, f) = (c.dim as i32, c.q_dim(), c.kv_dim(), c.ffn_dim as i32);
+        let row = q + 2 * kv;
+        let eps = c.rms_eps;
+        let neox = (c.rope_style == RopeStyle::Neox) as i32;
+        let splits = self.ctx.div_ceil(SPLIT) as u32;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let mut n = 0;
+        launch!(dev, embed, (1, 1), 128; m.embedding.seg, d, self.tok.ptr, self.x.ptr)?;
+        launch!(dev, rmsnorm_q8, (1, 1), 1024;
+            self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+        n += 2;
+        for (li, l) in m.layers.iter().enumerate() {
+            let (kc, vc) = self.layer_cache(li);
+            let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
+            launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
+                l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
+                self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
+                c.head_dim as i32, neox, self.qkv.ptr, kc, vc)?;
+            let args = (
+                self.qkv.ptr,
+                kc,
+                vc,
+                self.pos.ptr,
+                c.n_head as i32,
+                c.n_kv_head as i32,
+                scale,
+                self.part_o.ptr,
+                self.part_ml.ptr,
+                self.counter.at(4),
+                self.aq.ptr,
+                self.ad.ptr,
+            );
+            if c.head_dim == 64 {
+                launch!(dev, attn_decode64, (c.n_kv_head as u32, splits), 256;
+                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                    args.9, args.10, args.11)?;
+            } else {
+                launch!(dev, attn_decode128, (c.n_kv_head as u32, splits), 256;
+                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                    args.9, args.10, args.11)?;
+            }
+            launch!(dev, matvec as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
+                l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
+            launch!(dev, rmsnorm_q8, (1, 1), 1024;
+                self.x.ptr, l.ffn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+            launch!(dev, matvec_glu_q8, ((c.ffn_dim / 32) as u32, 1), 1024;
+                l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr)?;
+            launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
+                l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
+            let norm = m
+                .layers
+                .get(li + 1)
+                .map_or(&m.output_norm, |n| &n.attn_norm);
+            launch!(dev, rmsnorm_q8, (1, 1), 1024;
+                self.x.ptr, norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+            n += 7;
+        }
+        self.head(1)?;
+        Ok(n + 2)
+    }
+
+    /// One token: set the input id (unless the device already holds it), replay the graph.
+    fn decode(&mut self, token: u32) -> Result<()> {
+        let dev = self.model.dev.clone();
+        if self.dev_tok != Some(token) {
+            dev.write(&self.tok, 0, &[token as i32])?;
+        }
+        if !self.pos_synced {
+            dev.write(&self.pos, 0, &[self.tokens.len() as i32])?;
+            self.pos_synced = true;
+        }
+        if self.graph.is_none() {
+            self.capture()?;
+        }
+        unsafe { drv::graph::launch(self.graph.unwrap(), dev.stream) }
+            .map_err(|e| err("graph launch", e))?;
+        self.tokens.push(token);
+        self.dev_tok = None;
+        self.logits_valid = false;
+        Ok(())
+    }
+
+    fn capture(&mut self) -> Result<()> {
+        let dev = self.model.dev.clone();
+        dev.sync()?;
+        unsafe {
+            drv::stream::begin_capture(
+                dev.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| err("graph capture", e))?;
+        let r = self.decode_kernels();
+        let g = unsafe { drv::stream::end_capture(dev.stream) };
+        let n = r?;
+        let g = g.map_err(|e| err("graph capture", e))?;
+        let exec = unsafe { drv::graph::instantiate(g, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(|e| err("graph instantiate", e))?;
+        unsafe {
+            let _ = drv::graph::destroy(g);
+        }
+        self.graph = Some(exec);
+        self.graph_kernels = n;
+        Ok(())
+    }
+
+    /// f16 GEMM: out[t][o0..] (f32, row stride `ldo`) = x16[t] · W^T for the stacked matrices.
+    fn linear(&self, mats: &[&Mat], x16: u64, t: usize, out: u64, ldo: usize) -> Result<()> {
+        let dev = &self.model.dev;
+        let cols = mats[0].cols;
+        let mut rows = 0usize;
+        for m in mats {
+            let n = m.seg.rows as usize * cols;
+            let chunks = n / 32;
+            launch!(dev, dequant_f16, (chunks.div_ceil(256) as u32, 1), 256;
+                m.seg, cols as i32, self.w16.at(2 * rows * cols))?;
+            rows += m.seg.rows as usize;
+        }
+        let (one, zero) = (1f32, 0f32);
+        unsafe {
+            blas::gemm_ex(
+                dev.blas,
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                rows as i32,
+                t as i32,
+                cols as i32,
+                &one as *const f32 as *const c_void,
+                self.w16.ptr as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                cols as i32,
+                x16 as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                cols as i32,
+                &zero as *const f32 as *const c_void,
+                out as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                ldo as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| err("cuBLAS GEMM", e))
+    }
+
+    /// Causal attention of `t` new queries (Q grouped by KV head in `qperm`) against the first
+    /// pos0 + t cache entries of layer `li`, into xb16 as [t][q_dim] f16. Queries go in
+    /// sub-batches of ATT_QUERIES so that the score buffer stays n_head × ATT_QUERIES × ctx.
+    fn attention_prefill(&self, li: usize, t: usize, pos0: usize) -> Result<()> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let (kc, vc) = self.layer_cache(li);
+        let g = c.n_head / c.n_kv_head;
+        let hd = c.head_dim;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (one, zero) = (1f32, 0f32);
+        let op = |x| {
+            if x {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let f16 = blas_sys::cudaDataType::CUDA_R_16F;
+        let f32t = blas_sys::cudaDataType::CUDA_R_32F;
+        for t0 in (0..t).step_by(ATT_QUERIES) {
+            let n = ATT_QUERIES.min(t - t0);
+            let l = pos0 + t0 + n; // keys the last query of this sub-batch sees
+            let rows = n * g;
+            // Per KV head: Q rows of this sub-batch start at t0 * g; batch strides cover all t.
+            let q = self.qperm.ptr + (2 * t0 * g * hd) as u64;
+            let o = self.o.ptr + (4 * t0 * g * hd) as u64;
+            unsafe {
+                // S[kvh] (col-major l × rows) = K[kvh]ᵀ-view · Q[kvh]
+                blas::gemm_strided_batched_ex(
+                    dev.blas,
+                    op(true),
+                    op(false),
+                    l as i32,
+                    rows as i32,
+                    hd as i32,
+                    &scale as *const f32 as *const c_void,
+                    kc as *const c_void,
+                    f16,
+                    c.kv_dim() as i32,
+                    hd as i64,
+                    q as *const c_void,
+                    f16,
+                    hd as i32,
+                    (t * g * hd) as i64,
+                    &zero as *const f32 as *const c_void,
+                    self.scores.ptr as *mut c_void,
+                    f32t,
+                    l as i32,
+                    (rows * l) as i64,
+                    c.n_kv_head as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| err("cuBLAS batched GEMM (scores)", e))?;
+            launch!(dev, softmax_causal, ((c.n_kv_head * rows) as u32, 1), 256;
+                self.scores.ptr, self.probs.ptr, l as i32, l as i32, g as i32, n as i32,
+                self.pos.ptr, t0 as i32)?;
+            unsafe {
+                // O[kvh] (col-major hd × rows) = V[kvh] (hd × l view) · P[kvh] (l × rows)
+                blas::gemm_strided_batched_ex(
+                    dev.blas,
+                    op(false),
+                    op(false),
+                    hd as i32,
+                    rows as i32,
+                    l as i32,
+                    &one as *const f32 as *const c_void,
+                    vc as *const c_void,
+                    f16,
+                    c.kv_dim() as i32,
+                    hd as i64,
+                    self.probs.ptr as *const c_void,
+                    f16,
+                    l as i32,
+                    (rows * l) as i64,
+                    &zero as *const f32 as *const c_void,
+                    o as *mut c_void,
+                    f32t,
+                    hd as i32,
+                    (t * g * hd) as i64,
+                    c.n_kv_head as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| err("cuBLAS batched GEMM (values)", e))?;
+        }
+        let n = t * c.q_dim();
+        launch!(dev, unpermute_f16, (n.div_ceil(256) as u32, 1), 256;
+            self.o.ptr, self.xb16.ptr, c.n_head as i32, c.n_kv_head as i32, hd as i32, t as i32)
+    }
+
+    /// Causal attention of the `t` new queries (rotated, in `qkv`) against the first pos0 + t
+    /// cache entries of layer `li` (flash-attention kernel), into xb16 as [t][q_dim] f16.
+    fn attention_flash(&self, li: usize, t: usize) -> Result<()> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let (kc, vc) = self.layer_cache(li);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let grid = (t.div_ceil(FA_Q) as u32, c.n_head as u32);
+        let args = (
+            self.qkv.ptr,
+            kc,
+            vc,
+            self.pos.ptr,
+            t as i32,
+            c.n_head as i32,
+            c.n_kv_head as i32,
+            scale,
+            self.xb16.ptr,
+        );
+        if c.head_dim == 64 {
+            launch!(dev, flash_prefill64, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
+        } else {
+            launch!(dev, flash_prefill128, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
+        }
+    }
+
+    /// A prompt, `ubatch` tokens at a time; leaves the last token's logits and greedy id.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        let chunks: Vec<&[u32]> = tokens.chunks(self.ubatch).collect();
+        for (i, ch) in chunks.iter().enumerate() {
+            self.prefill_chunk(ch, i + 1 == chunks.len())?;
+        }
+        self.dev_tok = None;
+        self.logits_valid = false;
+        self.pos_synced = true;
+        Ok(())
+    }
+
+    fn prefill_chunk(&mut self, toks: &[u32], last: bool) -> Result<()> {
+        let m = self.model.clone();
+        let dev = &m.dev;
+        let c = &m.config;
+        let t = toks.len();
+        let pos0 = self.tokens.len();
+        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let row = q + 2 * kv;
+        let eps = c.rms_eps;
+        let neox = (c.rope_style == RopeStyle::Neox) as i32;
+        let ids: Vec<i32> = toks.iter().map(|&x| x as i32).collect();
+        dev.write(&self.toks, 0, &ids)?;
+        dev.write(&self.pos, 0, &[pos0 as i32])?;
+        launch!(dev, embed, (t as u32, 1), 128; m.embedding.seg, d as i32, self.toks.ptr, self.x.ptr)?;
+        launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
+            self.x.ptr, 0u64, m.layers[0].attn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
+        for (li, l) in m.layers.iter().enumerate() {
+            let (kc, vc) = self.layer_cache(li);
+            self.linear(&[&l.q, &l.k, &l.v], self.xb16.ptr, t, self.qkv.ptr, row)?;
+            let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
+            launch!(dev, rope_store, (t as u32, 1), 256;
+                self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
+                c.n_kv_head as i32, c.head_dim as i32, neox, kc, vc, self.qperm.ptr, t as i32)?;
+            if flash_prefill() {
+                self.attention_flash(li, t)?;
+            } else {
+                self.attention_prefill(li, t, pos0)?;
+            }
+            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d)?;
+            launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
+                self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
+            self.linear(&[&l.gate, &l.up], self.xb16.ptr, t, self.gu.ptr, 2 * f)?;
+            let n = t * f;
+            launch!(dev, swiglu_f16, (n.div_ceil(256) as u32, 1), 256;
+                self.gu.ptr, f as i32, t as i32, self.h16.ptr)?;
+            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d)?;
+            let norm = m
+                .layers
+                .get(li + 1)
+                .map_or(&m.output_norm, |n| &n.attn_norm);
+            launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
+                self.x.ptr, self.tmp.ptr, norm.ptr, eps, d as i32, self.xb16.ptr)?;
+        }
+        if last {
+            launch!(dev, rmsnorm_q8, (1, 1), 1024;
+                self.x.at(4 * (t - 1) * d), m.output_norm.ptr, eps, d as i32, self.aq.ptr, self.ad.ptr)?;
+            self.head(t as i32)?;
+        }
+        self.tokens.extend_from_slice(toks);
+        Ok(())
+    }
+
+    /// Time each kernel of `steps` decode steps run one launch at a time (outside the graph,
+    /// so each also pays its launch): (kernel, calls per step, microseconds per step), slowest first.
+    /// The steps decode the device's own greedy tokens; the session's tokens are not extended, so
+    /// the cache entries written here are overwritten by the next forward pass.
+    pub fn profile_decode(&mut self, steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
+        let dev = self.model.dev.clone();
+        dev.bind()?;
+        dev.write(&self.pos, 0, &[self.tokens.len() as i32])?;
+        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
+        for _ in 0..steps.max(1) {
+            let start = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(|e| err("event", e))?;
+            unsafe { drv::event::record(start, dev.stream) }.map_err(|e| err("event", e))?;
+            *dev.prof.lock().unwrap() = Some(Vec::new());
+            let r = self.decode_kernels();
+            let events = dev.prof.lock().unwrap().take().unwrap_or_default();
+            r?;
+            dev.sync()?;
+            let mut prev = start;
+            for (name, e) in &events {
+                let ms = unsafe { drv::event::elapsed(prev, *e) }.map_err(|e| err("event", e))?;
+                match totals.iter_mut().find(|t| t.0 == *name) {
+                    Some(t) => {
+                        t.1 += 1;
+                        t.2 += ms as f64 * 1e3;
+                    }
+                    None => totals.push((name, 1, ms as f64 * 1e3)),
+                }
+                prev = *e;
+            }
+            unsafe {
+                let _ = drv::event::destroy(start);
+                for (_, e) in events {
+                    let _ = drv::event::destroy(e);
+                }
+            }
+        }
+        let n = steps.max(1);
+        for t in totals.iter_mut() {
+            t.1 /= n;
+            t.2 /= n as f64;
+        }
+        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
+        // The profiled steps advanced the device's position: put it back.
+        self.pos_synced = false;
+        self.dev_tok = None;
+        self.logits_valid = false;
+        Ok(totals)
+    }
+}
+
+impl Drop for CudaSession {
+    fn drop(&mut self) {
+        let _ = self.model.dev.bind();
+        let _ = self.model.dev.sync();
+        unsafe {
+            if let Some(g) = self.graph.take() {
+                let _ = drv::graph::exec_destroy(g);
+            }
+            let _ = drv::free_host(self.pinned as *mut c_void);
+        }
+    }
+}
+
+impl crate::runner::Runner for CudaSession {
+    fn ctx(&self) -> usize {
+        self.ctx
+    }
+    fn max_step_tokens(&self) -> usize {
+        self.ctx
+    }
+    fn slot_tokens(&self, _slot: usize) -> &[u32] {
+        &self.tokens
+    }
+    fn truncate_slot(&mut self, _slot: usize, n: usize) {
+        CudaSession::truncate(self, n)
+    }
+    fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
+        let p = crate::runner::single(parts)?;
+        let logits = std::mem::replace(&mut p.logits, Logits::None);
+        CudaSession::forward(self, p.tokens, logits)
+    }
+    fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
+        CudaSession::sample(self, sampler)
+    }
+    fn memory(&self) -> crate::runner::Memory {
+        let kv = CudaSession::kv_cache_bytes(self);
+        let all = session_bytes(&self.model.config, self.ctx, self.ubatch) as usize;
+        crate::runner::Memory {
+            kv_cache: kv,
+            buffers: all.saturating_sub(kv),
+        }
+    }
+    fn launches_per_token(&self) -> Option<(usize, usize)> {
+        Some((1, self.graph_kernels))
+    }
+    fn profile_decode(&mut self, steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
+        CudaSession::profile_decode(self, steps)
+    }
+}

@@ -1,0 +1,241 @@
+//! Single-kernel entry points for the kernel tests (`tests/cuda.rs`), each against a CPU reference
+//! (`cuda::reference`). Not part of the backend's API.
+
+use super::*;
+
+/// Single-kernel entry points for the kernel tests (each against cuda::reference).
+impl Device {
+    /// y = W · a with the decode matvec kernel; `a` is q8 (see reference::quantize_q8).
+    pub fn test_matvec(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
+        self.bind()?;
+        let m = Mat::upload(self, w)?;
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let out = self.upload(&vec![f32::NAN; w.rows])?;
+        launch!(self, matvec, (w.rows.div_ceil(4) as u32, 1), 128;
+            m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, out.ptr, 0u64, 0i32)?;
+        let mut y = vec![0f32; w.rows];
+        self.read(&out, 0, &mut y)?;
+        Ok(y)
+    }
+
+    /// W dequantized to f16 by the prefill kernel, widened to f32.
+    pub fn test_dequant(&self, w: &QTensor) -> Result<Vec<f32>> {
+        self.bind()?;
+        let m = Mat::upload(self, w)?;
+        let n = w.rows * w.cols;
+        let out = self.upload(&vec![0xFFFFu16; n])?;
+        launch!(self, dequant_f16, ((n / 32).div_ceil(256) as u32, 1), 256;
+            m.seg, w.cols as i32, out.ptr)?;
+        let mut h = vec![0u16; n];
+        self.read(&out, 0, &mut h)?;
+        Ok(h.iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect())
+    }
+
+    /// rmsnorm(x) * w quantized to q8 by the decode kernel, dequantized back.
+    pub fn test_rmsnorm_q8(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+        self.bind()?;
+        let d = w.len();
+        let (xb, wb) = (self.upload(x)?, self.upload(w)?);
+        let aq = self.upload(&vec![0i8; d])?;
+        let ad = self.upload(&vec![[f32::NAN; 2]; d / 32])?;
+        launch!(self, rmsnorm_q8, (1, 1), 1024; xb.ptr, wb.ptr, eps, d as i32, aq.ptr, ad.ptr)?;
+        let mut q = vec![0i8; d];
+        let mut ds = vec![[0f32; 2]; d / 32];
+        self.read(&aq, 0, &mut q)?;
+        self.read(&ad, 0, &mut ds)?;
+        Ok(q.iter()
+            .enumerate()
+            .map(|(i, &v)| v as f32 * ds[i / 32][0])
+            .collect())
+    }
+
+    /// Index of the largest value (first on ties) by the argmax kernel.
+    pub fn test_argmax(&self, x: &[f32]) -> Result<u32> {
+        self.bind()?;
+        let xb = self.upload(x)?;
+        let partial = self.alloc(8 * ARGMAX_BLOCKS)?;
+        let counter = self.upload(&[0u32])?;
+        let (tok, out, pos) = (self.alloc(4)?, self.alloc(4)?, self.upload(&[0i32])?);
+        launch!(self, argmax, (ARGMAX_BLOCKS as u32, 1), 1024;
+            xb.ptr, x.len() as i32, partial.ptr, counter.ptr, tok.ptr, out.ptr, pos.ptr, 1i32)?;
+        let mut r = [0i32; 2];
+        self.read(&out, 0, &mut r[..1])?;
+        self.read(&pos, 0, &mut r[1..])?;
+        if r[1] != 1 {
+            return Err(Error::Backend(format!("argmax advanced pos to {}", r[1])));
+        }
+        Ok(r[0] as u32)
+    }
+}
+
+/// Entry points for the fused decode kernels' tests.
+impl Device {
+    fn dequant_q8(&self, aq: &Buf, ad: &Buf, n: usize) -> Result<Vec<f32>> {
+        let mut q = vec![0i8; n];
+        let mut ds = vec![[0f32; 2]; n / 32];
+        self.read(aq, 0, &mut q)?;
+        self.read(ad, 0, &mut ds)?;
+        Ok(q.iter()
+            .enumerate()
+            .map(|(i, &v)| v as f32 * ds[i / 32][0])
+            .collect())
+    }
+
+    /// silu(gate · a) * (up · a) by the fused kernel, quantized to q8 and read back dequantized.
+    pub fn test_glu(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let rows = gate.rows;
+        let hq = self.upload(&vec![0i8; rows])?;
+        let hd = self.upload(&vec![[f32::NAN; 2]; rows / 32])?;
+        launch!(self, matvec_glu_q8, ((rows / 32) as u32, 1), 1024;
+            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr)?;
+        self.dequant_q8(&hq, &hd, rows)
+    }
+
+    /// Q/K/V matvec + bias + RoPE at position `pos` + cache write by the fused kernel: returns
+    /// (q, k row, v row) as floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn test_qkv_rope(
+        &self,
+        w: [&QTensor; 3],
+        bias: Option<&[f32]>,
+        q8: (&[i8], &[[f32; 2]]),
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        neox: bool,
+        rope: &RopeTable,
+        pos: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        self.bind()?;
+        let m: Vec<Mat> = w
+            .iter()
+            .map(|t| Mat::upload(self, t))
+            .collect::<Result<_>>()?;
+        let (aq, ad) = (self.upload(q8.0)?, self.upload(q8.1)?);
+        let (qd, kvd) = (n_head * head_dim, n_kv_head * head_dim);
+        let b = bias.map(|b| self.upload(b)).transpose()?;
+        let (cos, sin) = (self.upload(&rope.cos)?, self.upload(&rope.sin)?);
+        let p = self.upload(&[pos as i32])?;
+        let qkv = self.upload(&vec![f32::NAN; qd + 2 * kvd])?;
+        let kc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
+        let vc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
+        let pairs = (qd + 2 * kvd) / 2;
+        launch!(self, qkv_rope, (pairs.div_ceil(4) as u32, 1), 128;
+            m[0].seg, m[1].seg, m[2].seg, w[0].cols as i32, aq.ptr, ad.ptr, b.as_ref().map_or(0, |b| b.ptr),
+            cos.ptr, sin.ptr, p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, neox as i32,
+            qkv.ptr, kc.ptr, vc.ptr)?;
+        let mut q = vec![0f32; qd];
+        self.read(&qkv, 0, &mut q)?;
+        let row = |c: &Buf| -> Result<Vec<f32>> {
+            let mut h = vec![0u16; kvd];
+            self.read(c, 2 * pos * kvd, &mut h)?;
+            Ok(h.iter()
+                .map(|&x| half::f16::from_bits(x).to_f32())
+                .collect())
+        };
+        Ok((q, row(&kc)?, row(&vc)?))
+    }
+
+    /// One query (all heads) against `len` cached positions by the split decode attention kernel,
+    /// its output quantized to q8 and read back dequantized.
+    pub fn test_attention(
+        &self,
+        q: &[f32],
+        k: &[half::f16],
+        v: &[half::f16],
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        len: usize,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let qb = self.upload(q)?;
+        let (kc, vc) = (self.upload(k)?, self.upload(v)?);
+        let p = self.upload(&[len as i32 - 1])?;
+        let splits = len.div_ceil(SPLIT);
+        let part_o = self.alloc(4 * splits * n_head * head_dim)?;
+        let part_ml = self.alloc(8 * splits * n_head)?;
+        let counters = self.upload(&[0u32; 64])?;
+        let qd = n_head * head_dim;
+        let aq = self.upload(&vec![0i8; qd])?;
+        let ad = self.upload(&vec![[f32::NAN; 2]; qd / 32])?;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let args = (
+            qb.ptr,
+            kc.ptr,
+            vc.ptr,
+            p.ptr,
+            n_head as i32,
+            n_kv_head as i32,
+            scale,
+            part_o.ptr,
+            part_ml.ptr,
+            counters.ptr,
+            aq.ptr,
+            ad.ptr,
+        );
+        if head_dim == 64 {
+            launch!(self, attn_decode64, (n_kv_head as u32, splits as u32), 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
+        } else {
+            launch!(self, attn_decode128, (n_kv_head as u32, splits as u32), 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
+        }
+        self.dequant_q8(&aq, &ad, qd)
+    }
+    /// `t` queries (rows of `q_dim`, at positions pos0..pos0 + t) against `pos0 + t` cached
+    /// positions by the prefill attention kernel; output widened from f16.
+    pub fn test_flash(
+        &self,
+        q: &[f32],
+        k: &[half::f16],
+        v: &[half::f16],
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        pos0: usize,
+        t: usize,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let (qd, kvd) = (n_head * head_dim, n_kv_head * head_dim);
+        let row = qd + 2 * kvd;
+        let mut qkv = vec![0f32; t * row];
+        for i in 0..t {
+            qkv[i * row..i * row + qd].copy_from_slice(&q[i * qd..(i + 1) * qd]);
+        }
+        let qb = self.upload(&qkv)?;
+        let (kc, vc) = (self.upload(k)?, self.upload(v)?);
+        let p = self.upload(&[pos0 as i32])?;
+        let out = self.upload(&vec![0xFFFFu16; t * qd])?;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let grid = (t.div_ceil(FA_Q) as u32, n_head as u32);
+        let args = (
+            qb.ptr,
+            kc.ptr,
+            vc.ptr,
+            p.ptr,
+            t as i32,
+            n_head as i32,
+            n_kv_head as i32,
+            scale,
+            out.ptr,
+        );
+        if head_dim == 64 {
+            launch!(self, flash_prefill64, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
+        } else {
+            launch!(self, flash_prefill128, grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
+        }
+        let mut h = vec![0u16; t * qd];
+        self.read(&out, 0, &mut h)?;
+        Ok(h.iter()
+            .map(|&x| half::f16::from_bits(x).to_f32())
+            .collect())
+    }
+}

@@ -1,0 +1,363 @@
+//! Loading and admission, for every caller (the CLI, the server, the fuzz target, the tests): one
+//! [`load`] opens the model, builds its tokenizer and chat template from the file, and admits it
+//! against the memory budget of the chosen backend; [`Loaded::runner`] then makes a sequence on that
+//! backend (uploading the weights for a GPU and sizing the context to its memory).
+
+use crate::chat::{ChatTemplate, Isolation};
+use crate::cpu::{Session, SessionOptions};
+use crate::gguf::Gguf;
+pub use crate::memory::Backend;
+use crate::memory::{self, Budget, Estimate};
+use crate::model::Model;
+use crate::runner::Runner;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Prompt tokens per CPU forward pass.
+pub const CPU_BATCH: usize = 512;
+/// Prompt tokens per CUDA prefill pass: weights are dequantized once per pass, so larger is faster.
+pub const CUDA_UBATCH: usize = 2048;
+
+impl Backend {
+    /// Backends this build has.
+    pub fn built() -> Vec<Backend> {
+        let mut v = vec![Backend::Cpu];
+        if cfg!(feature = "cuda") {
+            v.push(Backend::Cuda);
+        }
+        if cfg!(feature = "metal") {
+            v.push(Backend::Metal);
+        }
+        v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Metal => "metal",
+        }
+    }
+
+    /// The best backend this build and machine have: CUDA when built and a device is found, Metal
+    /// when built (Apple Silicon), else the CPU.
+    pub fn best() -> Backend {
+        #[cfg(feature = "cuda")]
+        if crate::cuda::Device::open(0).is_ok() {
+            return Backend::Cuda;
+        }
+        if cfg!(feature = "metal") {
+            return Backend::Metal;
+        }
+        Backend::Cpu
+    }
+
+    /// An error unless this build has the backend.
+    pub fn check_built(self) -> Result<()> {
+        if Backend::built().contains(&self) {
+            return Ok(());
+        }
+        let have: Vec<&str> = Backend::built().iter().map(|b| b.name()).collect();
+        Err(Error::InvalidArgument(format!(
+            "backend {:?} is not in this build (it has: {}); build with `cargo build --release --features {}`",
+            self.name(),
+            have.join(", "),
+            self.name()
+        )))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub path: PathBuf,
+    pub backend: Backend,
+    /// Context tokens per sequence; None = the largest that fits (up to the trained context).
+    pub ctx: Option<usize>,
+    /// Overrides the probed budget (CPU and Metal).
+    pub memory_budget: Option<u64>,
+    /// Sequences admitted together (the server's slots).
+    pub slots: usize,
+    /// Render chat templates in a helper process (see [`Isolation`]).
+    pub isolation: Option<Isolation>,
+}
+
+/// A model, its tokenizer and chat template, admitted for a backend.
+pub struct Loaded {
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub backend: Backend,
+    /// CPU: the admitted session options. GPU: `ctx` is the requested context (0 = choose at upload).
+    pub options: SessionOptions,
+    /// CPU: what the admitted sessions need.
+    pub estimate: Estimate,
+    /// One line on the budget and the context chosen (CPU), for the load log.
+    pub plan: String,
+    pub load_time: std::time::Duration,
+}
+
+/// Open, check and admit a model (see the module comment). No weight page is touched before the
+/// model is admitted.
+pub fn load(o: &LoadOptions) -> Result<Loaded> {
+    o.backend.check_built()?;
+    if let Some(c) = o.ctx {
+        if c == 0 || c > 1 << 20 {
+            return Err(Error::InvalidArgument(format!(
+                "--ctx-size must be between 1 and {}",
+                1 << 20
+            )));
+        }
+    }
+    let t0 = Instant::now();
+    let (model, tokenizer, mut template) = from_gguf(Gguf::open(&o.path)?)?;
+    if let Some(iso) = &o.isolation {
+        template.isolate(iso.clone());
+    }
+    let (options, plan) = match o.backend {
+        Backend::Cpu => {
+            let b = match o.memory_budget {
+                Some(bytes) => Budget {
+                    backend: Backend::Cpu,
+                    bytes,
+                    base: bytes,
+                    how: "--memory-budget".into(),
+                },
+                None => memory::budget(&memory::probe(), Backend::Cpu)?,
+            };
+            let slots = o.slots.max(1);
+            let opts = memory::fit_context_slots(&model, &b, o.ctx, CPU_BATCH, slots)?;
+            let e = memory::estimate_slots(&model, &opts, slots);
+            let plan = format!(
+                "memory budget {} MiB ({}); context {} tokens{}{}; estimated use {} MiB",
+                b.bytes >> 20,
+                b.how,
+                opts.ctx,
+                if slots > 1 {
+                    format!(" × {slots} slots")
+                } else {
+                    String::new()
+                },
+                if o.ctx.is_none() {
+                    " (the largest that fits, up to the trained context)"
+                } else {
+                    ""
+                },
+                e.total() >> 20
+            );
+            (opts, plan)
+        }
+        _ => (
+            SessionOptions {
+                ctx: o.ctx.unwrap_or(0),
+                ..Default::default()
+            },
+            String::new(),
+        ),
+    };
+    let estimate = memory::estimate_slots(&model, &options, o.slots.max(1));
+    if o.backend == Backend::Cpu {
+        prefault(&model);
+    }
+    Ok(Loaded {
+        model: Arc::new(model),
+        tokenizer,
+        template,
+        backend: o.backend,
+        options,
+        estimate,
+        plan,
+        load_time: t0.elapsed(),
+    })
+}
+
+/// The model, its tokenizer and its chat template from a parsed file: the one way every caller
+/// (the CLI, the server, the fuzz target, the tests) builds them.
+pub fn from_gguf(g: Gguf) -> Result<(Model, Tokenizer, ChatTemplate)> {
+    let tokenizer = Tokenizer::from_gguf(&g)?;
+    let template = ChatTemplate::from_gguf(&g, &tokenizer)?;
+    let model = Model::from_gguf(g)?;
+    tokenizer.check_model(model.config.vocab_size)?;
+    Ok((model, tokenizer, template))
+}
+
+/// Touch every page of the mapped file so the first token does not pay for disk reads.
+fn prefault(model: &Model) {
+    let bytes: &[u8] = &model.gguf.storage;
+    let mut sum = 0u8;
+    for p in bytes.iter().step_by(4096) {
+        sum = sum.wrapping_add(*p);
+    }
+    std::hint::black_box(sum);
+}
+
+/// The largest context in `lo..=hi` for which `fits` holds (it must be monotone), if any.
+pub fn largest_fit(lo: usize, hi: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    if lo > hi || !fits(lo) {
+        return None;
+    }
+    let (mut lo, mut hi) = (lo, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Some(lo)
+}
+
+impl Loaded {
+    /// A sequence on the loaded backend. `log` receives one-line notes (device, context chosen);
+    /// `progress` the layers uploaded so far and their count (GPU).
+    pub fn runner(
+        &self,
+        log: &mut dyn FnMut(String),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Runner>> {
+        self.target().runner(log, progress)
+    }
+
+    /// What [`Self::runner`] needs, to make the runner elsewhere (the scheduler's thread).
+    pub fn target(&self) -> Target {
+        Target {
+            model: self.model.clone(),
+            backend: self.backend,
+            options: self.options.clone(),
+        }
+    }
+}
+
+/// A model admitted for a backend, without its tokenizer and template: enough to make runners.
+#[derive(Clone)]
+pub struct Target {
+    pub model: Arc<Model>,
+    pub backend: Backend,
+    pub options: SessionOptions,
+}
+
+impl Target {
+    /// See [`Loaded::runner`].
+    pub fn runner(
+        &self,
+        log: &mut dyn FnMut(String),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Runner>> {
+        let _ = (&log, &progress);
+        match self.backend {
+            Backend::Cpu => Ok(Box::new(Session::new(
+                self.model.clone(),
+                self.options.clone(),
+            )?)),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => self.cuda_runner(log, progress),
+            #[cfg(feature = "metal")]
+            Backend::Metal => self.metal_runner(log),
+            #[allow(unreachable_patterns)]
+            b => Err(Error::InvalidArgument(format!(
+                "backend {} is not in this build",
+                b.name()
+            ))),
+        }
+    }
+
+    /// GPU context: `-c` when given, else the largest that `fits` up to the trained context
+    /// (at most 128 Ki tokens, at least 256).
+    #[cfg(any(feature = "cuda", feature = "metal"))]
+    fn gpu_ctx(&self, fits: impl Fn(usize) -> bool) -> usize {
+        if self.options.ctx > 0 {
+            return self.options.ctx;
+        }
+        let hi = self.model.config.train_ctx.min(1 << 17);
+        largest_fit(256.min(hi), hi, fits).unwrap_or(256.min(hi))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_runner(
+        &self,
+        log: &mut dyn FnMut(String),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Runner>> {
+        use crate::cuda::{session_bytes, CudaSession, Device, GpuModel};
+        let t0 = Instant::now();
+        let dev = Device::open(0)?;
+        let (free, total) = dev.mem_info()?;
+        let c = &self.model.config;
+        log(format!(
+            "CUDA device {} (sm_{}{}), {} MiB free of {} MiB",
+            dev.name,
+            dev.arch.0,
+            dev.arch.1,
+            free >> 20,
+            total >> 20
+        ));
+        // Budget: the free device memory less a margin for the context and cuBLAS workspace.
+        let budget = free.saturating_sub(memory::CUDA_MARGIN);
+        let weights = self.model.weight_bytes();
+        let need = |ctx: usize| weights + session_bytes(c, ctx, CUDA_UBATCH.min(ctx));
+        let ctx = self.gpu_ctx(|ctx| need(ctx) <= budget);
+        if need(ctx) > budget {
+            return Err(Error::Memory(format!(
+                "the model ({} MiB) and a {ctx}-token CUDA session ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use a smaller --ctx-size or model",
+                weights >> 20,
+                (need(ctx) - weights) >> 20,
+                budget >> 20,
+                dev.name,
+                free >> 20,
+                memory::CUDA_MARGIN >> 20
+            )));
+        }
+        let n = c.n_layer;
+        let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
+        let s = CudaSession::new(Arc::new(model), ctx, CUDA_UBATCH)?;
+        log(format!(
+            "memory plan: weights {} MiB, KV cache {} MiB, buffers {} MiB on the GPU; context {ctx} tokens; in {:.2} s",
+            weights >> 20,
+            s.kv_cache_bytes() >> 20,
+            (need(ctx) - weights - s.kv_cache_bytes() as u64) >> 20,
+            t0.elapsed().as_secs_f64()
+        ));
+        Ok(Box::new(s))
+    }
+
+    #[cfg(feature = "metal")]
+    fn metal_runner(&self, log: &mut dyn FnMut(String)) -> Result<Box<dyn Runner>> {
+        use crate::metal::{kv_cache_bytes, MetalModel, MetalSession};
+        // Unified memory: the Apple Silicon rule (75% of hw.memsize, 2048 MiB headroom, Metal's
+        // recommended working set) against weights + KV cache.
+        let b = memory::budget(&memory::probe(), Backend::Metal)?;
+        let c = &self.model.config;
+        let weights = self.model.weight_bytes();
+        let fits = |ctx: usize| weights + kv_cache_bytes(c, ctx) <= b.bytes;
+        let ctx = self.gpu_ctx(fits);
+        if !fits(ctx) {
+            return Err(Error::Memory(format!(
+                "the model ({} MiB) and a {ctx}-token KV cache ({} MiB) do not fit the {} MiB budget ({})",
+                weights >> 20,
+                kv_cache_bytes(c, ctx) >> 20,
+                b.bytes >> 20,
+                b.how
+            )));
+        }
+        let dev = MetalModel::device()?;
+        let model = MetalModel::upload(dev, self.model.clone())?;
+        log(format!("Metal device, context {ctx} tokens"));
+        Ok(Box::new(MetalSession::new(Arc::new(model), ctx)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_fit_bisects_a_monotone_predicate() {
+        assert_eq!(largest_fit(16, 4096, |c| c <= 1000), Some(1000));
+        assert_eq!(largest_fit(16, 4096, |c| c <= 10), None);
+        assert_eq!(largest_fit(16, 4096, |_| true), Some(4096));
+        assert_eq!(largest_fit(256, 256, |_| true), Some(256));
+    }
+}

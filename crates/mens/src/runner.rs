@@ -1,0 +1,133 @@
+//! The backend boundary: what the generation loop, the scheduler, the benchmark and perplexity need
+//! from a backend, and nothing more. A runner holds one or more sequences ("slots"), each with its
+//! KV cache; one [`Runner::step`] is one forward pass over parts of several slots (continuous
+//! batching), each part asking for no logits, the last position's, or every position's from some
+//! index on (the verify pass of speculative decoding, perplexity). The CPU backend implements it for
+//! one sequence ([`crate::cpu::Session`]) and for many ([`crate::cpu::Batch`]); CUDA and Metal for one.
+
+use crate::error::{Error, Result};
+use crate::sample::Sampler;
+
+/// Which logits a part of a step produces.
+pub enum Logits<'a> {
+    /// None (a prompt chunk that is not the last).
+    None,
+    /// Only the last token's (generation); read them with [`Runner::sample_slot`].
+    Last,
+    /// Every position's from index `from` on, handed to the callback as (index in the part's
+    /// tokens, logits).
+    All {
+        from: usize,
+        f: &'a mut dyn FnMut(usize, &[f32]),
+    },
+}
+
+/// Tokens to append to one slot's sequence in a step.
+pub struct Part<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    pub logits: Logits<'a>,
+}
+
+/// Bytes a runner holds on its device, besides the weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory {
+    pub kv_cache: usize,
+    /// Activations, logits, RoPE tables, scratch.
+    pub buffers: usize,
+}
+
+pub trait Runner {
+    /// Sequences held.
+    fn slots(&self) -> usize {
+        1
+    }
+    /// Context length of each slot (tokens its cache holds).
+    fn ctx(&self) -> usize;
+    /// Most tokens one step takes, all parts together.
+    fn max_step_tokens(&self) -> usize;
+    /// Tokens now in a slot's cache.
+    fn slot_tokens(&self, slot: usize) -> &[u32];
+    /// Drop a slot's cache entries after `n` tokens (no copy: the next step overwrites them).
+    fn truncate_slot(&mut self, slot: usize, n: usize);
+    /// One forward pass over `parts` (at most one per slot).
+    fn step(&mut self, parts: &mut [Part]) -> Result<()>;
+    /// Pick a slot's next token from its last-position logits of the last step.
+    fn sample_slot(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32>;
+    fn memory(&self) -> Memory;
+    /// For a GPU: launches the host issues per decode token and kernels they run.
+    fn launches_per_token(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// For a GPU: (kernel, calls per step, microseconds per step) over `steps` decode steps run
+    /// launch by launch. Empty for the CPU.
+    fn profile_decode(&mut self, _steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
+        Ok(Vec::new())
+    }
+
+    // One sequence: slot 0.
+
+    fn tokens(&self) -> &[u32] {
+        self.slot_tokens(0)
+    }
+    fn truncate(&mut self, n: usize) {
+        self.truncate_slot(0, n)
+    }
+    /// Run `tokens` after the cached ones of slot 0.
+    fn forward<'a>(&mut self, tokens: &'a [u32], logits: Logits<'a>) -> Result<()> {
+        self.step(&mut [Part {
+            slot: 0,
+            tokens,
+            logits,
+        }])
+    }
+    fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        self.sample_slot(0, sampler)
+    }
+    /// The uncached baseline: re-run the whole sequence plus `extra` from position 0.
+    /// `scratch` holds the sequence (give it capacity `ctx` to keep this allocation-free).
+    fn rerun(&mut self, extra: &[u32], scratch: &mut Vec<u32>) -> Result<()> {
+        scratch.clear();
+        scratch.extend_from_slice(self.tokens());
+        scratch.extend_from_slice(extra);
+        self.truncate(0);
+        self.forward(scratch, Logits::Last)
+    }
+    fn kv_cache_bytes(&self) -> usize {
+        self.memory().kv_cache
+    }
+    /// Bytes of KV cache and buffers.
+    fn bytes(&self) -> usize {
+        let m = self.memory();
+        m.kv_cache + m.buffers
+    }
+}
+
+/// The one part of a step on a single-sequence runner (slot 0).
+pub fn single<'p, 'a>(parts: &'p mut [Part<'a>]) -> Result<&'p mut Part<'a>> {
+    match parts {
+        [p] if p.slot == 0 => Ok(p),
+        _ => Err(Error::InvalidArgument(
+            "this backend runs one sequence: a step takes one part, for slot 0".into(),
+        )),
+    }
+}
+
+/// Check that `tokens` may be appended to a sequence holding `pos` of `ctx` tokens (every backend).
+pub fn check_tokens(pos: usize, ctx: usize, tokens: &[u32], vocab: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::InvalidArgument("no tokens to process".into()));
+    }
+    if pos + tokens.len() > ctx {
+        return Err(Error::Context(format!(
+            "{pos} tokens in the cache + {} new exceed the context of {ctx} tokens",
+            tokens.len()
+        )));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::InvalidArgument(format!(
+            "token id {bad} is outside the vocabulary ({vocab})"
+        )));
+    }
+    Ok(())
+}
