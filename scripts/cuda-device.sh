@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # Results go to $OUT (or ./cuda-out).
 set -uo pipefail
 MODE=${1:-all}
@@ -31,6 +31,19 @@ synth() {
 if [ "$MODE" = test ] || [ "$MODE" = all ]; then
   echo "== CUDA tests"
   MENS_CUDA_MODEL=$(synth 0.5b) "$BIN/cuda-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "rel L2|agreement|SKIP|test result|panicked|FAILED|error" | head -60
+fi
+
+if [ "$MODE" = serve ] || [ "$MODE" = all ]; then
+  echo "== mens serve --backend cuda (one slot) and perplexity --backend cuda"
+  m=$(synth 0.5b)
+  "$BIN/mens" serve --backend cuda -m "$m" --port 8090 --parallel 1 -c 2048 > "$OUT/serve.log" 2>&1 &
+  spid=$!
+  python3 scripts/serve-check.py --url http://127.0.0.1:8090 --mens "$BIN/mens" --model "$m" 2>&1 | tee "$OUT/serve-check.txt"
+  kill $spid; wait $spid 2>/dev/null
+  head -c 200000 README.md > /tmp/ppl.txt
+  for b in cuda cpu; do
+    echo "perplexity --backend $b: $("$BIN/mens" perplexity --backend $b -m "$m" -f /tmp/ppl.txt -c 256 --chunks 4 2>/dev/null | tail -1)"
+  done | tee "$OUT/perplexity.txt"
 fi
 
 MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'
