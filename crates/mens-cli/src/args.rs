@@ -125,9 +125,19 @@ pub(crate) struct RunArgs {
     pub(crate) model: ModelArgs,
     #[command(flatten)]
     pub(crate) sample: SampleArgs,
-    /// The prompt.
-    #[arg(short, long)]
-    pub(crate) prompt: String,
+    /// The prompt; `-` reads it from standard input.
+    #[arg(short, long, required_unless_present_any = ["file", "fim_prefix"])]
+    pub(crate) prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(short = 'f', long, conflicts_with = "prompt")]
+    pub(crate) file: Option<PathBuf>,
+    /// Fill in the middle: the code before the gap (a file; with --fim-suffix). The prompt, if any,
+    /// is the text of the cursor's line before the cursor. Prints only the middle.
+    #[arg(long, requires = "fim_suffix", conflicts_with = "chat")]
+    pub(crate) fim_prefix: Option<PathBuf>,
+    /// Fill in the middle: the code after the gap (a file).
+    #[arg(long, requires = "fim_prefix")]
+    pub(crate) fim_suffix: Option<PathBuf>,
     /// Render the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub(crate) chat: bool,

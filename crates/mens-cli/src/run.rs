@@ -4,6 +4,7 @@ use crate::args::{ChatArgs, RunArgs};
 use crate::{load, print_memory, runner};
 use anyhow::Result;
 use mens::chat::Message;
+use mens::fim::{fim_prompt, FimInput};
 use mens::generate::{generate, Stats};
 use mens::sample::Sampler;
 use mens::stream::reusable_prefix;
@@ -27,26 +28,75 @@ fn print_stats(s: &Stats) {
     );
 }
 
+fn read_file(p: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(p)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {}", p.display(), e.kind()))
+}
+
+/// The prompt text: `-p TEXT`, `-p -` (standard input) or `-f FILE`.
+fn prompt_text(args: &RunArgs) -> Result<String> {
+    match (&args.prompt, &args.file) {
+        (Some(p), _) if p == "-" => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .map_err(|e| anyhow::anyhow!("cannot read the prompt from standard input: {e}"))?;
+            Ok(s)
+        }
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) => read_file(f),
+        (None, None) => Ok(String::new()),
+    }
+}
+
 pub(crate) fn run(args: RunArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;
+    let prompt = prompt_text(&args)?;
     let l = load(&args.model, 1)?;
     let mut sess = runner(&l)?;
+    let ctx = sess.ctx();
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
-    let tokens = if args.chat {
+    let fim = args.fim_prefix.is_some();
+    let tokens = if let (Some(pre), Some(suf)) = (&args.fim_prefix, &args.fim_suffix) {
+        let f = l
+            .tokenizer
+            .fim
+            .ok_or_else(|| anyhow::anyhow!("this model has no fill-in-the-middle tokens"))?;
+        let input = FimInput {
+            prefix: read_file(pre)?,
+            suffix: read_file(suf)?,
+            prompt: prompt.clone(),
+            extra: Vec::new(),
+        };
+        fim_prompt(
+            &l.tokenizer,
+            &f,
+            &input,
+            2048.min(ctx / 2),
+            args.sample.n_predict,
+            ctx,
+        )?
+    } else if args.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &args.system {
             msgs.push(Message::new("system", s));
         }
-        msgs.push(Message::new("user", &args.prompt));
-        l.template.tokens(&l.tokenizer, &msgs, true, sess.ctx())?
+        msgs.push(Message::new("user", &prompt));
+        l.template.tokens(&l.tokenizer, &msgs, true, ctx)?
     } else {
-        l.tokenizer.encode(&args.prompt)?
+        l.tokenizer.encode(&prompt)?
     };
-    let mut out = std::io::stdout().lock();
-    if !args.chat {
-        write!(out, "{}", args.prompt)?;
+    // Refuse a prompt that cannot fit before echoing anything.
+    if tokens.len() >= ctx {
+        return Err(mens::Error::Context(format!(
+            "the prompt is {} tokens but the context holds {ctx}; use a shorter prompt or a larger --ctx-size",
+            tokens.len()
+        ))
+        .into());
     }
+    let mut out = std::io::stdout().lock();
+    // Raw completion echoes the prompt; chat and fill-in-the-middle print only the answer.
+    let mut open = args.chat || fim || write!(out, "{prompt}").is_ok();
     let stats = generate(
         &mut *sess,
         &l.tokenizer,
@@ -54,16 +104,19 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
         &tokens,
         &args.sample.generate_options(),
         |t| {
-            let _ = write!(out, "{t}");
-            let _ = out.flush();
-            true
+            // A closed pipe (`| head`) stops generation at once, quietly.
+            open = open && write!(out, "{t}").and_then(|_| out.flush()).is_ok();
+            open
         },
     )?;
-    writeln!(out)?;
+    if open {
+        let _ = writeln!(out);
+    }
     print_stats(&stats);
     print_memory(&l);
     Ok(())
 }
+
 pub(crate) fn chat(args: ChatArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;

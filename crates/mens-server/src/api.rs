@@ -10,6 +10,7 @@ use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::chat::Message;
+use mens::fim::{fim_prompt, FimInput};
 use mens::scheduler::{Event, Request, SubmitError};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,7 +155,7 @@ pub async fn chat_completions(
         Err(e) => Err(e),
     };
     match prompt {
-        Ok(p) => complete(s, Kind::Chat, p, &common, tenant).await,
+        Ok(p) => complete(s, Kind::Chat, p, &common, tenant, None).await,
         Err(e) => Err(e),
     }
     .unwrap_or_else(IntoResponse::into_response)
@@ -192,9 +193,6 @@ pub async fn completions(
     if let Err(e) = common.check_supported(&s.config.model_name) {
         return e.into_response();
     }
-    if suffix.as_ref().is_some_and(|x| !x.is_empty()) {
-        return unsupported("suffix").into_response();
-    }
     let text = match prompt {
         Prompt::Text(t) => t,
         Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
@@ -208,6 +206,20 @@ pub async fn completions(
         }
         Prompt::Tokens(t) => return finish_completion(s, Ok(t), &common, tenant).await,
     };
+    if let Some(suffix) = suffix.filter(|x| !x.is_empty()) {
+        // Fill in the middle between the prompt and the suffix.
+        let input = FimInput {
+            prefix: text,
+            suffix,
+            ..Default::default()
+        };
+        let n_predict = common
+            .max_completion_tokens
+            .or(common.max_tokens)
+            .unwrap_or(0);
+        let prompt = tokenize(&s, move |st, limit| fim_ids(st, &input, n_predict, limit)).await;
+        return finish_completion(s, prompt, &common, tenant).await;
+    }
     let prompt = tokenize(&s, move |st, limit| {
         if parse_special {
             let ids = st.tokenizer.encode(&text).map_err(too_long)?;
@@ -226,6 +238,81 @@ pub async fn completions(
     finish_completion(s, prompt, &common, tenant).await
 }
 
+/// The FIM prompt of `input` for this server's model and context (400 without FIM tokens).
+fn fim_ids(st: &AppState, input: &FimInput, n_predict: i64, limit: usize) -> ApiResult<Vec<u32>> {
+    let fim = st.tokenizer.fim.ok_or_else(|| {
+        ApiError::invalid(
+            "this model has no fill-in-the-middle tokens (FIM prefix, suffix, middle)",
+        )
+    })?;
+    let ctx = limit + 1;
+    fim_prompt(
+        &st.tokenizer,
+        &fim,
+        input,
+        FIM_BATCH.min(ctx / 2),
+        n_predict.max(0) as usize,
+        ctx,
+    )
+    .map_err(too_long)
+}
+
+/// The batch llama-server fits a FIM prompt to (its default `-b`; at most half the context here, so
+/// that other files' chunks have room): the prefix keeps 3/4 of it, the suffix 1/4.
+const FIM_BATCH: usize = 2048;
+
+/// `POST /infill`: llama-server's fill-in-the-middle endpoint (llama.vscode, llama.vim).
+pub async fn infill(
+    State(s): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r: InfillRequest = match read_json(&s, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let InfillRequest {
+        input_prefix,
+        input_suffix,
+        input_extra,
+        prompt,
+        n_predict,
+        t_max_predict_ms,
+        mut common,
+    } = r;
+    if let Err(e) = common.check_supported(&s.config.model_name) {
+        return e.into_response();
+    }
+    if input_extra.len() > MAX_EXTRA {
+        return ApiError::invalid(format!("input_extra takes at most {MAX_EXTRA} chunks"))
+            .param("input_extra")
+            .into_response();
+    }
+    let quiet = n_predict == Some(0);
+    if let Some(n) = n_predict {
+        // n_predict 0 caches the prompt: one token is generated and not sent.
+        common.max_tokens = (n >= 0).then_some(n.max(1));
+    }
+    let input = FimInput {
+        prefix: input_prefix,
+        suffix: input_suffix,
+        prompt,
+        extra: input_extra
+            .into_iter()
+            .map(|c| (c.filename.unwrap_or_else(|| "tmp".into()), c.text))
+            .collect(),
+    };
+    let n = n_predict.unwrap_or(0);
+    let ids = tokenize(&s, move |st, limit| fim_ids(st, &input, n, limit)).await;
+    let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
+    match ids {
+        Ok(p) => complete(s, Kind::Infill { quiet }, p, &common, tenant, deadline).await,
+        Err(e) => Err(e),
+    }
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
 async fn finish_completion(
     s: Arc<AppState>,
     prompt: ApiResult<Vec<u32>>,
@@ -241,7 +328,7 @@ async fn finish_completion(
         }
         Err(e) => return e.into_response(),
     };
-    complete(s, Kind::Text, prompt, common, tenant)
+    complete(s, Kind::Text, prompt, common, tenant, None)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -253,6 +340,7 @@ async fn complete(
     prompt: Vec<u32>,
     c: &Common,
     tenant: Tenant,
+    time_limit: Option<std::time::Duration>,
 ) -> ApiResult<Response> {
     let sampler = c.sampler()?;
     let stop = c.stops()?;
@@ -268,10 +356,11 @@ async fn complete(
         on_event: Box::new(move |e| tx.send(e).is_ok()),
         alive: Box::new(move || !alive.is_closed()),
         tenant: c.tenant(tenant),
-        deadline: s
-            .config
-            .request_timeout
-            .map(|t| std::time::Instant::now() + t),
+        deadline: match (s.config.request_timeout, time_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map(|t| std::time::Instant::now() + t),
     };
     s.scheduler.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),
@@ -288,10 +377,9 @@ async fn complete(
         ),
     })?;
     let meta = Meta {
-        id: new_id(if kind == Kind::Chat {
-            "chatcmpl"
-        } else {
-            "cmpl"
+        id: new_id(match kind {
+            Kind::Chat => "chatcmpl",
+            _ => "cmpl",
         }),
         model: s.config.model_name.clone(),
         created: now(),

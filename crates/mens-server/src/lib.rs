@@ -123,6 +123,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
+        .route("/infill", post(api::infill))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

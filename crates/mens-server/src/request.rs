@@ -190,6 +190,40 @@ pub(crate) struct CompletionRequest {
     pub(crate) common: Common,
 }
 
+/// llama-server's `/infill` body (the shape llama.vscode and llama.vim send). Fields it sends that
+/// mens has no use for (`samplers`, `cache_prompt`, `n_indent`, `t_max_prompt_ms`) are accepted.
+#[derive(Deserialize)]
+pub(crate) struct InfillRequest {
+    #[serde(default)]
+    pub(crate) input_prefix: String,
+    #[serde(default)]
+    pub(crate) input_suffix: String,
+    #[serde(default)]
+    pub(crate) input_extra: Vec<ExtraChunk>,
+    /// The text of the cursor's line before the cursor (after the prefix).
+    #[serde(default)]
+    pub(crate) prompt: String,
+    /// Tokens to generate: -1 (or absent) the rest of the context, 0 only caches the prompt.
+    #[serde(default)]
+    pub(crate) n_predict: Option<i64>,
+    /// Generation time limit in milliseconds.
+    #[serde(default)]
+    pub(crate) t_max_predict_ms: Option<u64>,
+    #[serde(flatten)]
+    pub(crate) common: Common,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ExtraChunk {
+    #[serde(default)]
+    pub(crate) filename: Option<String>,
+    #[serde(default)]
+    pub(crate) text: String,
+}
+
+/// Most `input_extra` chunks one request may send.
+pub(crate) const MAX_EXTRA: usize = 1024;
+
 pub(crate) const MAX_STOPS: usize = 16;
 pub(crate) const MAX_STOP_LEN: usize = 256;
 

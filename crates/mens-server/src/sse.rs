@@ -1,4 +1,5 @@
-//! Answers: one JSON body, or server-sent events with `delta` chunks and a final `[DONE]`.
+//! Answers: one JSON body, or server-sent events with `delta` chunks and a final `[DONE]` (OpenAI);
+//! `/infill` answers in llama-server's native shape (`content`, `stop`, `timings`).
 
 use crate::request::{engine_error, ApiResult};
 use axum::body::{Body, Bytes};
@@ -13,6 +14,10 @@ use tokio::sync::mpsc;
 pub(crate) enum Kind {
     Chat,
     Text,
+    /// llama-server's `/infill` (`quiet`: n_predict 0, the prompt is only cached).
+    Infill {
+        quiet: bool,
+    },
 }
 
 pub(crate) struct Meta {
@@ -38,6 +43,27 @@ pub(crate) fn usage_json(u: &Usage) -> Value {
     })
 }
 
+/// llama-server's fields of a finished `/infill` answer.
+fn infill_json(m: &Meta, content: &str, u: &Usage) -> Value {
+    let prompt_ms = u.time_to_first_token.as_secs_f64() * 1e3;
+    let predicted_ms = (u.total.as_secs_f64() * 1e3 - prompt_ms).max(0.0);
+    let prompt_n = u.prompt_tokens - u.cached_tokens;
+    let predicted_n = u.completion_tokens;
+    json!({
+        "content": content, "stop": true, "model": m.model, "id_slot": 0,
+        "stop_type": if u.finish == Finish::Length { "limit" } else { "eos" },
+        "tokens_predicted": predicted_n, "tokens_evaluated": u.prompt_tokens,
+        "tokens_cached": u.cached_tokens, "truncated": false,
+        "timings": {
+            "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_second": prompt_n as f64 / (prompt_ms / 1e3).max(1e-9),
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_second": predicted_n as f64 / (predicted_ms / 1e3).max(1e-9),
+            "cache_n": u.cached_tokens,
+        },
+    })
+}
+
 /// Collect the whole answer.
 pub(crate) async fn whole(
     meta: Meta,
@@ -53,13 +79,17 @@ pub(crate) async fn whole(
         }
     };
     let reason = finish_reason(usage.finish);
+    if let Kind::Infill { quiet } = meta.kind {
+        let content = if quiet { "" } else { text.as_str() };
+        return Ok(axum::Json(infill_json(&meta, content, &usage)).into_response());
+    }
     let (object, choice) = match meta.kind {
         Kind::Chat => (
             "chat.completion",
             json!({"index": 0, "message": {"role": "assistant", "content": text},
                    "logprobs": null, "finish_reason": reason}),
         ),
-        Kind::Text => (
+        Kind::Text | Kind::Infill { .. } => (
             "text_completion",
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
         ),
@@ -97,6 +127,7 @@ impl Sse {
                        "model": m.model,
                        "choices": [{"index": 0, "delta": d, "logprobs": null, "finish_reason": reason}]})
             }
+            Kind::Infill { .. } => json!({"content": delta.unwrap_or(""), "stop": false}),
             Kind::Text => json!({"id": m.id, "object": "text_completion", "created": m.created,
                        "model": m.model,
                        "choices": [{"index": 0, "text": delta.unwrap_or(""), "logprobs": null,
@@ -112,8 +143,15 @@ impl Sse {
     pub(crate) fn on(&mut self, e: Option<Event>) {
         match e {
             Some(Event::Text(t)) => {
-                let c = self.chunk(Some(&t), None, false);
-                self.push(&c);
+                if self.meta.kind != (Kind::Infill { quiet: true }) {
+                    let c = self.chunk(Some(&t), None, false);
+                    self.push(&c);
+                }
+            }
+            Some(Event::Done(u)) if matches!(self.meta.kind, Kind::Infill { .. }) => {
+                let v = infill_json(&self.meta, "", &u);
+                self.push(&v);
+                self.done = true;
             }
             Some(Event::Done(u)) => {
                 let mut c = self.chunk(None, Some(finish_reason(u.finish)), false);
@@ -125,7 +163,7 @@ impl Sse {
                     let m = &self.meta;
                     let object = match m.kind {
                         Kind::Chat => "chat.completion.chunk",
-                        Kind::Text => "text_completion",
+                        Kind::Text | Kind::Infill { .. } => "text_completion",
                     };
                     let v = json!({"id": m.id, "object": object, "created": m.created,
                                    "model": m.model, "choices": [], "usage": usage_json(&u)});

@@ -11,6 +11,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+pub mod fim;
 pub mod generate;
 pub mod gguf;
 #[doc(hidden)]

@@ -44,6 +44,8 @@ pub struct Tokenizer {
     indent_splits: bool,
     /// Bytes of the longest token: text of n bytes is at least n / this many tokens.
     max_token_len: usize,
+    /// The fill-in-the-middle tokens, when the model has them.
+    pub fim: Option<crate::fim::FimTokens>,
     /// Control and user-defined tokens: their text and id.
     specials: Vec<(String, u32)>,
     /// Finds any of `specials` (leftmost-longest, as `tokenizers` and llama.cpp split them).
@@ -176,7 +178,7 @@ impl Tokenizer {
             }
         }
         let max_token_len = token_bytes.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        Ok(Tokenizer {
+        let mut t = Tokenizer {
             indent_splits,
             max_token_len,
             inner,
@@ -189,7 +191,10 @@ impl Tokenizer {
             specials,
             all_specials,
             user_specials,
-        })
+            fim: None,
+        };
+        t.fim = crate::fim::FimTokens::of(&t, |k| g.get_u64(k).ok().flatten().map(|v| v as u32));
+        Ok(t)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -220,6 +225,13 @@ impl Tokenizer {
     /// tokens: longer text is refused as soon as the count passes it, without tokenizing the rest.
     pub fn encode_text(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
         let mut ids = self.start();
+        self.encode_into(text, false, &mut ids, limit)?;
+        Ok(ids)
+    }
+
+    /// As [`Self::encode_text`], without a BOS (a piece of a larger prompt).
+    pub fn encode_text_plain(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
         self.encode_into(text, false, &mut ids, limit)?;
         Ok(ids)
     }
