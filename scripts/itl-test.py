@@ -41,10 +41,11 @@ def stream_times(host, port, max_tokens, out, stop):
 
 
 def long_prompts(host, port, n, tokens, started):
-    # About one token per " x" pair word in Qwen's vocabulary; the server reports the exact count.
-    text = "".join(f" w{i % 997}" for i in range(tokens // 2))
-    counts = []
-    for _ in range(n):
+    # About four tokens per " wNNN" word in Qwen's vocabulary; the server reports the exact count.
+    counts, durations = [], []
+    for k in range(n):
+        # A different start each time, so that no prompt is served from the cache.
+        text = f"request {k}:" + "".join(f" w{(i * (k + 3)) % 997}" for i in range(tokens // 4))
         conn = http.client.HTTPConnection(host, port, timeout=600)
         started.append(time.perf_counter())
         conn.request("POST", "/v1/completions",
@@ -54,8 +55,9 @@ def long_prompts(host, port, n, tokens, started):
         if "usage" not in r:
             sys.exit(f"long prompt failed: {r}")
         counts.append(r["usage"]["prompt_tokens"])
+        durations.append(time.perf_counter() - started[-1])
         conn.close()
-    return counts
+    return counts, durations
 
 
 def main():
@@ -74,7 +76,7 @@ def main():
     t.start()
     while len(times) < 5:
         time.sleep(0.05)
-    counts = long_prompts(u.hostname, u.port, a.prompts, a.prompt_tokens, started)
+    counts, durations = long_prompts(u.hostname, u.port, a.prompts, a.prompt_tokens, started)
     stop.set()
     t.join(timeout=60)
     # Gaps while the long prompts were being prefilled.
@@ -83,6 +85,7 @@ def main():
     gaps.sort()
     res = {
         "prompt_tokens": counts,
+        "long_prompt_s": [round(d, 2) for d in durations],
         "gaps": len(gaps),
         "p50_ms": 1e3 * statistics.median(gaps),
         "p99_ms": 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],

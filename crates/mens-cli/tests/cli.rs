@@ -478,3 +478,32 @@ fn a_template_that_exhausts_memory_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// One helper process renders many prompts; when a hostile request kills it (memory limit), the
+/// next render starts another.
+#[test]
+fn the_template_helper_survives_a_hostile_render() {
+    use mens::chat::{ChatTemplate, Isolation, Message};
+    let src = "{% if messages[0].content == 'boom' %}{% set s = namespace(x='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{% endif %}{{ messages[0].content }}";
+    let mut t = ChatTemplate::new(Some(src.into()), String::new(), String::new());
+    t.isolate(Isolation {
+        program: env!("CARGO_BIN_EXE_mens").into(),
+        args: vec![
+            "render-template".into(),
+            "--memory-limit".into(),
+            (1u64 << 30).to_string(),
+        ],
+        memory_limit: 1 << 30,
+        timeout: std::time::Duration::from_secs(20),
+    });
+    let say = |t: &ChatTemplate, s: &str| t.render(&[Message::new("user", s)], false);
+    assert_eq!(say(&t, "hi").unwrap(), "hi");
+    let t0 = std::time::Instant::now();
+    for i in 0..20 {
+        assert_eq!(say(&t, &format!("n{i}")).unwrap(), format!("n{i}"));
+    }
+    eprintln!("20 renders through one helper: {:?}", t0.elapsed());
+    let e = say(&t, "boom").unwrap_err().to_string();
+    assert!(e.contains("more than 1024 MiB"), "{e}");
+    assert_eq!(say(&t, "again").unwrap(), "again");
+}

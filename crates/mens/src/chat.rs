@@ -35,13 +35,16 @@ pub struct ChatTemplate {
     pub bos_token: String,
     pub eos_token: String,
     isolation: Option<Isolation>,
+    /// The helper process, started at the first render and kept for the next ones.
+    helper: std::sync::Mutex<Option<Helper>>,
 }
 
 /// Render in a helper process instead of in this one: minijinja bounds a template's work (fuel)
 /// but not its memory (a string doubled 30 times is 1 GB in a few instructions), and a failed
 /// allocation aborts a Rust process. The helper is `program args…`, which must call
 /// [`render_isolated_main`]; it limits its own address space to `memory_limit` bytes, so a
-/// hostile template kills the helper, and the caller gets an error.
+/// hostile template kills the helper (a new one starts for the next render), and the caller gets
+/// an error. One helper serves every render of a template, one at a time.
 #[derive(Debug, Clone)]
 pub struct Isolation {
     pub program: std::path::PathBuf,
@@ -60,10 +63,38 @@ struct RenderJob {
     add_generation_prompt: bool,
 }
 
-/// The helper process's main: limit the address space, read one [`RenderJob`] as JSON on stdin,
-/// render, write `{"ok": text}` or `{"err": message}` on stdout.
+/// One frame: 8 bytes of little-endian length, then that many bytes of JSON.
+fn write_frame(w: &mut impl std::io::Write, v: &impl Serialize) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    w.write_all(&(bytes.len() as u64).to_le_bytes())?;
+    w.write_all(&bytes)?;
+    w.flush()
+}
+
+/// The next frame, at most `max` bytes; None at the end of the stream.
+fn read_frame(r: &mut impl std::io::Read, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 8];
+    match r.read_exact(&mut len) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        r => r?,
+    }
+    let n = u64::from_le_bytes(len);
+    if n > max {
+        return Err(std::io::Error::other(format!("a frame of {n} bytes")));
+    }
+    let mut buf = vec![0u8; n as usize];
+    r.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+/// Largest job the helper reads (a request's messages, bounded by the server's body limit).
+const MAX_JOB: u64 = 1 << 30;
+/// Largest reply read back: the output cap, JSON-escaped.
+const MAX_REPLY: u64 = 8 * MAX_OUTPUT as u64;
+
+/// The helper process's main: limit the address space, then render jobs read from stdin (one
+/// [`RenderJob`] per frame) until stdin closes, answering `{"ok": text}` or `{"err": message}`.
 pub fn render_isolated_main(memory_limit: u64) -> std::io::Result<()> {
-    use std::io::{Read, Write};
     #[cfg(unix)]
     {
         let lim = libc::rlimit {
@@ -75,18 +106,65 @@ pub fn render_isolated_main(memory_limit: u64) -> std::io::Result<()> {
             return Err(std::io::Error::last_os_error());
         }
     }
-    let mut input = Vec::new();
-    std::io::stdin().read_to_end(&mut input)?;
-    let job: RenderJob = serde_json::from_slice(&input).map_err(std::io::Error::other)?;
-    drop(input);
-    let t = ChatTemplate::new(Some(job.source.clone()), job.bos_token, job.eos_token);
-    let reply = match t.render_jinja(&job.source, &job.messages, job.add_generation_prompt) {
-        Ok(text) => serde_json::json!({ "ok": text }),
-        Err(e) => serde_json::json!({ "err": e.to_string() }),
-    };
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, &reply).map_err(std::io::Error::other)?;
-    out.flush()
+    let (mut input, mut out) = (std::io::stdin().lock(), std::io::stdout().lock());
+    while let Some(frame) = read_frame(&mut input, MAX_JOB)? {
+        let job: RenderJob = serde_json::from_slice(&frame).map_err(std::io::Error::other)?;
+        drop(frame);
+        let t = ChatTemplate::new(Some(job.source.clone()), job.bos_token, job.eos_token);
+        let reply = match t.render_jinja(&job.source, &job.messages, job.add_generation_prompt) {
+            Ok(text) => serde_json::json!({ "ok": text }),
+            Err(e) => serde_json::json!({ "err": e.to_string() }),
+        };
+        write_frame(&mut out, &reply)?;
+    }
+    Ok(())
+}
+
+/// A running helper: its stdin, and its replies as a thread reads them.
+struct Helper {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    replies: std::sync::mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>,
+}
+
+impl Helper {
+    fn start(iso: &Isolation) -> Result<Helper> {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(&iso.program)
+            .args(&iso.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                Error::Template(format!(
+                    "cannot start the template helper {}: {e}",
+                    iso.program.display()
+                ))
+            })?;
+        let stdin = child.stdin.take().expect("piped");
+        let mut stdout = child.stdout.take().expect("piped");
+        let (tx, replies) = std::sync::mpsc::channel();
+        std::thread::spawn(move || loop {
+            let r = read_frame(&mut stdout, MAX_REPLY);
+            let end = !matches!(r, Ok(Some(_)));
+            if tx.send(r).is_err() || end {
+                return;
+            }
+        });
+        Ok(Helper {
+            child,
+            stdin,
+            replies,
+        })
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl ChatTemplate {
@@ -96,6 +174,7 @@ impl ChatTemplate {
             bos_token,
             eos_token,
             isolation: None,
+            helper: std::sync::Mutex::new(None),
         }
     }
 
@@ -135,8 +214,6 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        use std::io::Read;
-        use std::process::{Command, Stdio};
         let job = RenderJob {
             source: src.to_string(),
             bos_token: self.bos_token.clone(),
@@ -144,51 +221,33 @@ impl ChatTemplate {
             messages: messages.to_vec(),
             add_generation_prompt,
         };
+        let mut slot = self.helper.lock().unwrap_or_else(|e| e.into_inner());
+        let helper = match slot.as_mut() {
+            Some(h) => h,
+            None => slot.insert(Helper::start(iso)?),
+        };
         let failed = |m: String| Error::Template(format!("the template helper failed: {m}"));
-        let mut child = Command::new(&iso.program)
-            .args(&iso.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| failed(format!("cannot start {}: {e}", iso.program.display())))?;
-        let mut stdin = child.stdin.take().expect("piped");
-        let writer = std::thread::spawn(move || {
-            let r = serde_json::to_writer(&mut stdin, &job);
-            drop(stdin);
-            r
-        });
-        let mut stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut out = Vec::new();
-            // The reply is at most the output cap plus JSON escaping.
-            let r = (&mut stdout)
-                .take(8 * MAX_OUTPUT as u64)
-                .read_to_end(&mut out);
-            let _ = tx.send(r.map(|_| out));
-        });
-        let out = match rx.recv_timeout(iso.timeout) {
-            Ok(r) => r.map_err(|e| failed(e.to_string()))?,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
+        let sent = write_frame(&mut helper.stdin, &job);
+        let reply = match (sent, helper.replies.recv_timeout(iso.timeout)) {
+            (Ok(()), Ok(Ok(Some(bytes)))) => bytes,
+            (_, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) => {
+                *slot = None;
                 return Err(Error::Template(format!(
                     "rendering took longer than {:?}",
                     iso.timeout
                 )));
             }
+            _ => {
+                // The helper died (its memory limit, most likely): the next render starts another.
+                *slot = None;
+                return Err(Error::Template(format!(
+                    "rendering needed more than {} MiB of memory, or failed",
+                    iso.memory_limit >> 20
+                )));
+            }
         };
-        let status = child.wait().map_err(|e| failed(e.to_string()))?;
-        let _ = writer.join();
-        if !status.success() {
-            return Err(Error::Template(format!(
-                "rendering needed more than {} MiB of memory, or failed ({status})",
-                iso.memory_limit >> 20
-            )));
-        }
         let v: serde_json::Value =
-            serde_json::from_slice(&out).map_err(|e| failed(format!("bad reply: {e}")))?;
+            serde_json::from_slice(&reply).map_err(|e| failed(format!("bad reply: {e}")))?;
         match (
             v.get("ok").and_then(|x| x.as_str()),
             v.get("err").and_then(|x| x.as_str()),
