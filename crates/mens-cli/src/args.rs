@@ -9,6 +9,14 @@ use std::path::PathBuf;
 /// llama.cpp's sampling defaults, in one place (the engine's).
 const DEFAULTS: SamplerConfig = SamplerConfig::DEFAULT;
 
+/// A seed nobody chose: the clock and the process id, mixed.
+fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ (std::process::id() as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum BackendArg {
     Auto,
@@ -82,9 +90,10 @@ pub(crate) struct SampleArgs {
     /// Tokens the repetition penalty looks back over.
     #[arg(long, default_value_t = DEFAULTS.repeat_last_n)]
     pub(crate) repeat_last_n: usize,
-    /// Random seed (same seed, same output).
-    #[arg(long, default_value_t = DEFAULTS.seed)]
-    pub(crate) seed: u64,
+    /// Random seed: the same seed gives the same output [default: a fresh one each run, printed
+    /// with the timings so a run can be replayed].
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
     /// Stop when this string is generated (repeatable).
     #[arg(long)]
     pub(crate) stop: Vec<String>,
@@ -105,7 +114,7 @@ impl SampleArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
-            seed: self.seed,
+            seed: self.seed.unwrap_or_else(fresh_seed),
             ..DEFAULTS
         }
     }

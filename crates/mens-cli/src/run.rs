@@ -10,7 +10,7 @@ use mens::sample::Sampler;
 use mens::stream::reusable_prefix;
 use std::io::{BufRead, Write};
 
-fn print_stats(s: &Stats) {
+fn print_stats(s: &Stats, seed: u64) {
     eprintln!();
     eprintln!(
         "mens: prompt {} tokens, {:.1} ms, {:.2} tokens/s",
@@ -19,7 +19,7 @@ fn print_stats(s: &Stats) {
         s.prefill_tps()
     );
     eprintln!(
-        "mens: generated {} tokens, decode {} steps, {:.1} ms, {:.2} tokens/s (stop: {:?})",
+        "mens: generated {} tokens, decode {} steps, {:.1} ms, {:.2} tokens/s (stop: {:?}; seed {seed})",
         s.generated,
         s.decode_steps,
         s.decode.as_secs_f64() * 1e3,
@@ -112,7 +112,7 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
     if open {
         let _ = writeln!(out);
     }
-    print_stats(&stats);
+    print_stats(&stats, sampler.config.seed);
     print_memory(&l);
     Ok(())
 }

@@ -507,3 +507,50 @@ fn the_template_helper_survives_a_hostile_render() {
     assert!(e.contains("more than 1024 MiB"), "{e}");
     assert_eq!(say(&t, "again").unwrap(), "again");
 }
+
+/// Without --seed each run draws a fresh seed and prints it; --seed with that value replays the run.
+/// A missing file's OS error is printed once.
+#[test]
+fn fresh_seeds_are_printed_and_replay() {
+    let m = tiny();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "the",
+            "-n",
+            "24",
+            "--temp",
+            "1.5",
+        ];
+        args.extend_from_slice(extra);
+        let out = mens().args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let seed = err
+            .split("seed ")
+            .nth(1)
+            .and_then(|s| s.split(')').next())
+            .unwrap_or_else(|| panic!("no seed printed: {err}"))
+            .to_string();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), seed)
+    };
+    let (a, seed_a) = run(&[]);
+    let (_, seed_b) = run(&[]);
+    assert_ne!(seed_a, seed_b, "the default seed is not fresh");
+    let (replay, seed_r) = run(&["--seed", &seed_a]);
+    assert_eq!(seed_r, seed_a);
+    assert_eq!(replay, a, "--seed {seed_a} did not replay the run");
+    let out = mens()
+        .args(["run", "-m", "/nonexistent/x.gguf", "-p", "x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}

@@ -64,3 +64,90 @@ fn memory_estimate_is_honest() {
         "peak RSS {peak} MiB vs estimate {estimate} MiB"
     );
 }
+
+/// Prompts from a file and from standard input give the same greedy text as `-p`; a closed output
+/// pipe (`| head -c 10`) stops generation at once, quietly.
+#[test]
+fn prompts_from_files_and_pipes() {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let model = common::real_model("qwen2.5-coder-0.5b");
+    let m = model.to_str().unwrap();
+    let prompt = "def fibonacci(n):";
+    let dir = std::env::temp_dir().join(format!("mens-prompt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("prompt.txt");
+    std::fs::write(&file, prompt).unwrap();
+    let greedy = ["-n", "12", "--temp", "0", "-c", "256"];
+    let run = |extra: &[&str], stdin: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_mens"));
+        c.args(["run", "-m", m]).args(greedy).args(extra);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        if let Some(s) = stdin {
+            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        } else {
+            drop(child.stdin.take());
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let a = run(&["-p", prompt], None);
+    assert!(a.starts_with(prompt) && a.len() > prompt.len() + 5, "{a:?}");
+    assert_eq!(run(&["-f", file.to_str().unwrap()], None), a);
+    assert_eq!(run(&["-p", "-"], Some(prompt)), a);
+    // Fill in the middle from two files: only the middle is printed.
+    let (pre, suf) = (dir.join("pre.py"), dir.join("suf.py"));
+    std::fs::write(&pre, "def add(a, b):\n    ").unwrap();
+    std::fs::write(&suf, "\n    return result\n").unwrap();
+    let mid = run(
+        &[
+            "--fim-prefix",
+            pre.to_str().unwrap(),
+            "--fim-suffix",
+            suf.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(mid.contains("a + b") && !mid.contains("def add"), "{mid:?}");
+
+    // | head -c 10: the reader leaves after 10 bytes of a 400-token answer.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mens"))
+        .args([
+            "run", "-m", m, "-p", prompt, "-n", "400", "--temp", "0", "-c", "512",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 10];
+    stdout.read_exact(&mut first).unwrap();
+    let t0 = std::time::Instant::now();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("stopped {:?} after the pipe closed", t0.elapsed());
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("error"),
+        "{err}"
+    );
+    let generated: usize = err
+        .split("generated ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .expect("timing line");
+    assert!(
+        generated < 100,
+        "{generated} tokens generated after the pipe closed"
+    );
+}

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot open {path}: {source}")]
+    /// The OS error is part of this message, not a source: printed once.
+    #[error("cannot open {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A malformed GGUF file: the field, what was wrong, and where in the file.
     #[error("invalid GGUF file at byte offset {offset}: {field}: {message}")]

@@ -428,9 +428,9 @@ fn read_value(c: &mut Cursor, f: &str) -> Result<Value> {
 impl Gguf {
     /// Memory-map and validate a GGUF file.
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |source| Error::Io {
+        let io = |error| Error::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
