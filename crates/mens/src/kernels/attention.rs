@@ -502,6 +502,15 @@ mod tests {
         assert_eq!(expf(f32::NEG_INFINITY), 0.0);
         assert!(expf(f32::NAN).is_nan());
         eprintln!("expf: {same} of {n} arguments give the same bits as the system expf");
+        // The claim: glibc's expf, bit for bit (f32::exp is glibc's on Linux with glibc).
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            assert_eq!(
+                same,
+                n,
+                "expf differs from glibc's on {} arguments",
+                n - same
+            );
+        }
     }
 
     /// Q·K in ggml's order: equal to an f64 dot product within f32 rounding, and different from a
