@@ -33,10 +33,11 @@ pub enum StopReason {
 #[derive(Debug, Clone)]
 pub struct Stats {
     pub prompt_tokens: usize,
+    /// From the start to the first token known (prefill + first sample).
     pub prefill: Duration,
     /// Tokens sampled (the stop token included when there is one).
     pub generated: usize,
-    /// Decode forward passes and their total time.
+    /// Decode steps (forward pass + sampling) and their total time.
     pub decode_steps: usize,
     pub decode: Duration,
     pub stop: StopReason,
@@ -78,12 +79,18 @@ pub fn generate<R: Runner + ?Sized>(
     } else {
         Vec::new()
     };
+    // Times are what the caller waits for: a step ends when its token is known (on a GPU the
+    // forward pass is an asynchronous launch, and sampling waits for it).
     let t0 = Instant::now();
     if opts.no_kv_cache {
         session.rerun(prompt, &mut all)?;
     } else {
         session.forward(prompt, Logits::Last)?;
     }
+    let mut pending = match opts.max_tokens {
+        0 => None,
+        _ => Some(session.sample(sampler)?),
+    };
     let prefill = t0.elapsed();
 
     let mut stats = Stats {
@@ -96,8 +103,7 @@ pub fn generate<R: Runner + ?Sized>(
     };
     let mut stream = TokenStream::new(opts.stop.clone());
 
-    while stats.generated < opts.max_tokens {
-        let next = session.sample(sampler)?;
+    while let Some(next) = pending.take() {
         stats.generated += 1;
         if tokenizer.is_stop(next) {
             stats.stop = StopReason::Eos;
@@ -122,6 +128,7 @@ pub fn generate<R: Runner + ?Sized>(
         } else {
             session.forward(&[next], Logits::Last)?;
         }
+        pending = Some(session.sample(sampler)?);
         stats.decode += t.elapsed();
         stats.decode_steps += 1;
     }
