@@ -100,6 +100,16 @@ pub(crate) fn load(args: &ModelArgs, slots: usize) -> Result<Loaded> {
         .as_deref()
         .map(mens::memory::parse_size)
         .transpose()?;
+    if let Some(b) = memory_budget {
+        let ram = mens::memory::probe().total_ram;
+        if b > ram {
+            eprintln!(
+                "mens: warning: --memory-budget {} MiB is more than this machine's {} MiB of RAM",
+                b >> 20,
+                ram >> 20
+            );
+        }
+    }
     let options = LoadOptions {
         path: model_path(args)?,
         backend: backend(args),
@@ -179,6 +189,7 @@ fn main() {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let r = match cli.command {

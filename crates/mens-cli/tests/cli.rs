@@ -558,3 +558,52 @@ fn fresh_seeds_are_printed_and_replay() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
+
+/// Messages name the right thing: a full context says so (not "Length"); a budget above the
+/// machine's RAM is warned about; a redirected log has no colour codes.
+#[test]
+fn messages_name_the_right_thing() {
+    let m = tiny();
+    let out = mens()
+        .args([
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-c",
+            "16",
+            "-n",
+            "100",
+            "-p",
+            "the",
+            "--temp",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("stop: ContextFull"),
+        "{err}"
+    );
+    let out = mens()
+        .args([
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "--memory-budget",
+            "100T",
+            "-p",
+            "the",
+            "-n",
+            "2",
+        ])
+        .env("MENS_LOG", "info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("more than this machine's"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour codes in a redirected log: {err:?}"
+    );
+}

@@ -24,8 +24,10 @@ pub enum StopReason {
     Eos,
     /// A stop string.
     Stop,
-    /// `max_tokens` or the context was reached.
+    /// `max_tokens` was reached.
     Length,
+    /// The context is full.
+    ContextFull,
     /// The callback asked to stop.
     Cancelled,
 }
@@ -118,8 +120,12 @@ pub fn generate<R: Runner + ?Sized>(
             stats.stop = StopReason::Stop;
             break;
         }
-        if stats.generated >= opts.max_tokens || session.tokens().len() + 1 >= ctx {
+        if stats.generated >= opts.max_tokens {
             stats.stop = StopReason::Length;
+            break;
+        }
+        if session.tokens().len() + 1 >= ctx {
+            stats.stop = StopReason::ContextFull;
             break;
         }
         let t = Instant::now();
