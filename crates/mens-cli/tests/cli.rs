@@ -431,37 +431,21 @@ fn with_template(template: &str) -> Vec<u8> {
 #[test]
 fn a_template_that_exhausts_memory_is_refused() {
     let hostile = "{% set s = namespace(x='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x | length }}";
-    let p = tmp("hostile-template.gguf", &with_template(hostile));
-    fails_with(
-        &[
-            "run",
-            "--chat",
-            "-m",
-            p.to_str().unwrap(),
-            "-p",
-            "hi",
-            "-n",
-            "2",
-        ],
-        "rendering needed more than 1024 MiB of memory",
-    );
     // A template that loops past its fuel is an error too, not a silent fallback to ChatML.
     let runaway =
         "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
-    let p = tmp("runaway-template.gguf", &with_template(runaway));
-    fails_with(
-        &[
-            "run",
-            "--chat",
-            "-m",
-            p.to_str().unwrap(),
-            "-p",
-            "hi",
-            "-n",
-            "2",
-        ],
-        "chat template",
-    );
+    for (name, template, want) in [
+        (
+            "hostile",
+            hostile,
+            "rendering needed more than 1024 MiB of memory",
+        ),
+        ("runaway", runaway, "chat template"),
+    ] {
+        let p = tmp(&format!("{name}-template.gguf"), &with_template(template));
+        let m = p.to_str().unwrap();
+        fails_with(&["run", "--chat", "-m", m, "-p", "hi", "-n", "2"], want);
+    }
     // The real template still renders through the helper.
     let out = mens()
         .args([
