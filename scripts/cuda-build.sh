@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA-enabled `mens` binary and CUDA test binary here (no toolkit needed: kernels are
 # compiled at run time by NVRTC) and packs them, stripped and xz-compressed, into .device/ for a GPU
-# machine without Rust (scripts/cuda-device.sh unpacks and runs them).
+# machine without Rust (scripts/cuda-device.sh unpacks and runs them). .device/ is ignored by git:
+# name it in the device call's carry list.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p mens-cli --features cuda
