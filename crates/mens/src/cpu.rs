@@ -572,6 +572,14 @@ impl Runner for Session {
     fn ctx(&self) -> usize {
         self.options.ctx
     }
+    fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>> {
+        let options = SessionOptions {
+            ctx,
+            batch: self.options.batch.min(ctx),
+            ..self.options.clone()
+        };
+        Ok(Box::new(Session::new(self.model.clone(), options)?))
+    }
     fn max_step_tokens(&self) -> usize {
         self.options.ctx
     }
@@ -602,6 +610,14 @@ impl Runner for Session {
 impl Runner for Batch {
     fn slots(&self) -> usize {
         self.slots.len()
+    }
+    fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>> {
+        Ok(Box::new(Batch::new(
+            self.model.clone(),
+            1,
+            ctx,
+            self.batch,
+        )?))
     }
     fn ctx(&self) -> usize {
         self.slots[0].ctx

@@ -311,6 +311,9 @@ impl crate::runner::Runner for MetalSession {
     fn ctx(&self) -> usize {
         self.ctx
     }
+    fn sibling(&self, ctx: usize) -> Result<Box<dyn crate::runner::Runner>> {
+        Ok(Box::new(MetalSession::new(self.model.clone(), ctx)?))
+    }
     fn max_step_tokens(&self) -> usize {
         self.ctx
     }

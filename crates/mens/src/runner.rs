@@ -64,6 +64,9 @@ pub trait Runner {
     fn profile_decode(&mut self, _steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
         Ok(Vec::new())
     }
+    /// Another single sequence of `ctx` tokens on the same device, weights and stream (so that a
+    /// sync waits for both: the benchmark's paired test).
+    fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>>;
 
     // One sequence: slot 0.
 

@@ -171,16 +171,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     } else {
         runner(&l)?
     };
-    // The paired test's second sequence. On a GPU a second runner would hold its own weights and
-    // stream, and a sync on one would not wait for the other: skipped there.
-    let far = if cpu && args.paired > 0 && args.steps > 0 && plan.last_point > 1 {
-        Some(cpu_session(
-            SCHEDULE_PROMPT + plan.last_point + args.paired + 1,
-        )?)
+    // The paired test's second sequence: on the same device, weights and stream (a sibling), so
+    // that each step's sync waits for that step alone.
+    let far = if args.paired > 0 && args.steps > 0 && plan.last_point > 1 {
+        Some(s.sibling(SCHEDULE_PROMPT + plan.last_point + args.paired + 1)?)
     } else {
-        if !cpu && args.paired > 0 {
-            eprintln!("mens: the paired flatness test runs on the CPU only (skipped)");
-        }
         None
     };
     let bar = if args.quiet {

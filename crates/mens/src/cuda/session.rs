@@ -765,6 +765,13 @@ impl crate::runner::Runner for CudaSession {
     fn ctx(&self) -> usize {
         self.ctx
     }
+    fn sibling(&self, ctx: usize) -> Result<Box<dyn crate::runner::Runner>> {
+        Ok(Box::new(CudaSession::new(
+            self.model.clone(),
+            ctx,
+            self.ubatch,
+        )?))
+    }
     fn max_step_tokens(&self) -> usize {
         self.ctx
     }
