@@ -9,6 +9,7 @@ use mens::generate::{generate, Stats};
 use mens::sample::Sampler;
 use mens::stream::reusable_prefix;
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn print_stats(s: &Stats, seed: u64) {
     eprintln!();
@@ -26,6 +27,22 @@ fn print_stats(s: &Stats, seed: u64) {
         s.decode_tps(),
         s.stop
     );
+}
+
+/// Set by Ctrl-C while a generation runs; a Ctrl-C at the chat prompt (nothing running) exits.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
+/// The first Ctrl-C stops the current generation (its text and timings are kept); a Ctrl-C when
+/// nothing is generating ends the program (exit 130, as a shell expects).
+fn handle_ctrl_c() {
+    let _ = ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) {
+            INTERRUPTED.store(true, Ordering::SeqCst);
+        } else {
+            std::process::exit(130);
+        }
+    });
 }
 
 fn read_file(p: &std::path::Path) -> Result<String> {
@@ -97,6 +114,8 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     // Raw completion echoes the prompt; chat and fill-in-the-middle print only the answer.
     let mut open = args.chat || fim || write!(out, "{prompt}").is_ok();
+    handle_ctrl_c();
+    GENERATING.store(true, Ordering::SeqCst);
     let stats = generate(
         &mut *sess,
         &l.tokenizer,
@@ -106,14 +125,19 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
         |t| {
             // A closed pipe (`| head`) stops generation at once, quietly.
             open = open && write!(out, "{t}").and_then(|_| out.flush()).is_ok();
-            open
+            open && !INTERRUPTED.load(Ordering::SeqCst)
         },
     )?;
+    GENERATING.store(false, Ordering::SeqCst);
     if open {
         let _ = writeln!(out);
     }
     print_stats(&stats, sampler.config.seed);
     print_memory(&l);
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        // As a shell reports a program stopped by SIGINT.
+        std::process::exit(130);
+    }
     Ok(())
 }
 
@@ -127,7 +151,8 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
     if let Some(s) = &args.system {
         messages.push(Message::new("system", s));
     }
-    eprintln!("mens: chat; an empty line or end of input quits, /reset forgets the conversation");
+    handle_ctrl_c();
+    eprintln!("mens: chat; an empty line, end of input or Ctrl-C at the prompt quits, Ctrl-C during an answer stops it, /reset forgets the conversation");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -152,6 +177,8 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
         sess.truncate(common);
         let mut answer = String::new();
         let mut out = std::io::stdout().lock();
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
         let stats = generate(
             &mut *sess,
             &l.tokenizer,
@@ -162,9 +189,11 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
                 answer.push_str(t);
                 let _ = write!(out, "{t}");
                 let _ = out.flush();
-                true
+                // Ctrl-C ends this answer; the conversation and its cache stay.
+                !INTERRUPTED.load(Ordering::SeqCst)
             },
         );
+        GENERATING.store(false, Ordering::SeqCst);
         let stats = match stats {
             Ok(s) => s,
             Err(mens::Error::Context(m)) => {

@@ -151,3 +151,97 @@ fn prompts_from_files_and_pipes() {
         "{generated} tokens generated after the pipe closed"
     );
 }
+
+/// The first Ctrl-C (SIGINT) stops `mens run`'s generation: what was generated and the timings are
+/// printed, and the exit code is 130, as for a program a shell interrupted.
+#[test]
+fn ctrl_c_stops_generation_and_keeps_the_timings() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let model = common::real_model("qwen2.5-coder-0.5b");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mens"))
+        .args([
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "def quicksort(a):",
+        ])
+        .args(["-n", "400", "--temp", "0", "-c", "512"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 40];
+    stdout.read_exact(&mut first).unwrap();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("stop: Cancelled"), "{err}");
+    let generated: usize = err
+        .split("generated ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .expect("timing line");
+    assert!(generated < 400, "{generated} tokens: not stopped");
+}
+
+/// In `mens chat`, Ctrl-C during an answer stops that answer and returns to the prompt with the
+/// conversation kept (the next turn reuses the cache); end of input then leaves normally.
+#[test]
+fn ctrl_c_in_chat_returns_to_the_prompt() {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let model = common::real_model("qwen2.5-coder-0.5b");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mens"))
+        .args([
+            "chat",
+            "-m",
+            model.to_str().unwrap(),
+            "-n",
+            "300",
+            "--temp",
+            "0",
+            "-c",
+            "1024",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "Write a long Python program with many functions.").unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 40];
+    stdout.read_exact(&mut first).unwrap();
+    let id = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &id])
+        .status()
+        .unwrap()
+        .success());
+    writeln!(stdin, "Thanks.").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let turns: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("tokens/s decode"))
+        .collect();
+    assert_eq!(turns.len(), 2, "{err}");
+    // The second turn prefilled only its new part.
+    assert!(!turns[1].contains("(0 reused)"), "{}", turns[1]);
+}
