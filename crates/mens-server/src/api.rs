@@ -222,14 +222,7 @@ pub async fn completions(
     }
     let prompt = tokenize(&s, move |st, limit| {
         if parse_special {
-            let ids = st.tokenizer.encode(&text).map_err(too_long)?;
-            if ids.len() > limit {
-                return Err(too_long(mens::Error::Context(format!(
-                    "the prompt is {} tokens",
-                    ids.len()
-                ))));
-            }
-            Ok(ids)
+            st.tokenizer.encode_special(&text, limit).map_err(too_long)
         } else {
             st.tokenizer.encode_text(&text, limit).map_err(too_long)
         }
@@ -420,7 +413,9 @@ pub fn prepare(
         let r: CompletionRequest = serde_json::from_slice(body).map_err(bad)?;
         r.common.check_supported("mens")?;
         let p = match r.prompt {
-            Prompt::Text(t) if r.parse_special => tok.encode(&t).map_err(too_long)?,
+            Prompt::Text(t) if r.parse_special => {
+                tok.encode_special(&t, ctx - 1).map_err(too_long)?
+            }
             Prompt::Text(t) => tok.encode_text(&t, ctx - 1).map_err(too_long)?,
             Prompt::Texts(v) => return Err(ApiError::invalid(format!("{} prompts", v.len()))),
             Prompt::Tokens(t) => t,

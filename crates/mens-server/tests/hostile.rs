@@ -132,6 +132,15 @@ fn huge_prompts_are_refused_fast() {
     assert!(took < Duration::from_secs(2), "{took:?}");
     let r = post(s.addr, "/v1/chat/completions", chat(&big));
     assert_error(&r, 400, "context");
+    // parse_special takes the same early stop.
+    let t0 = Instant::now();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        json!({"prompt": big, "max_tokens": 1, "parse_special": true}),
+    );
+    assert_error(&r, 400, "context");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
 
 /// Item 5: one tenant's cached prompt is not reused (or reported) for another's request.

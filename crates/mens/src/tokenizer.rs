@@ -215,8 +215,14 @@ impl Tokenizer {
     /// Token ids of `text` written by the operator (a CLI prompt): every special token written in
     /// it (`<|im_start|>`) becomes its id. A BOS is prepended when the model asks for one.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_special(text, usize::MAX)
+    }
+
+    /// As [`Self::encode`] (special tokens parsed), at most `limit` tokens: longer text is refused
+    /// as soon as the count passes it (a request's `parse_special` prompt).
+    pub fn encode_special(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
         let mut ids = self.start();
-        self.encode_into(text, true, &mut ids, usize::MAX)?;
+        self.encode_into(text, true, &mut ids, limit)?;
         Ok(ids)
     }
 
