@@ -140,12 +140,7 @@ fn prompts_from_files_and_pipes() {
         !err.contains("Broken pipe") && !err.contains("error"),
         "{err}"
     );
-    let generated: usize = err
-        .split("generated ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|s| s.parse().ok())
-        .expect("timing line");
+    let generated = generated_tokens(&err);
     assert!(
         generated < 100,
         "{generated} tokens generated after the pipe closed"
@@ -186,12 +181,7 @@ fn ctrl_c_stops_generation_and_keeps_the_timings() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("stop: Cancelled"), "{err}");
-    let generated: usize = err
-        .split("generated ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|s| s.parse().ok())
-        .expect("timing line");
+    let generated = generated_tokens(&err);
     assert!(generated < 400, "{generated} tokens: not stopped");
 }
 
@@ -244,4 +234,14 @@ fn ctrl_c_in_chat_returns_to_the_prompt() {
     assert_eq!(turns.len(), 2, "{err}");
     // The second turn prefilled only its new part.
     assert!(!turns[1].contains("(0 reused)"), "{}", turns[1]);
+}
+
+/// The token count of the "mens: generated N tokens" timing line.
+fn generated_tokens(stderr: &str) -> usize {
+    stderr
+        .split("generated ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .expect("timing line")
 }
