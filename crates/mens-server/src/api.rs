@@ -11,6 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::chat::Message;
 use mens::fim::{fim_prompt, FimInput};
+use mens::grammar::{Constraint, GrammarSpec};
 use mens::scheduler::{Event, Request, SubmitError};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,22 +151,47 @@ pub async fn chat_completions(
         Err(e) => return e.into_response(),
     };
     let ChatRequest { messages, common } = r;
-    let prompt = match chat_messages(&messages, &common, &s.config.model_name) {
-        Ok(msgs) => tokenize(&s, move |st, limit| chat_prompt(st, &msgs, limit)).await,
-        Err(e) => Err(e),
+    let answer = async {
+        let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
+        let tools = common.tool_use()?;
+        let grammar = match (tools.grammar, common.grammar_spec()?) {
+            (Some(g), None) => Some(GrammarSpec::Lark(g)),
+            (None, g) => g,
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "a tool_choice that forces a call cannot be combined with response_format",
+                )
+                .param("tool_choice"))
+            }
+        };
+        let extra = Extra {
+            grammar,
+            logprobs: common.logprobs(true)?,
+            tools: tools.parse.then(|| {
+                tools
+                    .tools
+                    .iter()
+                    .filter_map(|t| mens::tools::tool_name(t).map(str::to_string))
+                    .collect()
+            }),
+        };
+        let defs = tools.tools;
+        let p = tokenize(&s, move |st, limit| chat_prompt(st, &msgs, &defs, limit)).await?;
+        complete(s.clone(), Kind::Chat, p, &common, tenant, None, extra).await
     };
-    match prompt {
-        Ok(p) => complete(s, Kind::Chat, p, &common, tenant, None).await,
-        Err(e) => Err(e),
-    }
-    .unwrap_or_else(IntoResponse::into_response)
+    answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// The conversation's token ids: message text is text, only the template's markup is control
 /// tokens (see `ChatTemplate::tokens`).
-fn chat_prompt(s: &AppState, msgs: &[Message], limit: usize) -> ApiResult<Vec<u32>> {
+fn chat_prompt(
+    s: &AppState,
+    msgs: &[Message],
+    tools: &[serde_json::Value],
+    limit: usize,
+) -> ApiResult<Vec<u32>> {
     s.template
-        .tokens(&s.tokenizer, msgs, true, limit)
+        .tokens_with(&s.tokenizer, msgs, tools, true, limit)
         .map_err(|e| match e {
             mens::Error::Template(m) => {
                 engine_error(format!("the model's chat template failed: {m}"))
@@ -192,6 +218,11 @@ pub async fn completions(
     } = r;
     if let Err(e) = common.check_supported(&s.config.model_name) {
         return e.into_response();
+    }
+    if !neutral(&common.tools) || !neutral(&common.tool_choice) {
+        return ApiError::invalid("tools are for /v1/chat/completions")
+            .param("tools")
+            .into_response();
     }
     let text = match prompt {
         Prompt::Text(t) => t,
@@ -299,8 +330,9 @@ pub async fn infill(
     let n = n_predict.unwrap_or(0);
     let ids = tokenize(&s, move |st, limit| fim_ids(st, &input, n, limit)).await;
     let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
+    let extra = Extra::default();
     match ids {
-        Ok(p) => complete(s, Kind::Infill { quiet }, p, &common, tenant, deadline).await,
+        Ok(p) => complete(s, Kind::Infill { quiet }, p, &common, tenant, deadline, extra).await,
         Err(e) => Err(e),
     }
     .unwrap_or_else(IntoResponse::into_response)
@@ -312,18 +344,51 @@ async fn finish_completion(
     common: &Common,
     tenant: Tenant,
 ) -> Response {
-    let prompt = match prompt {
-        Ok(p) if !p.is_empty() => p,
-        Ok(_) => {
-            return ApiError::invalid("the prompt is empty")
-                .param("prompt")
-                .into_response()
-        }
-        Err(e) => return e.into_response(),
+    let answer = async {
+        let prompt = match prompt? {
+            p if p.is_empty() => {
+                return Err(ApiError::invalid("the prompt is empty").param("prompt"))
+            }
+            p => p,
+        };
+        let extra = Extra {
+            grammar: common.grammar_spec()?,
+            logprobs: common.logprobs(false)?,
+            tools: None,
+        };
+        complete(s, Kind::Text, prompt, common, tenant, None, extra).await
     };
-    complete(s, Kind::Text, prompt, common, tenant, None)
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// What a request asks beyond text: a grammar, log-probabilities, tool calls parsed.
+#[derive(Default)]
+pub(crate) struct Extra {
+    pub(crate) grammar: Option<GrammarSpec>,
+    pub(crate) logprobs: Option<usize>,
+    /// Parse tool calls naming these tools.
+    pub(crate) tools: Option<Vec<String>>,
+}
+
+/// Compile a grammar off the async workers (bounded like tokenization; llguidance bounds the
+/// work per grammar with its fuel limits). The token trie is built at the first use.
+pub(crate) async fn compile(s: &Arc<AppState>, spec: GrammarSpec) -> ApiResult<Constraint> {
+    let _permit = s
+        .tokenizing
+        .acquire()
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .map_err(|_| engine_error("the server is stopping".into()))?;
+    let st = s.clone();
+    tokio::task::spawn_blocking(move || {
+        let g = st.grammars()?;
+        g.compile(&spec).map_err(|e| {
+            ApiError::invalid(e.to_string())
+                .param("response_format")
+                .with_code("invalid_grammar")
+        })
+    })
+    .await
+    .map_err(|_| engine_error("compiling the grammar failed".into()))?
 }
 
 /// Submit the request and answer: one JSON body, or server-sent events when `stream` is set.
@@ -334,11 +399,16 @@ async fn complete(
     c: &Common,
     tenant: Tenant,
     time_limit: Option<std::time::Duration>,
+    extra: Extra,
 ) -> ApiResult<Response> {
     let sampler = c.sampler()?;
     let stop = c.stops()?;
     let ctx = s.scheduler.options().ctx;
     let max_tokens = c.max_tokens(prompt.len(), ctx, s.config.max_tokens_cap)?;
+    let constraint = match extra.grammar {
+        Some(g) => Some(compile(&s, g).await?),
+        None => None,
+    };
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     let alive = tx.clone();
     let req = Request {
@@ -354,6 +424,8 @@ async fn complete(
             (a, b) => a.or(b),
         }
         .map(|t| std::time::Instant::now() + t),
+        constraint,
+        logprobs: extra.logprobs,
     };
     s.scheduler.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),
@@ -377,6 +449,9 @@ async fn complete(
         model: s.config.model_name.clone(),
         created: now(),
         kind,
+        tools: extra.tools,
+        logprobs: extra.logprobs.is_some(),
+        tok: s.tokenizer.clone(),
     };
     if c.stream.unwrap_or(false) {
         let usage = c
@@ -405,8 +480,10 @@ pub fn prepare(
     let (prompt, common) = if chat {
         let r: ChatRequest = serde_json::from_slice(body).map_err(bad)?;
         let msgs = chat_messages(&r.messages, &r.common, "mens")?;
+        let tools = r.common.tool_use()?;
+        r.common.logprobs(true)?;
         let p = template
-            .tokens(tok, &msgs, true, ctx - 1)
+            .tokens_with(tok, &msgs, &tools.tools, true, ctx - 1)
             .map_err(too_long)?;
         (p, r.common)
     } else {
@@ -422,6 +499,7 @@ pub fn prepare(
         };
         (p, r.common)
     };
+    common.grammar_spec()?;
     common.sampler()?;
     common.stops()?;
     common.max_tokens(prompt.len(), ctx, None)?;

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use mens::chat::ChatTemplate;
+use mens::grammar::Grammars;
 use mens::scheduler::Scheduler;
 use mens::tokenizer::Tokenizer;
 use std::future::Future;
@@ -90,8 +91,10 @@ pub struct AppState {
     pub config: ServerConfig,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
-    /// Bounds concurrent prompt tokenization.
+    /// Bounds concurrent prompt tokenization and grammar compilation.
     tokenizing: Semaphore,
+    /// The grammar compiler (its token trie), built at the first structured-output request.
+    grammars: std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>,
     connections: Arc<conn::Registry>,
 }
 
@@ -113,7 +116,20 @@ impl AppState {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             connections: Arc::default(),
+            grammars: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The grammar compiler for this model's vocabulary (built once; blocking).
+    pub(crate) fn grammars(&self) -> std::result::Result<Arc<Grammars>, ApiError> {
+        self.grammars
+            .get_or_init(|| {
+                Grammars::new(self.tokenizer.clone())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| request::engine_error(format!("the grammar engine failed: {e}")))
     }
 }
 

@@ -3,6 +3,7 @@
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::chat::Message;
+use mens::grammar::GrammarSpec;
 use mens::sample::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -125,20 +126,42 @@ pub(crate) struct Common {
     /// An end user's id: prompt caching is shared only within one API key and one `user`.
     #[serde(default)]
     pub(crate) user: Option<String>,
-    // Not supported yet: refused when set to anything but their neutral value.
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": …}}`.
     #[serde(default)]
     pub(crate) response_format: Option<Value>,
+    /// A grammar in llguidance's Lark syntax the output must follow.
+    #[serde(default)]
+    pub(crate) grammar: Option<String>,
+    /// A regular expression the whole output must match.
+    #[serde(default)]
+    pub(crate) regex: Option<String>,
     #[serde(default)]
     pub(crate) tools: Option<Value>,
     #[serde(default)]
     pub(crate) tool_choice: Option<Value>,
+    /// Chat: true/false; completions: the number of alternatives (0–5, legacy shape).
     #[serde(default)]
     pub(crate) logprobs: Option<Value>,
     #[serde(default)]
     pub(crate) top_logprobs: Option<Value>,
+    // Not supported yet: refused when set to anything but its neutral value.
     #[serde(default)]
     pub(crate) logit_bias: Option<Value>,
 }
+
+/// How a chat request uses tools.
+#[derive(Default)]
+pub(crate) struct ToolUse {
+    /// Definitions handed to the template (none for `tool_choice: "none"`).
+    pub(crate) tools: Vec<Value>,
+    /// Parse `<tool_call>` blocks of the answer into `tool_calls`.
+    pub(crate) parse: bool,
+    /// Force calls (`required`, or a named function): the grammar that does it.
+    pub(crate) grammar: Option<String>,
+}
+
+/// Most tools one request may define.
+pub(crate) const MAX_TOOLS: usize = 128;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -160,6 +183,13 @@ pub(crate) struct ChatMessage {
     pub(crate) role: String,
     #[serde(default)]
     pub(crate) content: Option<Content>,
+    /// An assistant turn's calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+    #[serde(default)]
+    pub(crate) tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    pub(crate) tool_call_id: Option<String>,
+    #[serde(default)]
+    pub(crate) name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -259,31 +289,156 @@ impl Common {
                 .with_code("model_not_found"));
             }
         }
-        let text_format = self
-            .response_format
-            .as_ref()
-            .is_some_and(|f| f.get("type").and_then(Value::as_str) == Some("text"));
-        if !neutral(&self.response_format) && !text_format {
-            return Err(unsupported("response_format"));
-        }
-        if !neutral(&self.tools) {
-            return Err(unsupported("tools"));
-        }
-        let choice_off =
-            matches!(&self.tool_choice, Some(Value::String(c)) if c == "none" || c == "auto");
-        if !neutral(&self.tool_choice) && !choice_off {
-            return Err(unsupported("tool_choice"));
-        }
-        for (v, name) in [
-            (&self.logprobs, "logprobs"),
-            (&self.top_logprobs, "top_logprobs"),
-            (&self.logit_bias, "logit_bias"),
-        ] {
-            if !neutral(v) {
-                return Err(unsupported(name));
-            }
+        if !neutral(&self.logit_bias) {
+            return Err(unsupported("logit_bias"));
         }
         Ok(())
+    }
+
+    /// The grammar the output must follow: `response_format`, `grammar` or `regex` (one of them).
+    pub(crate) fn grammar_spec(&self) -> ApiResult<Option<GrammarSpec>> {
+        let mut specs = Vec::new();
+        if let Some(f) = self.response_format.as_ref().filter(|f| !f.is_null()) {
+            let kind = f.get("type").and_then(Value::as_str);
+            match kind {
+                Some("text") => {}
+                Some("json_object") => specs.push(GrammarSpec::JsonObject),
+                Some("json_schema") => {
+                    let js = f.get("json_schema");
+                    // OpenAI nests it as json_schema.schema; llama-server also takes `schema`.
+                    let schema = js
+                        .and_then(|j| j.get("schema"))
+                        .or_else(|| f.get("schema"))
+                        .cloned()
+                        .unwrap_or_else(|| serde_json::json!({}));
+                    specs.push(GrammarSpec::JsonSchema(schema));
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
+                    )
+                    .param("response_format"))
+                }
+            }
+        }
+        if let Some(g) = &self.grammar {
+            specs.push(GrammarSpec::Lark(g.clone()));
+        }
+        if let Some(r) = &self.regex {
+            specs.push(GrammarSpec::Regex(r.clone()));
+        }
+        if specs.len() > 1 {
+            return Err(ApiError::invalid(
+                "give at most one of response_format (JSON), grammar and regex",
+            ));
+        }
+        Ok(specs.pop())
+    }
+
+    /// Log-probabilities: None, or the number of alternatives per token. `chat`: OpenAI's chat
+    /// fields (`logprobs: true`, `top_logprobs: 0..20`); else the legacy `logprobs: 0..5`.
+    pub(crate) fn logprobs(&self, chat: bool) -> ApiResult<Option<usize>> {
+        let max = mens::sample::MAX_TOP_LOGPROBS as i64;
+        if chat {
+            let on = match &self.logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid("logprobs must be true or false").param("logprobs"))
+                }
+            };
+            let top = match &self.top_logprobs {
+                None | Some(Value::Null) => 0,
+                Some(v) => match v.as_i64() {
+                    Some(n) if (0..=max).contains(&n) => n,
+                    _ => {
+                        return Err(ApiError::invalid(format!(
+                            "top_logprobs must be an integer from 0 to {max}"
+                        ))
+                        .param("top_logprobs"))
+                    }
+                },
+            };
+            if top > 0 && !on {
+                return Err(
+                    ApiError::invalid("top_logprobs needs logprobs: true").param("top_logprobs")
+                );
+            }
+            Ok(on.then_some(top as usize))
+        } else {
+            match &self.logprobs {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_i64() {
+                    Some(n) if (0..=5).contains(&n) => Ok(Some(n as usize)),
+                    _ => Err(
+                        ApiError::invalid("logprobs must be an integer from 0 to 5").param("logprobs")
+                    ),
+                },
+            }
+        }
+    }
+
+    /// What the request's `tools` and `tool_choice` ask for (chat only).
+    pub(crate) fn tool_use(&self) -> ApiResult<ToolUse> {
+        let tools: Vec<Value> = match &self.tools {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a.clone(),
+            Some(_) => return Err(ApiError::invalid("tools must be a list").param("tools")),
+        };
+        if tools.len() > MAX_TOOLS {
+            return Err(
+                ApiError::invalid(format!("tools takes at most {MAX_TOOLS} tools")).param("tools")
+            );
+        }
+        for t in &tools {
+            let ok = t.get("type").and_then(Value::as_str).unwrap_or("function") == "function"
+                && mens::tools::tool_name(t).is_some_and(|n| !n.is_empty());
+            if !ok {
+                return Err(ApiError::invalid(
+                    "each tool must be {\"type\": \"function\", \"function\": {\"name\": …, \"parameters\": …}}",
+                )
+                .param("tools"));
+            }
+        }
+        let forced: Option<Option<String>> = match &self.tool_choice {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) if c == "auto" => None,
+            Some(Value::String(c)) if c == "none" => {
+                return Ok(ToolUse::default());
+            }
+            Some(Value::String(c)) if c == "required" => Some(None),
+            Some(v) => match v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+            {
+                Some(n) => Some(Some(n.to_string())),
+                None => {
+                    return Err(ApiError::invalid(
+                        "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                    )
+                    .param("tool_choice"))
+                }
+            },
+        };
+        if tools.is_empty() {
+            if forced.is_some() {
+                return Err(ApiError::invalid("tool_choice requires tools").param("tool_choice"));
+            }
+            return Ok(ToolUse::default());
+        }
+        let grammar = match forced {
+            Some(only) => Some(
+                mens::tools::call_grammar(&tools, only.as_deref())
+                    .map_err(|e| ApiError::invalid(e.to_string()).param("tool_choice"))?,
+            ),
+            None => None,
+        };
+        Ok(ToolUse {
+            tools,
+            parse: true,
+            grammar,
+        })
     }
 
     /// The tenant whose cached prompts this request may reuse: its API key and `user`.
@@ -447,7 +602,33 @@ pub(crate) fn chat_messages(
         } else {
             &m.role
         };
-        msgs.push(Message::new(role, &content));
+        let mut msg = Message::new(role, &content);
+        for c in m.tool_calls.iter().flatten() {
+            let f = c.get("function");
+            let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+            let Some(name) = name else {
+                return Err(ApiError::invalid(
+                    "each tool call must have function.name and function.arguments",
+                )
+                .param("messages"));
+            };
+            // Templates write the arguments with `tojson`: give them the JSON value, not its text.
+            let args = match f.and_then(|f| f.get("arguments")) {
+                Some(Value::String(t)) => {
+                    serde_json::from_str(t).unwrap_or_else(|_| Value::String(t.clone()))
+                }
+                Some(v) => v.clone(),
+                None => json!({}),
+            };
+            msg.tool_calls.push(json!({
+                "id": c.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }));
+        }
+        msg.tool_call_id = m.tool_call_id.clone();
+        msg.name = m.name.clone();
+        msgs.push(msg);
     }
     Ok(msgs)
 }

@@ -5,9 +5,13 @@ use crate::request::{engine_error, ApiResult};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use mens::sample::TokenLogprobs;
 use mens::scheduler::{Event, Finish, Usage};
+use mens::tokenizer::Tokenizer;
+use mens::tools::{CallSplitter, Piece, ToolCall};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -25,6 +29,77 @@ pub(crate) struct Meta {
     pub(crate) model: String,
     pub(crate) created: u64,
     pub(crate) kind: Kind,
+    /// Parse tool calls into `tool_calls` (chat with tools): the defined tools' names.
+    pub(crate) tools: Option<Vec<String>>,
+    /// Report log-probabilities.
+    pub(crate) logprobs: bool,
+    pub(crate) tok: Arc<Tokenizer>,
+}
+
+impl Meta {
+    fn token_json(&self, id: u32, logprob: f32) -> Value {
+        let b = self.tok.token_bytes(id);
+        json!({"token": String::from_utf8_lossy(b), "logprob": logprob, "bytes": b})
+    }
+
+    /// Chat's `logprobs` object for these tokens.
+    fn chat_logprobs(&self, lps: &[TokenLogprobs]) -> Value {
+        let content: Vec<Value> = lps
+            .iter()
+            .map(|l| {
+                let mut v = self.token_json(l.token, l.logprob);
+                v["top_logprobs"] =
+                    l.top.iter().map(|&(t, p)| self.token_json(t, p)).collect();
+                v
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    /// The legacy completions `logprobs` object; `offset`: text bytes before the first token.
+    fn text_logprobs(&self, lps: &[TokenLogprobs], mut offset: usize) -> Value {
+        let text = |t: u32| String::from_utf8_lossy(self.tok.token_bytes(t)).into_owned();
+        let mut offsets = Vec::with_capacity(lps.len());
+        for l in lps {
+            offsets.push(offset);
+            offset += self.tok.token_bytes(l.token).len();
+        }
+        json!({
+            "tokens": lps.iter().map(|l| text(l.token)).collect::<Vec<_>>(),
+            "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+            "top_logprobs": lps.iter().map(|l| {
+                l.top.iter().map(|&(t, p)| (text(t), json!(p))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
+            "text_offset": offsets,
+        })
+    }
+
+    fn logprobs_json(&self, lps: &[TokenLogprobs], offset: usize) -> Value {
+        match (self.logprobs, self.kind) {
+            (false, _) => Value::Null,
+            (true, Kind::Chat) => self.chat_logprobs(lps),
+            (true, _) => self.text_logprobs(lps, offset),
+        }
+    }
+}
+
+/// OpenAI's `tool_calls` entries; ids are the answer's id and the call's index.
+fn calls_json(m: &Meta, calls: &[ToolCall], first: usize, stream: bool) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({
+                "id": format!("call_{}_{}", m.id, first + i),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            });
+            if stream {
+                v["index"] = json!(first + i);
+            }
+            v
+        })
+        .collect()
 }
 
 pub(crate) fn finish_reason(f: Finish) -> &'static str {
@@ -70,28 +145,47 @@ pub(crate) async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> ApiResult<Response> {
     let mut text = String::new();
+    let mut lps = Vec::new();
     let usage = loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Logprobs(l)) => lps.push(l),
             Some(Event::Done(u)) => break u,
             Some(Event::Error(m)) => return Err(engine_error(m)),
             None => return Err(engine_error("the engine dropped the request".into())),
         }
     };
-    let reason = finish_reason(usage.finish);
+    let mut reason = finish_reason(usage.finish);
     if let Kind::Infill { quiet } = meta.kind {
         let content = if quiet { "" } else { text.as_str() };
         return Ok(axum::Json(infill_json(&meta, content, &usage)).into_response());
     }
+    let logprobs = meta.logprobs_json(&lps, 0);
     let (object, choice) = match meta.kind {
-        Kind::Chat => (
-            "chat.completion",
-            json!({"index": 0, "message": {"role": "assistant", "content": text},
-                   "logprobs": null, "finish_reason": reason}),
-        ),
+        Kind::Chat => {
+            let mut message = json!({"role": "assistant", "content": text});
+            if let Some(names) = &meta.tools {
+                let (content, calls) = mens::tools::parse(&text, names);
+                if !calls.is_empty() {
+                    message = json!({
+                        "role": "assistant",
+                        "content": if content.is_empty() { Value::Null } else { json!(content) },
+                        "tool_calls": calls_json(&meta, &calls, 0, false),
+                    });
+                    if usage.finish == Finish::Stop {
+                        reason = "tool_calls";
+                    }
+                }
+            }
+            (
+                "chat.completion",
+                json!({"index": 0, "message": message,
+                       "logprobs": logprobs, "finish_reason": reason}),
+            )
+        }
         Kind::Text | Kind::Infill { .. } => (
             "text_completion",
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
+            json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}),
         ),
     };
     Ok(axum::Json(json!({
@@ -111,6 +205,13 @@ pub(crate) struct Sse {
     pub(crate) include_usage: bool,
     pub(crate) pending: VecDeque<Bytes>,
     pub(crate) done: bool,
+    /// Log-probabilities not yet sent (they go with the next text).
+    pub(crate) lps: Vec<TokenLogprobs>,
+    /// Text bytes sent so far (legacy `text_offset`).
+    pub(crate) sent: usize,
+    /// Splits content from tool calls (chat with tools).
+    pub(crate) calls: Option<CallSplitter>,
+    pub(crate) n_calls: usize,
 }
 
 impl Sse {
@@ -135,6 +236,32 @@ impl Sse {
         }
     }
 
+    /// A text chunk, with the log-probabilities received since the last one.
+    fn text(&mut self, t: &str) {
+        let mut c = self.chunk(Some(t), None, false);
+        if self.meta.logprobs && !matches!(self.meta.kind, Kind::Infill { .. }) {
+            let lps = std::mem::take(&mut self.lps);
+            c["choices"][0]["logprobs"] = self.meta.logprobs_json(&lps, self.sent);
+        }
+        self.sent += t.len();
+        self.push(&c);
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text(&t),
+                Piece::Call(call) => {
+                    let calls = calls_json(&self.meta, &[call], self.n_calls, true);
+                    self.n_calls += 1;
+                    let mut c = self.chunk(None, None, false);
+                    c["choices"][0]["delta"] = json!({ "tool_calls": calls });
+                    self.push(&c);
+                }
+            }
+        }
+    }
+
     pub(crate) fn push(&mut self, v: &Value) {
         self.pending
             .push_back(Bytes::from(format!("data: {v}\n\n")));
@@ -142,10 +269,13 @@ impl Sse {
 
     pub(crate) fn on(&mut self, e: Option<Event>) {
         match e {
+            Some(Event::Logprobs(l)) => self.lps.push(l),
             Some(Event::Text(t)) => {
-                if self.meta.kind != (Kind::Infill { quiet: true }) {
-                    let c = self.chunk(Some(&t), None, false);
-                    self.push(&c);
+                if let Some(s) = self.calls.as_mut() {
+                    let p = s.push(&t);
+                    self.pieces(p);
+                } else if self.meta.kind != (Kind::Infill { quiet: true }) {
+                    self.text(&t);
                 }
             }
             Some(Event::Done(u)) if matches!(self.meta.kind, Kind::Infill { .. }) => {
@@ -154,7 +284,20 @@ impl Sse {
                 self.done = true;
             }
             Some(Event::Done(u)) => {
-                let mut c = self.chunk(None, Some(finish_reason(u.finish)), false);
+                if let Some(mut s) = self.calls.take() {
+                    let p = s.finish();
+                    self.pieces(p);
+                }
+                let reason = if self.n_calls > 0 && u.finish == Finish::Stop {
+                    "tool_calls"
+                } else {
+                    finish_reason(u.finish)
+                };
+                let mut c = self.chunk(None, Some(reason), false);
+                if self.meta.logprobs && !self.lps.is_empty() {
+                    let lps = std::mem::take(&mut self.lps);
+                    c["choices"][0]["logprobs"] = self.meta.logprobs_json(&lps, self.sent);
+                }
                 if self.include_usage {
                     c["usage"] = Value::Null;
                 }
@@ -188,12 +331,20 @@ pub(crate) fn stream(
     rx: mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
 ) -> Response {
+    let calls = match (&meta.tools, meta.kind) {
+        (Some(names), Kind::Chat) => Some(CallSplitter::new(names.clone())),
+        _ => None,
+    };
     let mut sse = Sse {
         meta,
         rx,
         include_usage,
         pending: VecDeque::new(),
         done: false,
+        lps: Vec::new(),
+        sent: 0,
+        calls,
+        n_calls: 0,
     };
     if sse.meta.kind == Kind::Chat {
         let c = sse.chunk(None, None, true);

@@ -278,21 +278,29 @@ fn unsupported_fields_and_small_defects() {
         b[k] = v;
         post(a, "/v1/chat/completions", b)
     };
-    assert_error(
-        &with("response_format", json!({"type": "json_object"})),
-        400,
+    // Structured output, tools and logprobs are supported: bad values name the field.
+    assert_error(&with("response_format", json!({"type": "xml"})), 400, "response_format");
+    let r = with(
         "response_format",
+        json!({"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(["}}}}}),
     );
-    assert_error(
-        &with(
-            "tools",
-            json!([{"type": "function", "function": {"name": "f"}}]),
-        ),
-        400,
-        "tools",
-    );
-    assert_error(&with("tool_choice", json!("required")), 400, "tool_choice");
-    assert_error(&with("logprobs", json!(true)), 400, "logprobs");
+    assert_error(&r, 400, "grammar");
+    assert_eq!(r.json()["error"]["code"], "invalid_grammar");
+    let huge = json!({"type": "json_schema", "json_schema": {"schema": {"enum": vec!["x".repeat(100); 1000]}}});
+    assert_error(&with("response_format", huge), 400, "limit of 65536");
+    assert_error(&with("tool_choice", json!("required")), 400, "tool_choice requires tools");
+    assert_error(&with("tools", json!([{"type": "function"}])), 400, "each tool");
+    assert_error(&with("tools", json!(vec![json!({"type": "function", "function": {"name": "f"}}); 129])), 400, "at most 128");
+    let one = json!([{"type": "function", "function": {"name": "f"}}]);
+    let mut b = chat("x");
+    b["tools"] = one.clone();
+    b["tool_choice"] = json!({"type": "function", "function": {"name": "g"}});
+    assert_error(&post(a, "/v1/chat/completions", b), 400, "'g'");
+    assert_error(&with("logprobs", json!("yes")), 400, "logprobs");
+    assert_error(&with("top_logprobs", json!(21)), 400, "top_logprobs");
+    assert_error(&with("top_logprobs", json!(2)), 400, "needs logprobs");
+    let r = post(a, "/v1/completions", json!({"prompt": "x", "tools": one}));
+    assert_error(&r, 400, "chat/completions");
     assert_error(&with("logit_bias", json!({"42": 5})), 400, "logit_bias");
     let r = with("model", json!("gpt-4"));
     assert_eq!(r.status, 404);
@@ -301,6 +309,7 @@ fn unsupported_fields_and_small_defects() {
     assert_eq!(with("response_format", json!({"type": "text"})).status, 200);
     assert_eq!(with("tool_choice", json!("none")).status, 200);
     assert_eq!(with("logprobs", json!(false)).status, 200);
+    assert_eq!(with("tools", json!([])).status, 200);
     assert_eq!(with("model", json!("mens")).status, 200);
     // Errors name the right field and the right range; echoes are cut.
     assert_error(
@@ -381,6 +390,8 @@ fn a_departed_client_leaves_the_queue() {
         alive: Box::new(move || alive.load(Ordering::SeqCst)),
         tenant: 0,
         deadline: None,
+        constraint: None,
+        logprobs: None,
     };
     let yes = Arc::new(AtomicBool::new(true));
     sched.submit(req(yes.clone(), true)).unwrap();

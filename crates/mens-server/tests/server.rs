@@ -308,6 +308,8 @@ fn blocker(
         alive: Box::new(|| true),
         tenant: 0,
         deadline: None,
+        constraint: None,
+        logprobs: None,
     };
     (req, release, started)
 }

@@ -14,6 +14,16 @@ use serde::{Deserialize, Serialize};
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, in OpenAI's shape (`{"id", "type": "function",
+    /// "function": {"name", "arguments"}}`, the arguments a JSON value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A tool result's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -21,7 +31,56 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
+    }
+}
+
+/// Every string in `v` passed through `f` (request text inside tool definitions and calls).
+fn map_strings(v: &serde_json::Value, f: &impl Fn(&str) -> String) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(f(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| map_strings(x, f)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (f(k), map_strings(x, f)))
+                .collect(),
+        ),
+        x => x.clone(),
+    }
+}
+
+/// JSON as Python's `json.dumps` writes it (`{"a": 1, "b": [2, 3]}`, non-ASCII kept): the `tojson`
+/// of the Jinja used by transformers and llama.cpp, which chat templates are written for.
+pub fn py_json(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_json(x, out);
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            out.push('{');
+            for (i, (k, x)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                out.push_str(": ");
+                py_json(x, out);
+            }
+            out.push('}');
+        }
+        x => out.push_str(&x.to_string()),
     }
 }
 
@@ -60,6 +119,8 @@ struct RenderJob {
     bos_token: String,
     eos_token: String,
     messages: Vec<Message>,
+    #[serde(default)]
+    tools: Vec<serde_json::Value>,
     add_generation_prompt: bool,
 }
 
@@ -111,7 +172,12 @@ pub fn render_isolated_main(memory_limit: u64) -> std::io::Result<()> {
         let job: RenderJob = serde_json::from_slice(&frame).map_err(std::io::Error::other)?;
         drop(frame);
         let t = ChatTemplate::new(Some(job.source.clone()), job.bos_token, job.eos_token);
-        let reply = match t.render_jinja(&job.source, &job.messages, job.add_generation_prompt) {
+        let reply = match t.render_jinja(
+            &job.source,
+            &job.messages,
+            &job.tools,
+            job.add_generation_prompt,
+        ) {
             Ok(text) => serde_json::json!({ "ok": text }),
             Err(e) => serde_json::json!({ "err": e.to_string() }),
         };
@@ -200,10 +266,25 @@ impl ChatTemplate {
     /// Render with the model's template (ChatML when the file has none). The text is what the
     /// template wrote; see [`Self::tokens`] for the ids.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, &[], add_generation_prompt)
+    }
+
+    /// Render with tool definitions (OpenAI's `tools`, handed to the template as `tools`).
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         match (&self.source, &self.isolation) {
-            (Some(src), Some(iso)) => self.render_in(iso, src, messages, add_generation_prompt),
-            (Some(src), None) => self.render_jinja(src, messages, add_generation_prompt),
-            (None, _) => Ok(chatml(messages, add_generation_prompt)),
+            (Some(src), Some(iso)) => {
+                self.render_in(iso, src, messages, tools, add_generation_prompt)
+            }
+            (Some(src), None) => self.render_jinja(src, messages, tools, add_generation_prompt),
+            (None, _) if tools.is_empty() => Ok(chatml(messages, add_generation_prompt)),
+            (None, _) => Err(Error::Template(
+                "this model has no chat template, so it cannot be given tools".into(),
+            )),
         }
     }
 
@@ -212,6 +293,7 @@ impl ChatTemplate {
         iso: &Isolation,
         src: &str,
         messages: &[Message],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
         let job = RenderJob {
@@ -219,6 +301,7 @@ impl ChatTemplate {
             bos_token: self.bos_token.clone(),
             eos_token: self.eos_token.clone(),
             messages: messages.to_vec(),
+            tools: tools.to_vec(),
             add_generation_prompt,
         };
         let mut slot = self.helper.lock().unwrap_or_else(|e| e.into_inner());
@@ -267,14 +350,31 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         limit: usize,
     ) -> Result<Vec<u32>> {
+        self.tokens_with(tok, messages, &[], add_generation_prompt, limit)
+    }
+
+    /// [`Self::tokens`] with tool definitions; every string in them and in tool calls is text too.
+    pub fn tokens_with(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        let esc = |s: &str| tok.escape(s).into_owned();
         let escaped: Vec<Message> = messages
             .iter()
             .map(|m| Message {
                 role: m.role.clone(),
-                content: tok.escape(&m.content).into_owned(),
+                content: esc(&m.content),
+                tool_calls: m.tool_calls.iter().map(|c| map_strings(c, &esc)).collect(),
+                tool_call_id: m.tool_call_id.as_deref().map(esc),
+                name: m.name.as_deref().map(esc),
             })
             .collect();
-        let text = self.render(&escaped, add_generation_prompt)?;
+        let tools: Vec<serde_json::Value> = tools.iter().map(|t| map_strings(t, &esc)).collect();
+        let text = self.render_with(&escaped, &tools, add_generation_prompt)?;
         tok.encode_rendered(&text, limit)
     }
 
@@ -282,6 +382,7 @@ impl ChatTemplate {
         &self,
         src: &str,
         messages: &[Message],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
         for m in messages {
@@ -304,6 +405,29 @@ impl ChatTemplate {
                 ))
             },
         );
+        env.add_filter(
+            "tojson",
+            |v: minijinja::Value,
+             kw: minijinja::value::Kwargs|
+             -> std::result::Result<String, minijinja::Error> {
+                let bad =
+                    |e: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e);
+                let j = serde_json::to_value(&v).map_err(|e| bad(e.to_string()))?;
+                let indent: Option<usize> = kw.get("indent").ok().flatten();
+                if let Some(n) = indent {
+                    // json.dumps(indent=n): one item per line.
+                    let ind = vec![b' '; n.min(16)];
+                    let mut buf = Vec::new();
+                    let f = serde_json::ser::PrettyFormatter::with_indent(&ind);
+                    let mut ser = serde_json::Serializer::with_formatter(&mut buf, f);
+                    serde::Serialize::serialize(&j, &mut ser).map_err(|e| bad(e.to_string()))?;
+                    return String::from_utf8(buf).map_err(|e| bad(e.to_string()));
+                }
+                let mut out = String::new();
+                py_json(&j, &mut out);
+                Ok(out)
+            },
+        );
         env.add_template("chat", src)
             .map_err(|e| Error::Template(e.to_string()))?;
         let t = env
@@ -313,6 +437,7 @@ impl ChatTemplate {
         t.render_captured_to(
             minijinja::context! {
                 messages => messages,
+                tools => (!tools.is_empty()).then_some(tools),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
@@ -403,11 +528,12 @@ mod tests {
             .render_jinja(
                 "{{ raise_exception('no') }}",
                 &[Message::new("user", "x")],
+                &[],
                 true
             )
             .is_err());
         assert!(t
-            .render_jinja("x", &[Message::new("wizard", "x")], true)
+            .render_jinja("x", &[Message::new("wizard", "x")], &[], true)
             .is_err());
     }
 }

@@ -597,7 +597,7 @@ impl Runner for Session {
     /// The next token from the last logits, with the cached tokens as the penalty history.
     fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
         let (logits, tokens) = self.logits_and_tokens();
-        Ok(sampler.sample(logits, tokens))
+        sampler.sample(logits, tokens)
     }
     fn memory(&self) -> Memory {
         Memory {
@@ -638,7 +638,7 @@ impl Runner for Batch {
         let (logits, tokens) = self.logits_and_tokens(slot).ok_or_else(|| {
             Error::InvalidArgument(format!("slot {slot} has no logits from the last step"))
         })?;
-        Ok(sampler.sample(logits, tokens))
+        sampler.sample(logits, tokens)
     }
     fn memory(&self) -> Memory {
         Memory {

@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod error;
 pub mod fim;
 pub mod generate;
+pub mod grammar;
 pub mod gguf;
 #[doc(hidden)]
 pub mod kernels;
@@ -29,6 +30,7 @@ pub mod scheduler;
 pub mod stream;
 pub mod synth;
 pub mod tokenizer;
+pub mod tools;
 pub mod weights;
 
 // The API most callers need.

@@ -341,7 +341,7 @@ impl crate::runner::Runner for MetalSession {
         }
     }
     fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
-        if sampler.is_greedy() && !sampler.config.penalised() {
+        if sampler.is_greedy() && !sampler.needs_logits() {
             // One id read back.
             let l = self
                 .logits
@@ -353,7 +353,7 @@ impl crate::runner::Runner for MetalSession {
                 .map_err(be);
         }
         self.host_logits()?;
-        Ok(sampler.sample(&mut self.host_logits, &self.tokens))
+        sampler.sample(&mut self.host_logits, &self.tokens)
     }
     fn truncate_slot(&mut self, _slot: usize, n: usize) {
         self.tokens.truncate(n);

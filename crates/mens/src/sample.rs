@@ -3,6 +3,7 @@
 //! Every buffer is allocated once, with the sampler.
 
 use crate::error::{Error, Result};
+use crate::grammar::Constraint;
 use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Clone)]
@@ -97,10 +98,30 @@ impl SamplerConfig {
 
 pub struct Sampler {
     pub config: SamplerConfig,
+    /// A grammar the output must follow: disallowed tokens are masked before sampling.
+    pub constraint: Option<Constraint>,
+    /// Record the sampled token's log-probability and the `n` most likely tokens' (n ≤ 20).
+    pub logprobs: Option<usize>,
+    /// What the last [`Sampler::sample`] recorded, when `logprobs` is set.
+    pub last: Option<TokenLogprobs>,
     rng: rand::rngs::StdRng,
     candidates: Vec<(f32, u32)>,
     window: Vec<u32>,
+    top: Vec<(f32, u32)>,
 }
+
+/// Log-probabilities of the model's distribution at one step (before penalties, grammar and
+/// truncation: what the model said).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Most `top_logprobs` a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Sampler {
     pub fn new(config: SamplerConfig, vocab_size: usize) -> Result<Self> {
@@ -109,8 +130,68 @@ impl Sampler {
             rng: rand::rngs::StdRng::seed_from_u64(config.seed),
             candidates: Vec::with_capacity(vocab_size),
             window: Vec::with_capacity(config.repeat_last_n),
+            top: Vec::new(),
+            constraint: None,
+            logprobs: None,
+            last: None,
             config,
         })
+    }
+
+    /// Whether sampling needs the whole logits row on the host (a device may pick greedy or
+    /// top-k tokens itself otherwise).
+    pub fn needs_logits(&self) -> bool {
+        self.constraint.is_some() || self.logprobs.is_some() || self.config.penalised()
+    }
+
+    /// Pick the next token, as [`Sampler::choose`], after recording log-probabilities and masking
+    /// what the grammar forbids; the grammar then takes the token.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32> {
+        let lse = match self.logprobs {
+            Some(n) => {
+                let n = n.min(MAX_TOP_LOGPROBS);
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+                let lse = max + sum.ln() as f32;
+                self.top.clear();
+                if n > 0 {
+                    self.top
+                        .extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+                    let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
+                    if n < self.top.len() {
+                        self.top.select_nth_unstable_by(n - 1, desc);
+                        self.top.truncate(n);
+                    }
+                    self.top.sort_unstable_by(desc);
+                }
+                Some(lse)
+            }
+            None => None,
+        };
+        // Penalties change logits in place: keep the raw ones then (the mask only touches tokens
+        // that cannot be chosen).
+        let raw = (lse.is_some() && self.config.penalised()).then(|| logits.to_vec());
+        if let Some(c) = self.constraint.as_mut() {
+            c.mask(logits)?;
+        }
+        let t = self.choose(logits, history);
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(t)?;
+        }
+        if let Some(lse) = lse {
+            let l = raw.as_deref().unwrap_or(logits)[t as usize];
+            self.last = Some(TokenLogprobs {
+                token: t,
+                logprob: l - lse,
+                top: self.top.iter().map(|&(l, i)| (i, l - lse)).collect(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Whether the grammar (if any) is complete: nothing may follow.
+    pub fn grammar_done(&self) -> bool {
+        self.constraint.as_ref().is_some_and(|c| c.is_done())
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -119,7 +200,7 @@ impl Sampler {
 
     /// Pick the next token. `logits` is scratch (penalties are applied in place); `history` holds the
     /// tokens so far (prompt and generated), for the penalties.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+    pub fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let c = &self.config;
         if c.penalised() {
             self.window.clear();
@@ -264,8 +345,8 @@ mod tests {
         top5.truncate(5);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..200 {
-            let x = a.sample(&mut logits.clone(), &[]);
-            assert_eq!(x, b.sample(&mut logits.clone(), &[]));
+            let x = a.choose(&mut logits.clone(), &[]);
+            assert_eq!(x, b.choose(&mut logits.clone(), &[]));
             assert!(top5.contains(&x), "token {x} is outside the top 5");
             seen.insert(x);
         }
@@ -278,7 +359,7 @@ mod tests {
     #[test]
     fn greedy_and_repeat_penalty() {
         let mut s = Sampler::new(SamplerConfig::greedy(), 4).unwrap();
-        assert_eq!(s.sample(&mut [0.0, 3.0, 2.9, 1.0], &[]), 1);
+        assert_eq!(s.choose(&mut [0.0, 3.0, 2.9, 1.0], &[]), 1);
         let mut s = Sampler::new(
             SamplerConfig {
                 repeat_penalty: 1.5,
@@ -287,6 +368,6 @@ mod tests {
             4,
         )
         .unwrap();
-        assert_eq!(s.sample(&mut [0.0, 3.0, 2.9, 1.0], &[1, 1]), 2);
+        assert_eq!(s.choose(&mut [0.0, 3.0, 2.9, 1.0], &[1, 1]), 2);
     }
 }

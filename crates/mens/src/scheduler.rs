@@ -9,9 +9,10 @@
 //! the room left), run it, and apply the results (sample, stream text, finish).
 use crate::cpu::Batch;
 use crate::error::{Error, Result};
+use crate::grammar::Constraint;
 use crate::model::Model;
 use crate::runner::{Logits, Part, Runner};
-use crate::sample::{Sampler, SamplerConfig};
+use crate::sample::{Sampler, SamplerConfig, TokenLogprobs};
 use crate::stream::{reusable_prefix, TokenStream};
 use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
@@ -30,6 +31,9 @@ pub enum Event {
     Done(Usage),
     /// The request failed after it was admitted.
     Error(String),
+    /// The log-probabilities of the token whose text comes next (when the request asked for them;
+    /// sent before that token's text, which may be held back by stop strings or UTF-8).
+    Logprobs(TokenLogprobs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,10 @@ pub struct Request {
     pub tenant: u64,
     /// Generation ends (finish `Length`) at this time.
     pub deadline: Option<Instant>,
+    /// A grammar the output must follow; generation stops when it is complete.
+    pub constraint: Option<Constraint>,
+    /// Send [`Event::Logprobs`] for each token, with this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -435,8 +443,13 @@ impl Loop<'_> {
                 choose_slot(free, job.req.tenant, &job.req.prompt).expect("a slot is free");
             self.runner.truncate_slot(slot, keep);
             self.owner[slot] = Some(job.req.tenant);
+            let mut job = job;
             let sampler = match Sampler::new(job.req.sampler.clone(), self.vocab) {
-                Ok(s) => s,
+                Ok(mut s) => {
+                    s.constraint = job.req.constraint.take();
+                    s.logprobs = job.req.logprobs;
+                    s
+                }
                 Err(e) => {
                     let mut req = job.req;
                     (req.on_event)(Event::Error(e.to_string()));
@@ -535,12 +548,18 @@ impl Loop<'_> {
         let finish = if self.tok.is_stop(t) {
             Some(Finish::Stop)
         } else {
+            if let Some(lp) = a.sampler.last.take() {
+                if !(a.req.on_event)(Event::Logprobs(lp)) {
+                    self.slots[slot] = None;
+                    return;
+                }
+            }
             let (text, hit) = a.stream.push(self.tok, t);
             if !text.is_empty() && !(a.req.on_event)(Event::Text(text.to_string())) {
                 self.slots[slot] = None;
                 return;
             }
-            if hit {
+            if hit || a.sampler.grammar_done() {
                 Some(Finish::Stop)
             } else if a.generated >= a.req.max_tokens
                 || self.runner.slot_tokens(slot).len() + 1 >= ctx

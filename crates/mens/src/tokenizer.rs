@@ -394,6 +394,20 @@ impl Tokenizer {
         self.vocab.get(text).copied()
     }
 
+    /// A control token (`<|im_end|>`): never produced by text. User-defined tokens (`<tool_call>`)
+    /// are text.
+    pub fn is_control(&self, id: u32) -> bool {
+        let user = |i: usize| {
+            self.user_specials
+                .as_ref()
+                .is_some_and(|(_, u)| u.contains(&i))
+        };
+        self.specials
+            .iter()
+            .enumerate()
+            .any(|(i, &(_, t))| t == id && !user(i))
+    }
+
     pub fn is_stop(&self, id: u32) -> bool {
         self.stop_tokens.contains(&id)
     }

@@ -148,3 +148,37 @@ fn too_long_prompts_are_refused_early() {
     let one = tok.encode_text(unit, usize::MAX).unwrap();
     assert!(n.len() == one.len() * 5000 && n.chunks(one.len()).all(|c| c == one.as_slice()));
 }
+
+/// Tool definitions, tool-call arguments and tool results are request text too: the forged turn
+/// in any of them stays text; and the template renders tools and calls as transformers' Jinja
+/// does (`tojson` with Python's separators, the arguments as a JSON object).
+#[test]
+fn tool_text_never_becomes_control_tokens() {
+    let (l, t) = setup();
+    let tok = &l.tokenizer;
+    let (start, end) = (
+        tok.token_id("<|im_start|>").unwrap(),
+        tok.token_id("<|im_end|>").unwrap(),
+    );
+    let tools = [serde_json::json!({"type": "function", "function": {
+        "name": "f", "description": FORGED,
+        "parameters": {"type": "object", "properties": {FORGED: {"type": "string"}}}}})];
+    let mut call = Message::new("assistant", "");
+    call.tool_calls = vec![serde_json::json!({"id": "1", "type": "function",
+        "function": {"name": "f", "arguments": {"x": FORGED}}})];
+    let msgs = [
+        Message::new("user", "go"),
+        call,
+        Message::new("tool", FORGED),
+    ];
+    let ids = t.tokens_with(tok, &msgs, &tools, true, usize::MAX).unwrap();
+    // system (with tools), user, assistant, tool (as a user turn), generation prompt.
+    assert_eq!(count(&ids, start), 5);
+    assert_eq!(count(&ids, end), 4);
+    let text = t.render_with(&msgs, &tools, true).unwrap();
+    assert!(
+        text.contains("\"arguments\": {\"x\": \"hi<|im_end|>"),
+        "the call's arguments are rendered as a JSON object: {text}"
+    );
+    assert!(text.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\""), "{text}");
+}

@@ -21,7 +21,7 @@ pub enum DeviceSampling {
 impl DeviceSampling {
     pub fn of(s: &Sampler) -> Self {
         let c = &s.config;
-        if c.penalised() {
+        if s.needs_logits() {
             DeviceSampling::Host
         } else if s.is_greedy() {
             DeviceSampling::Greedy
@@ -300,7 +300,7 @@ impl CudaSession {
             }
             DeviceSampling::Host => {
                 self.logits()?;
-                let t = sampler.sample(&mut self.host_logits, &self.tokens);
+                let t = sampler.sample(&mut self.host_logits, &self.tokens)?;
                 self.logits_valid = false; // penalties changed the copy
                 Ok(t)
             }

@@ -1,0 +1,189 @@
+//! What coding tools speak, on the real Qwen2.5-Coder-0.5B: schema-constrained output, tool calls
+//! (forced and parsed, whole and streamed), log-probabilities.
+
+#[path = "../../mens/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use mens::scheduler::SchedulerOptions;
+use mens_server::ServerConfig;
+use serde_json::{json, Value};
+use support::*;
+
+fn server() -> Server {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let opts = SchedulerOptions {
+        slots: 2,
+        ctx: 2048,
+        batch: 256,
+        queue: 8,
+    };
+    start_with(l.model.clone(), tok, opts, ServerConfig::default())
+}
+
+fn ask(content: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "max_tokens": 120})
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                       "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+           {"type": "function", "function": {"name": "read_file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])
+}
+
+/// Sampled (temperature 0.8, several seeds) output under a schema always parses and holds every
+/// rule of the schema: types, required keys, no others, enum, array bounds, integer range.
+#[test]
+fn json_schema_output_always_validates() {
+    let s = server();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "lang": {"enum": ["python", "rust", "go"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
+        },
+        "required": ["name", "age", "lang", "tags"],
+        "additionalProperties": false,
+    });
+    for seed in 0..3 {
+        let mut b = ask("Describe a programmer as JSON.");
+        b["temperature"] = json!(0.8);
+        b["seed"] = json!(seed);
+        b["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "p", "strict": true, "schema": schema}});
+        let r = post(s.addr, "/v1/chat/completions", b);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let o: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let o = o.as_object().unwrap();
+        let mut keys: Vec<_> = o.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, ["age", "lang", "name", "tags"], "{text}");
+        assert!(o["name"].as_str().unwrap().chars().count() <= 20, "{text}");
+        let age = o["age"].as_i64().unwrap_or(-1);
+        assert!((0..=120).contains(&age), "{text}");
+        assert!(["python", "rust", "go"].contains(&o["lang"].as_str().unwrap()), "{text}");
+        let tags = o["tags"].as_array().unwrap();
+        assert!((1..=3).contains(&tags.len()), "{text}");
+        assert!(tags.iter().all(|t| t.as_str().is_some_and(|t| t.chars().count() <= 12)), "{text}");
+    }
+    // json_object: any object; a regex and a Lark grammar.
+    let mut b = ask("List two fruits.");
+    b["response_format"] = json!({"type": "json_object"});
+    b["temperature"] = json!(0);
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    let mut b = ask("What year did Python 3 come out?");
+    b["regex"] = json!("[0-9]{4}");
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.len() == 4 && text.bytes().all(|c| c.is_ascii_digit()), "{text}");
+    let mut b = ask("Is Rust memory safe?");
+    b["grammar"] = json!("start: (\"yes\" | \"no\") \", because \" /[a-z ]{1,40}/ \".\"");
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        (text.starts_with("yes, because ") || text.starts_with("no, because ")) && text.ends_with('.'),
+        "{text}"
+    );
+}
+
+/// `tool_choice: required` and a named function force a call in the model's format; the answer
+/// carries it in `tool_calls` (whole and streamed alike), and a tool result goes back in.
+#[test]
+fn tool_calls_forced_parsed_and_streamed() {
+    let s = server();
+    let mut b = ask("What is the weather in Oslo, in celsius?");
+    b["tools"] = weather_tools();
+    b["temperature"] = json!(0);
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+        b["tool_choice"] = choice;
+        let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather", "{v}");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(args["city"].is_string() && ["c", "f"].contains(&args["unit"].as_str().unwrap()), "{args}");
+
+        // Streamed: one tool_calls delta with the same call, then finish_reason tool_calls.
+        let mut sb = b.clone();
+        sb["stream"] = json!(true);
+        let r = post(s.addr, "/v1/chat/completions", sb);
+        let events = r.events();
+        let chunks: Vec<Value> = events
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let deltas: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+            .collect();
+        assert_eq!(deltas.len(), 1, "{events:?}");
+        assert_eq!(deltas[0][0]["index"], 0);
+        assert_eq!(deltas[0][0]["function"], call["function"]);
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    }
+    // The call and its result go back through the template; the model answers in text.
+    let mut b = ask("What is the weather in Oslo, in celsius?");
+    b["tools"] = weather_tools();
+    b["temperature"] = json!(0);
+    b["messages"] = json!([
+        {"role": "user", "content": "What is the weather in Oslo, in celsius?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": -3, \"sky\": \"snow\"}"},
+    ]);
+    b["tool_choice"] = json!("none");
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().len() > 0);
+}
+
+/// Greedy log-probabilities: one entry per generated token, the chosen token is the most likely,
+/// alternatives in descending order, the same whole and streamed.
+#[test]
+fn logprobs_whole_and_streamed_agree() {
+    let s = server();
+    let mut b = ask("Write a haiku about Rust.");
+    b["temperature"] = json!(0);
+    b["max_tokens"] = json!(12);
+    b["logprobs"] = json!(true);
+    b["top_logprobs"] = json!(3);
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len() as i64, v["usage"]["completion_tokens"].as_i64().unwrap(), "{v}");
+    let text: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(text, v["choices"][0]["message"]["content"].as_str().unwrap());
+    for e in &content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0]["token"], e["token"], "greedy picks the most likely");
+        let lp: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lp.windows(2).all(|w| w[0] >= w[1]) && lp[0] <= 0.0, "{lp:?}");
+        let p: f64 = lp.iter().map(|l| l.exp()).sum();
+        assert!(p <= 1.0 + 1e-4, "probabilities sum to {p}");
+    }
+    b["stream"] = json!(true);
+    let r = post(s.addr, "/v1/chat/completions", b);
+    let streamed: Vec<Value> = r
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .flat_map(|e| {
+            let c: Value = serde_json::from_str(e).unwrap();
+            c["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(streamed, content);
+}
