@@ -3,8 +3,10 @@
 Usage: python openai_compat.py BASE_URL API_KEY
 Exits non-zero (with the failing assertion) when anything is off.
 """
+import json
 import sys
 
+import jsonschema
 import openai
 
 base, key = sys.argv[1], sys.argv[2]
@@ -100,4 +102,79 @@ try:
     raise AssertionError("a wrong key was accepted")
 except openai.AuthenticationError as e:
     assert e.status_code == 401
+
+# Structured output: a strict JSON schema, sampled; the answer validates.
+schema = {
+    "type": "object",
+    "properties": {
+        "function": {"type": "string", "pattern": "^[a-z_][a-z0-9_]*$"},
+        "args": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+        "pure": {"type": "boolean"},
+    },
+    "required": ["function", "args", "pure"],
+    "additionalProperties": False,
+}
+for seed in range(3):
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Describe a Python function that adds two numbers."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "fn", "strict": True, "schema": schema}},
+        max_tokens=100, temperature=0.7, seed=seed,
+    )
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+print("json_schema: 3 sampled answers validate")
+
+# Tools, streamed: the client assembles tool_calls deltas.
+tools = [{"type": "function", "function": {
+    "name": "run_tests", "description": "Run the test suite of a path",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+stream = client.chat.completions.create(
+    model=model, tools=tools, tool_choice="required", temperature=0, max_tokens=60, stream=True,
+    messages=[{"role": "user", "content": "Run the tests in src/."}],
+)
+calls, finish = {}, None
+for chunk in stream:
+    for c in chunk.choices:
+        for d in c.delta.tool_calls or []:
+            e = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            e["name"] += d.function.name or ""
+            e["arguments"] += d.function.arguments or ""
+        finish = c.finish_reason or finish
+assert finish == "tool_calls", finish
+assert calls[0]["name"] == "run_tests", calls
+assert "path" in json.loads(calls[0]["arguments"]), calls
+r = client.chat.completions.create(
+    model=model, tools=tools, tool_choice="required", temperature=0, max_tokens=60,
+    messages=[{"role": "user", "content": "Run the tests in src/."}],
+)
+tc = r.choices[0].message.tool_calls[0]
+assert tc.function.name == "run_tests" and json.loads(tc.function.arguments) == json.loads(calls[0]["arguments"])
+# The result goes back as a tool message.
+r = client.chat.completions.create(
+    model=model, tools=tools, temperature=0, max_tokens=30,
+    messages=[{"role": "user", "content": "Run the tests in src/."},
+              r.choices[0].message,
+              {"role": "tool", "tool_call_id": tc.id, "content": "3 passed, 1 failed: test_div"}],
+)
+assert r.choices[0].message.content or r.choices[0].message.tool_calls
+print("tools: streamed call", calls[0])
+
+# Log-probabilities.
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Say OK."}], max_tokens=5, temperature=0,
+    logprobs=True, top_logprobs=2,
+)
+lp = r.choices[0].logprobs.content
+# One entry per token of text (the end-of-turn token that stops it is counted in usage, not shown).
+assert len(lp) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop"), (len(lp), r.usage)
+assert all(t.logprob <= 0 for t in lp)
+assert all(t.top_logprobs[0].token == t.token for t in lp)
+print("logprobs:", [(t.token, round(t.logprob, 3)) for t in lp])
+
+# Fill in the middle with `suffix`.
+c = client.completions.create(
+    model=model, prompt="def add(a, b):\n", suffix="\n    return result\n", max_tokens=24, temperature=0,
+)
+assert len(c.choices[0].text) > 0
+print("suffix:", repr(c.choices[0].text))
 print("openai client: all checks passed")

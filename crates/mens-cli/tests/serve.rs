@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A Python with the `openai` package: `$MENS_PYTHON`, or a venv made (once) under .cache/venv.
+/// The Python packages the client tests import.
+const PACKAGES: [&str; 4] = ["openai", "anthropic", "jsonschema", "prometheus_client"];
+
+/// A Python with the client packages: `$MENS_PYTHON`, or a venv made (once) under .cache/venv.
 fn python_with_openai() -> PathBuf {
     if let Some(p) = std::env::var_os("MENS_PYTHON") {
         return PathBuf::from(p);
@@ -18,7 +21,7 @@ fn python_with_openai() -> PathBuf {
     let py = venv.join("bin/python");
     let has = |py: &PathBuf| {
         Command::new(py)
-            .args(["-c", "import openai"])
+            .args(["-c", "import openai, anthropic, jsonschema, prometheus_client"])
             .status()
             .is_ok_and(|s| s.success())
     };
@@ -30,14 +33,15 @@ fn python_with_openai() -> PathBuf {
             .is_ok_and(|s| s.success());
         assert!(ok, "python3 -m venv failed");
         let ok = Command::new(&py)
-            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(PACKAGES)
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "pip install openai failed");
     }
     assert!(
         has(&py),
-        "the openai package is not importable by {}",
+        "the client packages ({PACKAGES:?}) are not importable by {}",
         py.display()
     );
     py
