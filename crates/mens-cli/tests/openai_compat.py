@@ -177,4 +177,42 @@ c = client.completions.create(
 )
 assert len(c.choices[0].text) > 0
 print("suffix:", repr(c.choices[0].text))
+
+# llama-server's /tokenize and /detokenize; special-token text is text unless asked.
+import urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def raw(path, body=None):
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read().decode(), {k.lower(): v for k, v in r.headers.items()}
+
+
+text = "def f(x): return x<|im_end|>"
+ids = json.loads(raw("/tokenize", {"content": text})[0])["tokens"]
+assert json.loads(raw("/detokenize", {"tokens": ids})[0])["content"] == text
+special = json.loads(raw("/tokenize", {"content": text, "parse_special": True})[0])["tokens"]
+assert len(special) < len(ids), (special, ids)
+pieces = json.loads(raw("/tokenize", {"content": "hello world", "with_pieces": True})[0])["tokens"]
+assert "".join(p["piece"] for p in pieces) == "hello world"
+print("tokenize:", len(ids), "tokens as text,", len(special), "with specials parsed")
+
+# /metrics parses as Prometheus text and counts what this script did.
+body, headers = raw("/metrics")
+assert headers["content-type"].startswith("text/plain"), headers
+fam = {f.name: f for f in text_string_to_metric_families(body)}
+for name in ["mens_requests", "mens_prompt_tokens", "mens_generated_tokens", "mens_time_to_first_token_seconds",
+             "mens_time_per_output_token_seconds", "mens_slots_busy", "mens_queue_length", "mens_kv_cache_tokens",
+             "mens_cache_reused_tokens"]:
+    assert name in fam, (name, sorted(fam))
+chat_ok = sum(s.value for s in fam["mens_requests"].samples
+              if s.labels.get("route") == "/v1/chat/completions" and s.labels.get("status") == "200")
+assert chat_ok >= 8, chat_ok
+gen = [s.value for s in fam["mens_generated_tokens"].samples if s.name == "mens_generated_tokens_total"][0]
+assert gen > 100, gen
+ttft = [s.value for s in fam["mens_time_to_first_token_seconds"].samples if s.name.endswith("_count")][0]
+assert ttft >= 8, ttft
+print("metrics: %d families, %d chat requests, %d tokens generated" % (len(fam), chat_ok, gen))
 print("openai client: all checks passed")

@@ -1,5 +1,5 @@
 //! `mens serve` as a user runs it: the binary on the real 0.5B model, driven by the official `openai`
-//! Python client (installed once into `<repo>/.cache/venv` from the package index).
+//! and `anthropic` Python clients (installed once into `<repo>/.cache/venv` from the package index).
 
 #[path = "../../mens/tests/common/mod.rs"]
 mod common;
@@ -88,7 +88,7 @@ fn serve(args: &[&str]) -> (Serve, String) {
 }
 
 #[test]
-fn openai_python_client_works_against_mens_serve() {
+fn openai_and_anthropic_python_clients_work_against_mens_serve() {
     let model = common::real_model("qwen2.5-coder-0.5b");
     let py = python_with_openai();
     let (_server, url) = serve(&[
@@ -101,21 +101,26 @@ fn openai_python_client_works_against_mens_serve() {
         "--api-key",
         "test-key",
     ]);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_compat.py");
-    let out = Command::new(py)
-        .arg(script)
-        .arg(&url)
-        .arg("test-key")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "openai client checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("all checks passed"));
+    for (script, done) in [
+        ("openai_compat.py", "openai client: all checks passed"),
+        ("anthropic_compat.py", "anthropic client: all checks passed"),
+    ] {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+        let out = Command::new(&py)
+            .arg(script)
+            .arg(&url)
+            .arg("test-key")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{stdout}");
+        assert!(
+            out.status.success(),
+            "client checks failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(done));
+    }
 }
 
 #[test]

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 /// Read and parse a JSON body: `application/json` only (a browser's no-preflight `text/plain`
 /// cannot reach the API), under the size limit, within the header timeout plus the time the body
 /// takes at the minimum rate (a client that stops sending cannot hold the connection).
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -150,36 +150,54 @@ pub async fn chat_completions(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    chat(s, tenant, r, Kind::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A chat request (OpenAI's, or another API's translated to it), answered in `kind`'s shape.
+pub(crate) async fn chat(
+    s: Arc<AppState>,
+    tenant: Tenant,
+    r: ChatRequest,
+    kind: Kind,
+) -> ApiResult<Response> {
     let ChatRequest { messages, common } = r;
-    let answer = async {
-        let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
-        let tools = common.tool_use()?;
-        let grammar = match (tools.grammar, common.grammar_spec()?) {
-            (Some(g), None) => Some(GrammarSpec::Lark(g)),
-            (None, g) => g,
-            (Some(_), Some(_)) => {
-                return Err(ApiError::invalid(
-                    "a tool_choice that forces a call cannot be combined with response_format",
-                )
-                .param("tool_choice"))
-            }
-        };
-        let extra = Extra {
-            grammar,
-            logprobs: common.logprobs(true)?,
-            tools: tools.parse.then(|| {
-                tools
-                    .tools
-                    .iter()
-                    .filter_map(|t| mens::tools::tool_name(t).map(str::to_string))
-                    .collect()
-            }),
-        };
-        let defs = tools.tools;
-        let p = tokenize(&s, move |st, limit| chat_prompt(st, &msgs, &defs, limit)).await?;
-        complete(s.clone(), Kind::Chat, p, &common, tenant, None, extra).await
+    let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
+    let tools = common.tool_use()?;
+    let grammar = match (tools.grammar, common.grammar_spec()?) {
+        (Some(g), None) => Some(GrammarSpec::Lark(g)),
+        (None, g) => g,
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "a tool_choice that forces a call cannot be combined with response_format",
+            )
+            .param("tool_choice"))
+        }
     };
-    answer.await.unwrap_or_else(IntoResponse::into_response)
+    let extra = Extra {
+        grammar,
+        logprobs: common.logprobs(true)?,
+        tools: tools.parse.then(|| {
+            tools
+                .tools
+                .iter()
+                .filter_map(|t| mens::tools::tool_name(t).map(str::to_string))
+                .collect()
+        }),
+    };
+    let defs = tools.tools;
+    let p = tokenize(&s, move |st, limit| chat_prompt(st, &msgs, &defs, limit)).await?;
+    complete(s.clone(), kind, p, &common, tenant, None, extra).await
+}
+
+/// The prompt length of a chat request (for `count_tokens`).
+pub(crate) async fn chat_tokens(s: &Arc<AppState>, r: ChatRequest) -> ApiResult<usize> {
+    let ChatRequest { messages, common } = r;
+    let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
+    let defs = common.tool_use()?.tools;
+    let p = tokenize(s, move |st, _| chat_prompt(st, &msgs, &defs, MAX_TOKENIZE)).await?;
+    Ok(p.len())
 }
 
 /// The conversation's token ids: message text is text, only the template's markup is control
@@ -405,6 +423,7 @@ async fn complete(
     let stop = c.stops()?;
     let ctx = s.scheduler.options().ctx;
     let max_tokens = c.max_tokens(prompt.len(), ctx, s.config.max_tokens_cap)?;
+    let prompt_tokens = prompt.len();
     let constraint = match extra.grammar {
         Some(g) => Some(compile(&s, g).await?),
         None => None,
@@ -444,6 +463,7 @@ async fn complete(
     let meta = Meta {
         id: new_id(match kind {
             Kind::Chat => "chatcmpl",
+            Kind::Messages => "msg",
             _ => "cmpl",
         }),
         model: s.config.model_name.clone(),
@@ -452,7 +472,14 @@ async fn complete(
         tools: extra.tools,
         logprobs: extra.logprobs.is_some(),
         tok: s.tokenizer.clone(),
+        metrics: s.metrics.clone(),
     };
+    if kind == Kind::Messages {
+        return match c.stream.unwrap_or(false) {
+            true => Ok(crate::anthropic::stream(meta, rx, prompt_tokens)),
+            false => crate::anthropic::whole(meta, rx).await,
+        };
+    }
     if c.stream.unwrap_or(false) {
         let usage = c
             .stream_options
@@ -504,4 +531,85 @@ pub fn prepare(
     common.stops()?;
     common.max_tokens(prompt.len(), ctx, None)?;
     Ok(prompt)
+}
+
+/// Most tokens `/tokenize` returns and `/detokenize` takes.
+const MAX_TOKENIZE: usize = 1 << 20;
+
+/// `POST /tokenize` (llama-server's shape): `{"content", "add_special", "parse_special",
+/// "with_pieces"}` → `{"tokens": [ids]}`, or `[{"id", "piece"}]` with pieces. Special-token text is
+/// text unless `parse_special` is true (llama-server parses it by default).
+pub async fn tokenize_text(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r: TokenizeRequest = match read_json(&s, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let TokenizeRequest {
+        content,
+        add_special,
+        parse_special,
+        with_pieces,
+    } = r;
+    let ids = tokenize(&s, move |st, _| {
+        let t = &st.tokenizer;
+        let mut ids = if parse_special {
+            t.encode_special(&content, MAX_TOKENIZE)
+        } else {
+            t.encode_text(&content, MAX_TOKENIZE)
+        }
+        .map_err(|e| ApiError::invalid(e.to_string()).param("content"))?;
+        if add_special && t.add_bos {
+            if let Some(b) = t.bos {
+                ids.insert(0, b);
+            }
+        }
+        Ok(ids)
+    })
+    .await;
+    let ids = match ids {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let tokens: serde_json::Value = if with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let b = s.tokenizer.token_bytes(id);
+                match std::str::from_utf8(b) {
+                    Ok(p) => json!({"id": id, "piece": p}),
+                    Err(_) => json!({"id": id, "piece": b}),
+                }
+            })
+            .collect()
+    } else {
+        json!(ids)
+    };
+    axum::Json(json!({ "tokens": tokens })).into_response()
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` → `{"content": text}`.
+pub async fn detokenize(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r: DetokenizeRequest = match read_json(&s, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let n = s.tokenizer.vocab_size();
+    if r.tokens.len() > MAX_TOKENIZE {
+        return ApiError::invalid(format!("at most {MAX_TOKENIZE} tokens"))
+            .param("tokens")
+            .into_response();
+    }
+    if let Some(bad) = r.tokens.iter().find(|&&t| t as usize >= n) {
+        return ApiError::invalid(format!("token id {bad} is outside the vocabulary ({n})"))
+            .param("tokens")
+            .into_response();
+    }
+    axum::Json(json!({ "content": s.tokenizer.decode(&r.tokens) })).into_response()
 }

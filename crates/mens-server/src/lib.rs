@@ -3,9 +3,11 @@
 //! engine's [`Scheduler`] and turns its events into HTTP responses. The threat model and every limit
 //! are in docs/SECURITY.md.
 
+mod anthropic;
 mod api;
 mod conn;
 mod guard;
+mod metrics;
 mod request;
 mod sse;
 
@@ -96,6 +98,7 @@ pub struct AppState {
     /// The grammar compiler (its token trie), built at the first structured-output request.
     grammars: std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>,
     connections: Arc<conn::Registry>,
+    pub(crate) metrics: Arc<metrics::Metrics>,
 }
 
 impl AppState {
@@ -116,6 +119,7 @@ impl AppState {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             connections: Arc::default(),
+            metrics: Arc::default(),
             grammars: std::sync::OnceLock::new(),
         }
     }
@@ -139,11 +143,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/infill", post(api::infill))
+        .route("/tokenize", post(api::tokenize_text))
+        .route("/detokenize", post(api::detokenize))
+        .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::check,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
         ))
         .layer(axum::middleware::from_fn(conn::track))
         .with_state(state)

@@ -645,3 +645,21 @@ pub(crate) fn clip(s: &str) -> &str {
 pub(crate) fn engine_error(m: String) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
 }
+
+#[derive(Deserialize)]
+pub(crate) struct TokenizeRequest {
+    #[serde(default)]
+    pub(crate) content: String,
+    #[serde(default)]
+    pub(crate) add_special: bool,
+    #[serde(default)]
+    pub(crate) parse_special: bool,
+    #[serde(default)]
+    pub(crate) with_pieces: bool,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DetokenizeRequest {
+    #[serde(default)]
+    pub(crate) tokens: Vec<u32>,
+}

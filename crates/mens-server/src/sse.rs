@@ -22,6 +22,8 @@ pub(crate) enum Kind {
     Infill {
         quiet: bool,
     },
+    /// Anthropic's Messages API (answered by `anthropic`).
+    Messages,
 }
 
 pub(crate) struct Meta {
@@ -34,6 +36,7 @@ pub(crate) struct Meta {
     /// Report log-probabilities.
     pub(crate) logprobs: bool,
     pub(crate) tok: Arc<Tokenizer>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Meta {
@@ -77,7 +80,7 @@ impl Meta {
     fn logprobs_json(&self, lps: &[TokenLogprobs], offset: usize) -> Value {
         match (self.logprobs, self.kind) {
             (false, _) => Value::Null,
-            (true, Kind::Chat) => self.chat_logprobs(lps),
+            (true, Kind::Chat | Kind::Messages) => self.chat_logprobs(lps),
             (true, _) => self.text_logprobs(lps, offset),
         }
     }
@@ -150,7 +153,10 @@ pub(crate) async fn whole(
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Logprobs(l)) => lps.push(l),
-            Some(Event::Done(u)) => break u,
+            Some(Event::Done(u)) => {
+                meta.metrics.finished(&u);
+                break u;
+            }
             Some(Event::Error(m)) => return Err(engine_error(m)),
             None => return Err(engine_error("the engine dropped the request".into())),
         }
@@ -162,7 +168,7 @@ pub(crate) async fn whole(
     }
     let logprobs = meta.logprobs_json(&lps, 0);
     let (object, choice) = match meta.kind {
-        Kind::Chat => {
+        Kind::Chat | Kind::Messages => {
             let mut message = json!({"role": "assistant", "content": text});
             if let Some(names) = &meta.tools {
                 let (content, calls) = mens::tools::parse(&text, names);
@@ -218,7 +224,7 @@ impl Sse {
     pub(crate) fn chunk(&self, delta: Option<&str>, reason: Option<&str>, first: bool) -> Value {
         let m = &self.meta;
         match m.kind {
-            Kind::Chat => {
+            Kind::Chat | Kind::Messages => {
                 let d = match (first, delta) {
                     (true, _) => json!({"role": "assistant", "content": ""}),
                     (false, Some(t)) => json!({"content": t}),
@@ -279,11 +285,13 @@ impl Sse {
                 }
             }
             Some(Event::Done(u)) if matches!(self.meta.kind, Kind::Infill { .. }) => {
+                self.meta.metrics.finished(&u);
                 let v = infill_json(&self.meta, "", &u);
                 self.push(&v);
                 self.done = true;
             }
             Some(Event::Done(u)) => {
+                self.meta.metrics.finished(&u);
                 if let Some(mut s) = self.calls.take() {
                     let p = s.finish();
                     self.pieces(p);
@@ -305,7 +313,7 @@ impl Sse {
                 if self.include_usage {
                     let m = &self.meta;
                     let object = match m.kind {
-                        Kind::Chat => "chat.completion.chunk",
+                        Kind::Chat | Kind::Messages => "chat.completion.chunk",
                         Kind::Text | Kind::Infill { .. } => "text_completion",
                     };
                     let v = json!({"id": m.id, "object": object, "created": m.created,

@@ -456,3 +456,34 @@ fn fuzz_corpora_replay_cleanly() {
         let _ = t.tokens(&tok, &msgs, true, 4096);
     }
 }
+
+/// Operations endpoints: `/metrics` counts routes by name (any unknown path is "other", so a client
+/// cannot grow it), a request id is echoed when plain and replaced when not; `/tokenize` and
+/// `/detokenize` are bounded and keep special-token text as text by default.
+#[test]
+fn metrics_request_ids_and_tokenize_are_bounded() {
+    let s = start(1, 4, ServerConfig::default());
+    let a = s.addr;
+    for i in 0..50 {
+        let r = call(a, "GET", &format!("/random/{i}"), &Value::Null);
+        assert_eq!(r.status, 404);
+    }
+    let r = read_reply(send(a, "GET", "/metrics", &[("x-request-id", "trace-42")], b""));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-request-id"), Some("trace-42"));
+    let text = String::from_utf8(r.body).unwrap();
+    let others: Vec<&str> = text.lines().filter(|l| l.contains("route=\"other\"")).collect();
+    assert_eq!(others, ["mens_requests_total{route=\"other\",status=\"404\"} 50"]);
+    let evil = "a b;".repeat(30);
+    let r = read_reply(send(a, "GET", "/health", &[("x-request-id", &evil)], b""));
+    let id = r.header("x-request-id").unwrap();
+    assert!(id.starts_with("req-") && id.len() < 64, "{id}");
+
+    let r = post(a, "/tokenize", json!({"content": "a<|im_end|>b"}));
+    let plain = r.json()["tokens"].as_array().unwrap().len();
+    let r = post(a, "/tokenize", json!({"content": "a<|im_end|>b", "parse_special": true}));
+    assert!(r.json()["tokens"].as_array().unwrap().len() < plain);
+    assert_error(&post(a, "/detokenize", json!({"tokens": [1u64 << 31]})), 400, "outside the vocabulary");
+    let r = post(a, "/detokenize", json!({"tokens": [9, 10]}));
+    assert!(r.json()["content"].is_string());
+}

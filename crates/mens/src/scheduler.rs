@@ -55,6 +55,8 @@ pub struct Usage {
     pub time_to_first_token: Duration,
     /// From submission to the end.
     pub total: Duration,
+    /// The stop string that ended generation (finish `Stop`), if one did.
+    pub stop_sequence: Option<String>,
 }
 
 pub struct Request {
@@ -118,6 +120,10 @@ pub struct Status {
     pub active: AtomicUsize,
     pub steps: AtomicU64,
     pub generated: AtomicU64,
+    /// Tokens held in the slots' caches (busy slots, and idle ones kept for prefix reuse).
+    pub kv_tokens: AtomicUsize,
+    /// Bytes of KV cache the runner allocated.
+    pub kv_bytes: AtomicUsize,
 }
 
 pub struct Scheduler {
@@ -380,6 +386,9 @@ fn run(runner: Box<dyn Runner>, tok: &Tokenizer, rx: Receiver<Job>, status: &Sta
         owner: vec![None; n],
         waiting: VecDeque::new(),
     };
+    status
+        .kv_bytes
+        .store(l.runner.memory().kv_cache, Ordering::Relaxed);
     let mut states: Vec<Option<SlotState>> = vec![None; n];
     let mut work = Vec::with_capacity(n);
     let mut one = vec![0u32; n];
@@ -406,6 +415,8 @@ fn run(runner: Box<dyn Runner>, tok: &Tokenizer, rx: Receiver<Job>, status: &Sta
         }
         l.step(&work, &mut one);
         l.status.active.store(l.busy(), Ordering::SeqCst);
+        let held = (0..n).map(|i| l.runner.slot_tokens(i).len()).sum();
+        l.status.kv_tokens.store(held, Ordering::Relaxed);
     }
 }
 
@@ -589,6 +600,7 @@ impl Loop<'_> {
             finish,
             time_to_first_token: a.first.unwrap_or_default(),
             total: a.submitted.elapsed(),
+            stop_sequence: a.stream.stop_hit().map(str::to_string),
         };
         (a.req.on_event)(Event::Done(usage));
     }

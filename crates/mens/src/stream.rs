@@ -8,6 +8,8 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that ended generation.
+    hit: Option<usize>,
 }
 
 impl StopMatcher {
@@ -15,7 +17,13 @@ impl StopMatcher {
         StopMatcher {
             stops,
             pending: String::new(),
+            hit: None,
         }
+    }
+
+    /// The stop string that was hit, if one was.
+    pub fn hit(&self) -> Option<&str> {
+        self.hit.map(|i| self.stops[i].as_str())
     }
 
     /// Add text; appends what is safe to emit to `out`; true when a stop string was hit.
@@ -26,13 +34,15 @@ impl StopMatcher {
             self.pending.clear();
             return false;
         }
-        if let Some(i) = self
+        if let Some((i, which)) = self
             .stops
             .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(k, s)| self.pending.find(s.as_str()).map(|i| (i, k)))
             .min()
         {
+            self.hit = Some(which);
             out.push_str(&self.pending[..i]);
             self.pending.clear();
             return true;
@@ -84,6 +94,11 @@ impl TokenStream {
         self.decoder.push(tok, id, &mut self.piece);
         self.stopped = self.matcher.push(&self.piece, &mut self.emit);
         (&self.emit, self.stopped)
+    }
+
+    /// The stop string that ended generation, if one did.
+    pub fn stop_hit(&self) -> Option<&str> {
+        self.matcher.hit()
     }
 
     /// At the end of generation: the text still held back (none after a stop string).

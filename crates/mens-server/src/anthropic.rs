@@ -1,0 +1,431 @@
+//! Anthropic's Messages API: `POST /v1/messages` and `/v1/messages/count_tokens`. A request is
+//! translated to an OpenAI chat request (the same checks, template, tools and limits), and the
+//! answer is written in Anthropic's shape: content blocks, `stop_reason`, and its stream events
+//! (`message_start`, `content_block_*`, `message_delta`, `message_stop`).
+
+use crate::api::{chat, chat_tokens, read_json};
+use crate::guard::Tenant;
+use crate::request::{engine_error, ApiError, ApiResult, ChatRequest};
+use crate::sse::{Kind, Meta};
+use crate::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use mens::scheduler::{Event, Finish, Usage};
+use mens::tools::{CallSplitter, Piece, ToolCall};
+use serde_json::{json, Map, Value};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// An error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+fn error(e: ApiError) -> Response {
+    let kind = match e.status.as_u16() {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 | 413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        _ => "api_error",
+    };
+    let mut r = (
+        e.status,
+        axum::Json(json!({"type": "error", "error": {"type": kind, "message": e.message}})),
+    )
+        .into_response();
+    if e.status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, crate::RETRY_AFTER);
+    }
+    r
+}
+
+fn bad(m: impl Into<String>) -> ApiError {
+    ApiError::invalid(m)
+}
+
+/// A block's text, or the text blocks of a list joined (tool results, system prompts).
+fn text_of(v: &Value, what: &str) -> ApiResult<String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(blocks) => {
+            let mut t = String::new();
+            for b in blocks {
+                match (b.get("type").and_then(Value::as_str), b.get("text")) {
+                    (Some("text"), Some(Value::String(x))) => t.push_str(x),
+                    (k, _) => {
+                        return Err(bad(format!(
+                            "{what}: blocks of type {} are not supported (text only)",
+                            k.map(crate::request::clip).unwrap_or("(none)")
+                        )))
+                    }
+                }
+            }
+            Ok(t)
+        }
+        _ => Err(bad(format!("{what} must be a string or a list of blocks"))),
+    }
+}
+
+/// The Anthropic request as an OpenAI chat request.
+fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad("the request body must be a JSON object"))?;
+    let mut out = Map::new();
+    let mut msgs = Vec::new();
+    if let Some(sys) = o.get("system") {
+        let t = text_of(sys, "system")?;
+        if !t.is_empty() {
+            msgs.push(json!({"role": "system", "content": t}));
+        }
+    }
+    let messages = o
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("messages: a list is required"))?;
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        if role != "user" && role != "assistant" {
+            return Err(bad(format!(
+                "messages: role must be \"user\" or \"assistant\", got {:?}",
+                crate::request::clip(role)
+            )));
+        }
+        let blocks = match m.get("content") {
+            Some(Value::String(s)) => {
+                msgs.push(json!({"role": role, "content": s}));
+                continue;
+            }
+            Some(Value::Array(b)) => b,
+            _ => return Err(bad("messages: content must be a string or a list of blocks")),
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        let mut results = Vec::new();
+        for b in blocks {
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("tool_use") if role == "assistant" => {
+                    let name = b.get("name").and_then(Value::as_str).unwrap_or("");
+                    let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                    calls.push(json!({"id": b.get("id").cloned().unwrap_or(Value::Null),
+                        "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
+                }
+                Some("tool_result") if role == "user" => {
+                    let mut t = text_of(b.get("content").unwrap_or(&Value::Null), "tool_result")?;
+                    if b.get("is_error").and_then(Value::as_bool) == Some(true) {
+                        t = format!("Error: {t}");
+                    }
+                    results.push(json!({"role": "tool", "content": t,
+                        "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null)}));
+                }
+                Some(k) => {
+                    return Err(bad(format!(
+                        "messages: content blocks of type {:?} are not supported here",
+                        crate::request::clip(k)
+                    )))
+                }
+                None => return Err(bad("messages: a content block has no type")),
+            }
+        }
+        // Tool results come first in a user turn (they answer the previous assistant turn).
+        msgs.extend(results);
+        if role == "assistant" {
+            let mut a = json!({"role": "assistant", "content": text});
+            if !calls.is_empty() {
+                a["tool_calls"] = json!(calls);
+            }
+            msgs.push(a);
+        } else if !text.is_empty() {
+            msgs.push(json!({"role": "user", "content": text}));
+        }
+    }
+    out.insert("messages".into(), json!(msgs));
+    match o.get("max_tokens") {
+        Some(n) => {
+            out.insert("max_tokens".into(), n.clone());
+        }
+        None if count_only => {}
+        None => return Err(bad("max_tokens: this field is required")),
+    }
+    for (from, to) in [
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("stream", "stream"),
+        ("stop_sequences", "stop"),
+        ("model", "model"),
+    ] {
+        if let Some(x) = o.get(from).filter(|x| !x.is_null()) {
+            out.insert(to.into(), x.clone());
+        }
+    }
+    if let Some(u) = o
+        .get("metadata")
+        .and_then(|m| m.get("user_id"))
+        .and_then(Value::as_str)
+    {
+        out.insert("user".into(), json!(u));
+    }
+    if let Some(tools) = o.get("tools").and_then(Value::as_array) {
+        let t: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.get("name").cloned().unwrap_or(Value::Null),
+                    "description": t.get("description").cloned().unwrap_or(json!("")),
+                    "parameters": t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
+                }})
+            })
+            .collect();
+        out.insert("tools".into(), json!(t));
+    }
+    if let Some(c) = o.get("tool_choice").filter(|c| !c.is_null()) {
+        let choice = match c.get("type").and_then(Value::as_str) {
+            Some("auto") => json!("auto"),
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => {
+                json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}})
+            }
+            _ => return Err(bad("tool_choice.type must be auto, any, tool or none")),
+        };
+        out.insert("tool_choice".into(), choice);
+    }
+    // Anthropic's default is greedy-ish 1.0; leave mens's sampler defaults when absent.
+    serde_json::from_value(Value::Object(out)).map_err(|e| bad(format!("the request is not valid: {e}")))
+}
+
+pub async fn messages(
+    State(s): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = async {
+        let v: Value = read_json(&s, &headers, body).await?;
+        let r = translate(&v, false)?;
+        chat(s.clone(), tenant, r, Kind::Messages).await
+    };
+    answer.await.unwrap_or_else(error)
+}
+
+pub async fn count_tokens(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = async {
+        let v: Value = read_json(&s, &headers, body).await?;
+        let r = translate(&v, true)?;
+        let n = chat_tokens(&s, r).await?;
+        Ok::<_, ApiError>(axum::Json(json!({ "input_tokens": n })).into_response())
+    };
+    answer.await.unwrap_or_else(error)
+}
+
+fn stop_reason(u: &Usage, calls: usize) -> &'static str {
+    match (u.finish, &u.stop_sequence) {
+        (Finish::Length, _) => "max_tokens",
+        (Finish::Stop, _) if calls > 0 => "tool_use",
+        (Finish::Stop, Some(_)) => "stop_sequence",
+        (Finish::Stop, None) => "end_turn",
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+           "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0})
+}
+
+fn tool_use(m: &Meta, c: &ToolCall, i: usize) -> Value {
+    let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
+    json!({"type": "tool_use", "id": format!("toolu_{}_{i}", m.id), "name": c.name, "input": input})
+}
+
+/// The whole answer as one message.
+pub(crate) async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> ApiResult<Response> {
+    let mut text = String::new();
+    let usage = loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Logprobs(_)) => {}
+            Some(Event::Done(u)) => {
+                meta.metrics.finished(&u);
+                break u;
+            }
+            Some(Event::Error(m)) => return Err(engine_error(m)),
+            None => return Err(engine_error("the engine dropped the request".into())),
+        }
+    };
+    let (content, calls) = match &meta.tools {
+        Some(names) => mens::tools::parse(&text, names),
+        None => (text, Vec::new()),
+    };
+    let mut blocks = Vec::new();
+    if !content.is_empty() || calls.is_empty() {
+        blocks.push(json!({"type": "text", "text": content}));
+    }
+    blocks.extend(calls.iter().enumerate().map(|(i, c)| tool_use(&meta, c, i)));
+    Ok(axum::Json(json!({
+        "id": meta.id, "type": "message", "role": "assistant", "model": meta.model,
+        "content": blocks, "stop_reason": stop_reason(&usage, calls.len()),
+        "stop_sequence": usage.stop_sequence, "usage": usage_json(&usage),
+    }))
+    .into_response())
+}
+
+struct Stream {
+    meta: Meta,
+    rx: mpsc::UnboundedReceiver<Event>,
+    pending: VecDeque<Bytes>,
+    done: bool,
+    /// Index of the next content block; whether a text block is open.
+    block: usize,
+    text_open: bool,
+    calls: Option<CallSplitter>,
+    n_calls: usize,
+}
+
+impl Stream {
+    fn event(&mut self, name: &str, v: Value) {
+        self.pending
+            .push_back(Bytes::from(format!("event: {name}\ndata: {v}\n\n")));
+    }
+
+    fn text(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        if !self.text_open {
+            self.text_open = true;
+            let i = self.block;
+            self.event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}),
+            );
+        }
+        let i = self.block;
+        self.event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}}),
+        );
+    }
+
+    fn close_text(&mut self) {
+        if self.text_open {
+            self.text_open = false;
+            let i = self.block;
+            self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+            self.block += 1;
+        }
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text(&t),
+                Piece::Call(c) => {
+                    self.close_text();
+                    let i = self.block;
+                    let mut start = tool_use(&self.meta, &c, self.n_calls);
+                    let input = std::mem::replace(&mut start["input"], json!({}));
+                    self.event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": i, "content_block": start}),
+                    );
+                    self.event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i,
+                               "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+                    );
+                    self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+                    self.block += 1;
+                    self.n_calls += 1;
+                }
+            }
+        }
+    }
+
+    fn on(&mut self, e: Option<Event>) {
+        match e {
+            Some(Event::Logprobs(_)) => {}
+            Some(Event::Text(t)) => match self.calls.as_mut() {
+                Some(s) => {
+                    let p = s.push(&t);
+                    self.pieces(p);
+                }
+                None => self.text(&t),
+            },
+            Some(Event::Done(u)) => {
+                self.meta.metrics.finished(&u);
+                if let Some(mut s) = self.calls.take() {
+                    let p = s.finish();
+                    self.pieces(p);
+                }
+                self.close_text();
+                let reason = stop_reason(&u, self.n_calls);
+                self.event(
+                    "message_delta",
+                    json!({"type": "message_delta",
+                           "delta": {"stop_reason": reason, "stop_sequence": u.stop_sequence},
+                           "usage": {"output_tokens": u.completion_tokens}}),
+                );
+                self.event("message_stop", json!({"type": "message_stop"}));
+                self.done = true;
+            }
+            Some(Event::Error(m)) => {
+                self.event(
+                    "error",
+                    json!({"type": "error", "error": {"type": "api_error", "message": m}}),
+                );
+                self.done = true;
+            }
+            None => self.done = true,
+        }
+    }
+}
+
+/// The answer as Anthropic's server-sent events.
+pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>, prompt_tokens: usize) -> Response {
+    let calls = meta.tools.clone().map(CallSplitter::new);
+    let mut st = Stream {
+        meta,
+        rx,
+        pending: VecDeque::new(),
+        done: false,
+        block: 0,
+        text_open: false,
+        calls,
+        n_calls: 0,
+    };
+    let m = &st.meta;
+    let start = json!({"type": "message_start", "message": {
+        "id": m.id, "type": "message", "role": "assistant", "model": m.model, "content": [],
+        "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
+    st.event("message_start", start);
+    st.event("ping", json!({"type": "ping"}));
+    let body = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
+            }
+            if st.done {
+                return None;
+            }
+            let e = st.rx.recv().await;
+            st.on(e);
+        }
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
