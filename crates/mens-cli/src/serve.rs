@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// Requests that may wait for a free slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    /// Reuse cached runs of at least N tokens that moved in a new prompt (an edit before them), as
+    /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. CPU only for now.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    cache_reuse: usize,
     /// Largest request body, e.g. 8M.
     #[arg(long, default_value = "8M")]
     body_limit: String,
@@ -138,6 +142,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ctx: l.options.ctx,
             batch: a.step_tokens,
             queue: a.queue,
+            cache_reuse: a.cache_reuse,
         };
         Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
     } else {
@@ -145,7 +150,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let factory: RunnerFactory =
             Box::new(move || target.runner(&mut |m| eprintln!("mens: {m}"), &mut |_, _| {}));
         let vocab = l.model.config.vocab_size;
-        Scheduler::start(factory, vocab, tokenizer.clone(), a.queue)?
+        Scheduler::start(factory, vocab, tokenizer.clone(), a.queue, a.cache_reuse)?
     };
     let config = ServerConfig {
         api_keys,

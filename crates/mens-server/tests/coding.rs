@@ -18,6 +18,7 @@ fn server() -> Server {
         ctx: 2048,
         batch: 256,
         queue: 8,
+        cache_reuse: 0,
     };
     start_with(l.model.clone(), tok, opts, ServerConfig::default())
 }

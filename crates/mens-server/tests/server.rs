@@ -421,6 +421,7 @@ fn real_model_batching_disconnect_and_greedy_text() {
         ctx: 1024,
         batch: 256,
         queue: 8,
+        cache_reuse: 0,
     };
     let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
     let st = s.state.scheduler.status();

@@ -36,6 +36,26 @@ impl RopeTable {
         RopeTable { cos, sin, half }
     }
 
+    /// Rotate `v`, already rotated for some position p, to p + `delta` (|delta| < the table's
+    /// positions): a cached key moved to another position.
+    pub fn rotate_by(&self, v: &mut [f32], delta: isize, style: RopeStyle) {
+        let half = self.half;
+        let p = delta.unsigned_abs();
+        let c = &self.cos[p * half..(p + 1) * half];
+        let s = &self.sin[p * half..(p + 1) * half];
+        let sign = if delta < 0 { -1.0 } else { 1.0 };
+        for i in 0..half {
+            let (a, b) = match style {
+                RopeStyle::Neox => (i, i + half),
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+            };
+            let (x0, x1) = (v[a], v[b]);
+            let si = sign * s[i];
+            v[a] = x0 * c[i] - x1 * si;
+            v[b] = x0 * si + x1 * c[i];
+        }
+    }
+
     #[inline]
     pub fn rotate(&self, v: &mut [f32], pos: usize, style: RopeStyle) {
         let half = self.half;

@@ -50,6 +50,20 @@ pub trait Runner {
     fn slot_tokens(&self, slot: usize) -> &[u32];
     /// Drop a slot's cache entries after `n` tokens (no copy: the next step overwrites them).
     fn truncate_slot(&mut self, slot: usize, n: usize);
+    /// Whether [`Runner::shift_kv`] works (cache reuse across edits needs it).
+    fn can_shift_kv(&self) -> bool {
+        false
+    }
+    /// Copy a slot's cache rows `src..src + len` to `dst..dst + len`, keys re-rotated for the new
+    /// positions (rows past the slot's tokens may be written; its token list is unchanged). With
+    /// [`Runner::assume_tokens`] this reuses cached text that moved (an edit before it).
+    fn shift_kv(&mut self, _slot: usize, _src: usize, _dst: usize, _len: usize) -> Result<()> {
+        Err(Error::InvalidArgument("this backend cannot shift its KV cache".into()))
+    }
+    /// Append tokens whose rows are already in the cache (placed by `shift_kv`), computing nothing.
+    fn assume_tokens(&mut self, _slot: usize, _tokens: &[u32]) -> Result<()> {
+        Err(Error::InvalidArgument("this backend cannot shift its KV cache".into()))
+    }
     /// One forward pass over `parts` (at most one per slot).
     fn step(&mut self, parts: &mut [Part]) -> Result<()>;
     /// Pick a slot's next token from its last-position logits of the last step.

@@ -13,7 +13,7 @@ use crate::grammar::Constraint;
 use crate::model::Model;
 use crate::runner::{Logits, Part, Runner};
 use crate::sample::{Sampler, SamplerConfig, TokenLogprobs};
-use crate::stream::{reusable_prefix, TokenStream};
+use crate::stream::{move_order, reusable_prefix, reuse_chunks, Chunk, TokenStream};
 use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -90,6 +90,9 @@ pub struct SchedulerOptions {
     pub batch: usize,
     /// Requests that may wait for a free slot; more are refused.
     pub queue: usize,
+    /// Reuse cached runs of at least this many tokens that moved in a new prompt (0: only the
+    /// common prefix; see [`reuse_chunks`]).
+    pub cache_reuse: usize,
 }
 
 /// Why a request was not taken.
@@ -155,7 +158,7 @@ impl Scheduler {
             Box::new(
                 move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>),
             );
-        Self::start(factory, vocab, tokenizer, options.queue)
+        Self::start(factory, vocab, tokenizer, options.queue, options.cache_reuse)
     }
 
     /// Start the thread, build the runner on it, and take its slots, context and step size.
@@ -164,6 +167,7 @@ impl Scheduler {
         vocab: usize,
         tokenizer: Arc<Tokenizer>,
         queue: usize,
+        cache_reuse: usize,
     ) -> Result<Self> {
         if queue == 0 {
             return Err(Error::InvalidArgument(
@@ -180,7 +184,7 @@ impl Scheduler {
             .spawn(move || match runner() {
                 Ok(r) => {
                     let _ = ready_tx.send(Ok((r.slots(), r.ctx(), r.max_step_tokens())));
-                    run(r, &tokenizer, rx, &st)
+                    run(r, &tokenizer, rx, &st, cache_reuse)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -202,6 +206,7 @@ impl Scheduler {
                 ctx,
                 batch,
                 queue,
+                cache_reuse,
             },
         })
     }
@@ -276,6 +281,8 @@ struct Active {
     cached: usize,
     /// The token to feed at the next step (decoding), once the prompt is in.
     next: Option<u32>,
+    /// Cached runs placed at their new positions, not yet taken (by `dst`).
+    reuse: VecDeque<Chunk>,
     sampler: Sampler,
     stream: TokenStream,
     generated: usize,
@@ -288,6 +295,8 @@ pub struct SlotState {
     pub prompt_len: usize,
     /// Prompt tokens already in the cache.
     pub fed: usize,
+    /// Prefill may run up to here (the next reused chunk, or the prompt's end).
+    pub prefill_end: usize,
     /// Decoding: one token to feed.
     pub decoding: bool,
 }
@@ -330,8 +339,8 @@ pub fn plan(slots: &[Option<SlotState>], budget: usize, out: &mut Vec<Work>) {
     }
     for (slot, s) in slots.iter().enumerate() {
         if let Some(s) = s {
-            if !s.decoding && room > 0 && s.fed < s.prompt_len {
-                let len = (s.prompt_len - s.fed).min(room);
+            if !s.decoding && room > 0 && s.fed < s.prefill_end {
+                let len = (s.prefill_end - s.fed).min(room);
                 out.push(Work::Prefill {
                     slot,
                     start: s.fed,
@@ -373,11 +382,20 @@ struct Loop<'t> {
     /// Whose prompt each slot's cache holds (prefix reuse stays within a tenant).
     owner: Vec<Option<u64>>,
     waiting: VecDeque<Job>,
+    /// Minimum moved run to reuse (0: off).
+    cache_reuse: usize,
 }
 
-fn run(runner: Box<dyn Runner>, tok: &Tokenizer, rx: Receiver<Job>, status: &Status) {
+fn run(
+    runner: Box<dyn Runner>,
+    tok: &Tokenizer,
+    rx: Receiver<Job>,
+    status: &Status,
+    cache_reuse: usize,
+) {
     let n = runner.slots();
     let mut l = Loop {
+        cache_reuse,
         vocab: tok.vocab_size(),
         runner,
         tok,
@@ -406,6 +424,7 @@ fn run(runner: Box<dyn Runner>, tok: &Tokenizer, rx: Receiver<Job>, status: &Sta
             *st = s.as_ref().map(|a| SlotState {
                 prompt_len: a.req.prompt.len(),
                 fed: a.fed,
+                prefill_end: a.reuse.front().map_or(a.req.prompt.len(), |c| c.dst),
                 decoding: a.next.is_some(),
             });
         }
@@ -452,6 +471,20 @@ impl Loop<'_> {
                 .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
             let (slot, keep) =
                 choose_slot(free, job.req.tenant, &job.req.prompt).expect("a slot is free");
+            let mut reuse = VecDeque::new();
+            if self.cache_reuse > 0
+                && self.owner[slot] == Some(job.req.tenant)
+                && self.runner.can_shift_kv()
+            {
+                let cached = self.runner.slot_tokens(slot);
+                let chunks = reuse_chunks(cached, &job.req.prompt, keep, self.cache_reuse);
+                let moved = move_order(&chunks)
+                    .iter()
+                    .all(|c| self.runner.shift_kv(slot, c.src, c.dst, c.len).is_ok());
+                if moved {
+                    reuse.extend(chunks);
+                }
+            }
             self.runner.truncate_slot(slot, keep);
             self.owner[slot] = Some(job.req.tenant);
             let mut job = job;
@@ -473,6 +506,7 @@ impl Loop<'_> {
                 fed: keep,
                 cached: keep,
                 next: None,
+                reuse,
                 sampler,
                 stream: TokenStream::new(job.req.stop.clone()),
                 generated: 0,
@@ -480,7 +514,29 @@ impl Loop<'_> {
                 req: job.req,
             });
         }
+        for slot in 0..self.slots.len() {
+            self.take_reused(slot);
+        }
         self.status.active.store(self.busy(), Ordering::SeqCst);
+    }
+
+    /// Take the reused chunks that start where a slot's prompt has reached: their rows are in
+    /// place, so the tokens join the cache without computing.
+    fn take_reused(&mut self, slot: usize) {
+        let Some(a) = self.slots[slot].as_mut() else {
+            return;
+        };
+        while let Some(c) = a.reuse.front().copied().filter(|c| c.dst == a.fed) {
+            a.reuse.pop_front();
+            let tokens = &a.req.prompt[c.dst..c.dst + c.len];
+            if let Err(e) = self.runner.assume_tokens(slot, tokens) {
+                let mut a = self.slots[slot].take().expect("busy slot");
+                (a.req.on_event)(Event::Error(e.to_string()));
+                return;
+            }
+            a.fed += c.len;
+            a.cached += c.len;
+        }
     }
 
     /// Run the planned step and apply its results.
@@ -532,6 +588,7 @@ impl Loop<'_> {
                 Work::Prefill { len, last, .. } => {
                     a.fed += len;
                     if !last {
+                        self.take_reused(slot);
                         continue;
                     }
                 }
@@ -614,6 +671,7 @@ mod tests {
         Some(SlotState {
             prompt_len,
             fed,
+            prefill_end: prompt_len,
             decoding,
         })
     }

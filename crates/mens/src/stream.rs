@@ -125,9 +125,123 @@ pub fn reusable_prefix(cached: &[u32], prompt: &[u32]) -> usize {
     common.min(prompt.len().saturating_sub(1))
 }
 
+/// A run of cached tokens that a new prompt holds again at another position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Where it is in the cache, where it goes in the prompt, and its length.
+    pub src: usize,
+    pub dst: usize,
+    pub len: usize,
+}
+
+/// Most token comparisons one plan may make (the prompt comes from a request).
+const REUSE_WORK: usize = 1 << 22;
+
+/// Cache reuse across edits: after the kept prefix `keep`, the runs of at least `min` cached tokens
+/// that the prompt holds again, in order, each possibly moved (text inserted or deleted before it).
+/// Tokens between chunks are prefilled; the prompt's last token always is (its logits start the
+/// answer). Greedy left to right, as llama-server's `--cache-reuse`, which also lets the prompt
+/// skip new text before a chunk (llama-server only reuses a chunk when nothing was inserted).
+pub fn reuse_chunks(cached: &[u32], prompt: &[u32], keep: usize, min: usize) -> Vec<Chunk> {
+    let mut out = Vec::new();
+    let end_p = prompt.len().saturating_sub(1);
+    if min == 0 || keep >= end_p || keep >= cached.len() {
+        return out;
+    }
+    // Index the cached tokens by their first `k` tokens; each candidate is then extended.
+    let k = min.min(8);
+    let mut index: std::collections::HashMap<&[u32], Vec<usize>> = Default::default();
+    for c in keep..cached.len().saturating_sub(k - 1) {
+        let v = index.entry(&cached[c..c + k]).or_default();
+        if v.len() < 16 {
+            v.push(c);
+        }
+    }
+    let (mut hc, mut hp, mut work) = (keep, keep, 0usize);
+    while hp + min <= end_p && work < REUSE_WORK {
+        let mut best: Option<(usize, usize)> = None;
+        for &c in index.get(&prompt[hp..hp + k]).into_iter().flatten() {
+            if c < hc {
+                continue;
+            }
+            let mut n = 0;
+            while c + n < cached.len() && hp + n < end_p && cached[c + n] == prompt[hp + n] {
+                n += 1;
+            }
+            work += n + 1;
+            if n >= min && best.is_none_or(|(_, b)| n > b) {
+                best = Some((c, n));
+            }
+        }
+        match best {
+            Some((c, n)) => {
+                out.push(Chunk { src: c, dst: hp, len: n });
+                hc = c + n;
+                hp += n;
+            }
+            None => hp += 1,
+        }
+    }
+    out
+}
+
+/// The order to move `chunks` (from [`reuse_chunks`]) in one cache so that no move overwrites rows
+/// another has yet to read: those moving left in ascending order, then those moving right in
+/// descending order.
+pub fn move_order(chunks: &[Chunk]) -> Vec<Chunk> {
+    let left = chunks.iter().filter(|c| c.dst <= c.src).copied();
+    let right = chunks.iter().rev().filter(|c| c.dst > c.src).copied();
+    left.chain(right).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Moving chunks in `move_order` within one array gives every chunk its rows at `dst`, for
+    /// random edits (insertions, deletions, replacements) of a random token sequence.
+    #[test]
+    fn reuse_plans_move_every_chunk_intact() {
+        let mut seed = 7u64;
+        let mut rnd = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..300 {
+            let old: Vec<u32> = (0..200).map(|_| rnd(50) as u32).collect();
+            let mut new = old.clone();
+            for _ in 0..3 {
+                let at = rnd(new.len() as u64) as usize;
+                match rnd(3) {
+                    0 => new.splice(at..at, (0..rnd(30)).map(|_| 100 + rnd(50) as u32)).count(),
+                    1 => new.drain(at..(at + rnd(30) as usize).min(new.len())).count(),
+                    _ => new.splice(at..(at + 5).min(new.len()), [999, 998]).count(),
+                };
+            }
+            let keep = reusable_prefix(&old, &new);
+            let chunks = reuse_chunks(&old, &new, keep, 4);
+            let mut cache = old.clone();
+            cache.resize(400, u32::MAX);
+            for c in move_order(&chunks) {
+                cache.copy_within(c.src..c.src + c.len, c.dst);
+            }
+            let mut last = keep;
+            for c in &chunks {
+                assert!(c.dst >= last && c.len >= 4 && c.dst + c.len < new.len());
+                assert_eq!(&cache[c.dst..c.dst + c.len], &new[c.dst..c.dst + c.len]);
+                last = c.dst + c.len;
+            }
+            assert_eq!(&cache[..keep], &new[..keep]);
+        }
+        // An edit in the middle of a long file: everything after it is found again.
+        let old: Vec<u32> = (0..1000).collect();
+        let mut new = old.clone();
+        new.splice(500..501, [5000, 5001, 5002]);
+        let keep = reusable_prefix(&old, &new);
+        let chunks = reuse_chunks(&old, &new, keep, 16);
+        assert_eq!(keep, 500);
+        assert_eq!(chunks, [Chunk { src: 501, dst: 503, len: 498 }]);
+    }
 
     #[test]
     fn stop_matcher_holds_back_partial_stops() {

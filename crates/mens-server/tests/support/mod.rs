@@ -68,6 +68,7 @@ pub fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
         ctx: 256,
         batch: 64,
         queue,
+        cache_reuse: 0,
     };
     start_with(m, t, opts, config)
 }
