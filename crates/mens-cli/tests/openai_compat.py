@@ -178,6 +178,35 @@ c = client.completions.create(
 assert len(c.choices[0].text) > 0
 print("suffix:", repr(c.choices[0].text))
 
+# The Responses API (stateless): text, streamed text, a forced function call and its output, a schema.
+r = client.responses.create(model=model, instructions="You are terse.", max_output_tokens=40, temperature=0,
+                            input="Write a Python function that returns the square of x.")
+assert r.status in ("completed", "incomplete") and "def" in r.output_text, r
+assert r.usage.output_tokens >= 1 and r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+text = ""
+with client.responses.stream(model=model, instructions="You are terse.", max_output_tokens=40, temperature=0,
+                             input="Write a Python function that returns the square of x.") as s:
+    for ev in s:
+        if ev.type == "response.output_text.delta":
+            text += ev.delta
+    final = s.get_final_response()
+assert text == r.output_text and final.status == r.status, (text, r.output_text)
+rtools = [{"type": "function", "name": "run_tests", "description": "Run the test suite of a path",
+           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+r = client.responses.create(model=model, input="Run the tests in src/.", tools=rtools, tool_choice="required",
+                            temperature=0, max_output_tokens=60)
+fc = [o for o in r.output if o.type == "function_call"]
+assert fc and fc[0].name == "run_tests" and "path" in json.loads(fc[0].arguments), r.output
+r = client.responses.create(model=model, tools=rtools, temperature=0, max_output_tokens=30, input=[
+    {"role": "user", "content": "Run the tests in src/."},
+    {"type": "function_call", "call_id": fc[0].call_id, "name": fc[0].name, "arguments": fc[0].arguments},
+    {"type": "function_call_output", "call_id": fc[0].call_id, "output": "2 passed"}])
+assert r.status in ("completed", "incomplete"), r
+r = client.responses.create(model=model, input="Give a JSON status.", temperature=0.7, max_output_tokens=60,
+                            text={"format": {"type": "json_schema", "name": "st", "strict": True, "schema": schema}})
+jsonschema.validate(json.loads(r.output_text), schema)
+print("responses: text, stream, function call, json_schema")
+
 # llama-server's /tokenize and /detokenize; special-token text is text unless asked.
 import urllib.request
 from prometheus_client.parser import text_string_to_metric_families

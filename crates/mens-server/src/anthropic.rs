@@ -210,7 +210,7 @@ pub async fn messages(
     let answer = async {
         let v: Value = read_json(&s, &headers, body).await?;
         let r = translate(&v, false)?;
-        chat(s.clone(), tenant, r, Kind::Messages).await
+        chat(s.clone(), tenant, r, Kind::Messages, Value::Null).await
     };
     answer.await.unwrap_or_else(error)
 }

@@ -13,7 +13,7 @@ use mens::chat::Message;
 use mens::fim::{fim_prompt, FimInput};
 use mens::grammar::{Constraint, GrammarSpec};
 use mens::scheduler::{Event, Request, SubmitError};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -150,7 +150,7 @@ pub async fn chat_completions(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    chat(s, tenant, r, Kind::Chat)
+    chat(s, tenant, r, Kind::Chat, Value::Null)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -161,6 +161,7 @@ pub(crate) async fn chat(
     tenant: Tenant,
     r: ChatRequest,
     kind: Kind,
+    echo: Value,
 ) -> ApiResult<Response> {
     let ChatRequest { messages, common } = r;
     let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
@@ -178,6 +179,7 @@ pub(crate) async fn chat(
     let extra = Extra {
         grammar,
         logprobs: common.logprobs(true)?,
+        echo,
         tools: tools.parse.then(|| {
             tools
                 .tools
@@ -370,6 +372,7 @@ async fn finish_completion(
             p => p,
         };
         let extra = Extra {
+            echo: Value::Null,
             grammar: common.grammar_spec()?,
             logprobs: common.logprobs(false)?,
             tools: None,
@@ -382,6 +385,7 @@ async fn finish_completion(
 /// What a request asks beyond text: a grammar, log-probabilities, tool calls parsed.
 #[derive(Default)]
 pub(crate) struct Extra {
+    pub(crate) echo: Value,
     pub(crate) grammar: Option<GrammarSpec>,
     pub(crate) logprobs: Option<usize>,
     /// Parse tool calls naming these tools.
@@ -464,6 +468,7 @@ async fn complete(
         id: new_id(match kind {
             Kind::Chat => "chatcmpl",
             Kind::Messages => "msg",
+            Kind::Responses => "r",
             _ => "cmpl",
         }),
         model: s.config.model_name.clone(),
@@ -473,7 +478,14 @@ async fn complete(
         logprobs: extra.logprobs.is_some(),
         tok: s.tokenizer.clone(),
         metrics: s.metrics.clone(),
+        echo: extra.echo,
     };
+    if kind == Kind::Responses {
+        return match c.stream.unwrap_or(false) {
+            true => Ok(crate::responses::stream(meta, rx)),
+            false => crate::responses::whole(meta, rx).await,
+        };
+    }
     if kind == Kind::Messages {
         return match c.stream.unwrap_or(false) {
             true => Ok(crate::anthropic::stream(meta, rx, prompt_tokens)),

@@ -9,6 +9,7 @@ mod conn;
 mod guard;
 mod metrics;
 mod request;
+mod responses;
 mod sse;
 
 use axum::http::{HeaderValue, StatusCode};
@@ -144,6 +145,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/infill", post(api::infill))
         .route("/tokenize", post(api::tokenize_text))

@@ -24,6 +24,8 @@ pub(crate) enum Kind {
     },
     /// Anthropic's Messages API (answered by `anthropic`).
     Messages,
+    /// OpenAI's Responses API (answered by `responses`).
+    Responses,
 }
 
 pub(crate) struct Meta {
@@ -37,6 +39,8 @@ pub(crate) struct Meta {
     pub(crate) logprobs: bool,
     pub(crate) tok: Arc<Tokenizer>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Request fields an API echoes in its answer (the Responses API).
+    pub(crate) echo: Value,
 }
 
 impl Meta {
@@ -80,7 +84,7 @@ impl Meta {
     fn logprobs_json(&self, lps: &[TokenLogprobs], offset: usize) -> Value {
         match (self.logprobs, self.kind) {
             (false, _) => Value::Null,
-            (true, Kind::Chat | Kind::Messages) => self.chat_logprobs(lps),
+            (true, Kind::Chat | Kind::Messages | Kind::Responses) => self.chat_logprobs(lps),
             (true, _) => self.text_logprobs(lps, offset),
         }
     }
@@ -168,7 +172,7 @@ pub(crate) async fn whole(
     }
     let logprobs = meta.logprobs_json(&lps, 0);
     let (object, choice) = match meta.kind {
-        Kind::Chat | Kind::Messages => {
+        Kind::Chat | Kind::Messages | Kind::Responses => {
             let mut message = json!({"role": "assistant", "content": text});
             if let Some(names) = &meta.tools {
                 let (content, calls) = mens::tools::parse(&text, names);
@@ -224,7 +228,7 @@ impl Sse {
     pub(crate) fn chunk(&self, delta: Option<&str>, reason: Option<&str>, first: bool) -> Value {
         let m = &self.meta;
         match m.kind {
-            Kind::Chat | Kind::Messages => {
+            Kind::Chat | Kind::Messages | Kind::Responses => {
                 let d = match (first, delta) {
                     (true, _) => json!({"role": "assistant", "content": ""}),
                     (false, Some(t)) => json!({"content": t}),
@@ -313,7 +317,7 @@ impl Sse {
                 if self.include_usage {
                     let m = &self.meta;
                     let object = match m.kind {
-                        Kind::Chat | Kind::Messages => "chat.completion.chunk",
+                        Kind::Chat | Kind::Messages | Kind::Responses => "chat.completion.chunk",
                         Kind::Text | Kind::Infill { .. } => "text_completion",
                     };
                     let v = json!({"id": m.id, "object": object, "created": m.created,

@@ -487,3 +487,32 @@ fn metrics_request_ids_and_tokenize_are_bounded() {
     let r = post(a, "/detokenize", json!({"tokens": [9, 10]}));
     assert!(r.json()["content"].is_string());
 }
+
+/// The Anthropic and Responses APIs check what they translate: missing required fields, stored
+/// state this server does not keep, content it cannot read; errors in each API's shape.
+#[test]
+fn anthropic_and_responses_requests_are_checked() {
+    let s = start(1, 4, ServerConfig::default());
+    let a = s.addr;
+    let r = post(a, "/v1/messages", json!({"messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("max_tokens"));
+    let img = json!({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]});
+    assert!(post(a, "/v1/messages", img).json()["error"]["message"].as_str().unwrap().contains("image"));
+    let ok = post(a, "/v1/messages", json!({"max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+    assert_eq!(ok.json()["type"], "message");
+    let n = post(a, "/v1/messages/count_tokens", json!({"messages": [{"role": "user", "content": "x"}]}));
+    assert!(n.json()["input_tokens"].as_u64().unwrap() > 1);
+
+    assert_error(&post(a, "/v1/responses", json!({"input": "x", "previous_response_id": "resp_1"})), 400, "stores no responses");
+    assert_error(&post(a, "/v1/responses", json!({"input": "x", "tools": [{"type": "web_search"}]})), 400, "function tools");
+    assert_error(&post(a, "/v1/responses", json!({"input": [{"type": "reasoning"}]})), 400, "reasoning");
+    let ok = post(a, "/v1/responses", json!({"input": "x", "max_output_tokens": 3, "temperature": 0}));
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json()["object"], "response");
+    assert_eq!(ok.json()["status"], "incomplete");
+    assert_eq!(ok.json()["incomplete_details"]["reason"], "max_output_tokens");
+}

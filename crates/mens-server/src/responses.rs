@@ -1,0 +1,412 @@
+//! OpenAI's Responses API, stateless: `POST /v1/responses` with `input` (a string or items:
+//! messages, `function_call`, `function_call_output`), `instructions`, function `tools`,
+//! `tool_choice`, `text.format` (json_schema / json_object), `max_output_tokens`, `stream`. Like
+//! `anthropic`, the request becomes a chat request; the answer is written as output items, or as the
+//! API's stream events. Nothing is stored: `previous_response_id` is refused.
+
+use crate::api::{chat, read_json};
+use crate::guard::Tenant;
+use crate::request::{engine_error, ApiError, ApiResult};
+use crate::sse::{Kind, Meta};
+use crate::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use mens::scheduler::{Event, Finish, Usage};
+use mens::tools::{CallSplitter, Piece, ToolCall};
+use serde_json::{json, Map, Value};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+fn bad(m: impl Into<String>) -> ApiError {
+    ApiError::invalid(m)
+}
+
+/// A message item's text: a string, or `input_text` / `output_text` / `text` parts.
+fn text_of(v: &Value) -> ApiResult<String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut t = String::new();
+            for p in parts {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("input_text" | "output_text" | "text"), Some(Value::String(x))) => {
+                        t.push_str(x)
+                    }
+                    (k, _) => {
+                        return Err(bad(format!(
+                            "input: content parts of type {} are not supported (text only)",
+                            k.map(crate::request::clip).unwrap_or("(none)")
+                        ))
+                        .param("input"))
+                    }
+                }
+            }
+            Ok(t)
+        }
+        _ => Err(bad("input: content must be a string or a list of parts").param("input")),
+    }
+}
+
+/// The request as a chat request body, and the request's own fields echoed in the answer.
+fn translate(v: &Value) -> ApiResult<(Value, Value)> {
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad("the request body must be a JSON object"))?;
+    if o.get("previous_response_id").is_some_and(|x| !x.is_null()) {
+        return Err(bad(
+            "previous_response_id is not supported: this server stores no responses; send the whole conversation in input",
+        )
+        .param("previous_response_id"));
+    }
+    let mut msgs: Vec<Value> = Vec::new();
+    if let Some(i) = o.get("instructions").and_then(Value::as_str) {
+        msgs.push(json!({"role": "system", "content": i}));
+    }
+    match o.get("input") {
+        Some(Value::String(s)) => msgs.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => {
+            for it in items {
+                match it.get("type").and_then(Value::as_str).unwrap_or("message") {
+                    "message" => {
+                        let role = it.get("role").and_then(Value::as_str).unwrap_or("user");
+                        let role = if role == "developer" { "system" } else { role };
+                        let content = text_of(it.get("content").unwrap_or(&Value::Null))?;
+                        msgs.push(json!({"role": role, "content": content}));
+                    }
+                    "function_call" => {
+                        let call = json!({"id": it.get("call_id").cloned().unwrap_or(Value::Null),
+                            "type": "function", "function": {
+                                "name": it.get("name").cloned().unwrap_or(Value::Null),
+                                "arguments": it.get("arguments").cloned().unwrap_or(json!("{}"))}});
+                        // Consecutive calls belong to one assistant turn.
+                        match msgs.last_mut() {
+                            Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
+                                m["tool_calls"].as_array_mut().map(|a| a.push(call));
+                            }
+                            _ => msgs.push(
+                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+                            ),
+                        }
+                    }
+                    "function_call_output" => {
+                        let out = match it.get("output") {
+                            Some(Value::String(s)) => s.clone(),
+                            Some(x) => text_of(x)?,
+                            None => String::new(),
+                        };
+                        msgs.push(json!({"role": "tool", "content": out,
+                            "tool_call_id": it.get("call_id").cloned().unwrap_or(Value::Null)}));
+                    }
+                    k => {
+                        return Err(bad(format!(
+                            "input: items of type {:?} are not supported",
+                            crate::request::clip(k)
+                        ))
+                        .param("input"))
+                    }
+                }
+            }
+        }
+        _ => return Err(bad("input: a string or a list of items is required").param("input")),
+    }
+    let mut out = Map::new();
+    out.insert("messages".into(), json!(msgs));
+    for (from, to) in [
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("stream", "stream"),
+        ("user", "user"),
+        ("model", "model"),
+    ] {
+        if let Some(x) = o.get(from).filter(|x| !x.is_null()) {
+            out.insert(to.into(), x.clone());
+        }
+    }
+    if let Some(tools) = o.get("tools").and_then(Value::as_array) {
+        let mut t = Vec::new();
+        for tool in tools {
+            if tool.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad("tools: only function tools are supported").param("tools"));
+            }
+            t.push(json!({"type": "function", "function": {
+                "name": tool.get("name").cloned().unwrap_or(Value::Null),
+                "description": tool.get("description").cloned().unwrap_or(json!("")),
+                "parameters": tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
+            }}));
+        }
+        out.insert("tools".into(), json!(t));
+    }
+    if let Some(c) = o.get("tool_choice").filter(|c| !c.is_null()) {
+        let choice = match c {
+            Value::String(_) => c.clone(),
+            _ => json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}}),
+        };
+        out.insert("tool_choice".into(), choice);
+    }
+    if let Some(f) = o.get("text").and_then(|t| t.get("format")) {
+        let rf = match f.get("type").and_then(Value::as_str) {
+            Some("json_schema") => json!({"type": "json_schema", "json_schema": {
+                "name": f.get("name").cloned().unwrap_or(json!("schema")),
+                "schema": f.get("schema").cloned().unwrap_or_else(|| json!({}))}}),
+            Some(k @ ("text" | "json_object")) => json!({ "type": k }),
+            _ => return Err(bad("text.format.type must be text, json_object or json_schema").param("text")),
+        };
+        out.insert("response_format".into(), rf);
+    }
+    let echo = json!({
+        "instructions": o.get("instructions").cloned().unwrap_or(Value::Null),
+        "max_output_tokens": o.get("max_output_tokens").cloned().unwrap_or(Value::Null),
+        "temperature": o.get("temperature").cloned().unwrap_or(Value::Null),
+        "top_p": o.get("top_p").cloned().unwrap_or(Value::Null),
+        "tools": o.get("tools").cloned().unwrap_or(json!([])),
+        "tool_choice": o.get("tool_choice").cloned().unwrap_or(json!("auto")),
+        "text": o.get("text").cloned().unwrap_or(json!({"format": {"type": "text"}})),
+        "metadata": o.get("metadata").cloned().unwrap_or(json!({})),
+        "user": o.get("user").cloned().unwrap_or(Value::Null),
+    });
+    Ok((Value::Object(out), echo))
+}
+
+pub async fn responses(
+    State(s): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = async {
+        let v: Value = read_json(&s, &headers, body).await?;
+        let (chat_body, echo) = translate(&v)?;
+        let r = serde_json::from_value(chat_body)
+            .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+        chat(s.clone(), tenant, r, Kind::Responses, echo).await
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn message_item(m: &Meta, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": format!("msg_{}", m.id), "status": status, "role": "assistant",
+           "content": if status == "in_progress" { json!([]) } else {
+               json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]) }})
+}
+
+fn call_item(m: &Meta, c: &ToolCall, i: usize, status: &str) -> Value {
+    json!({"type": "function_call", "id": format!("fc_{}_{i}", m.id), "call_id": format!("call_{}_{i}", m.id),
+           "name": c.name, "arguments": if status == "in_progress" { "" } else { c.arguments.as_str() },
+           "status": status})
+}
+
+/// The whole response object (`status` in_progress while streaming starts).
+fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) -> Value {
+    let (status, incomplete) = match u.map(|u| u.finish) {
+        None => ("in_progress", Value::Null),
+        Some(Finish::Length) => ("incomplete", json!({"reason": "max_output_tokens"})),
+        Some(Finish::Stop) => ("completed", Value::Null),
+    };
+    let mut r = json!({
+        "id": format!("resp_{}", m.id), "object": "response", "created_at": m.created,
+        "status": status, "error": null, "incomplete_details": incomplete, "model": m.model,
+        "output": output, "parallel_tool_calls": true, "previous_response_id": null,
+        "reasoning": {"effort": null, "summary": null}, "store": false, "truncation": "disabled",
+        "usage": u.map(|u| json!({
+            "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens})),
+    });
+    if let (Some(r), Some(e)) = (r.as_object_mut(), echo.as_object()) {
+        for (k, v) in e {
+            r.insert(k.clone(), v.clone());
+        }
+    }
+    r
+}
+
+fn output_of(m: &Meta, text: &str) -> Vec<Value> {
+    let (content, calls) = match &m.tools {
+        Some(names) => mens::tools::parse(text, names),
+        None => (text.to_string(), Vec::new()),
+    };
+    let mut out = Vec::new();
+    if !content.is_empty() || calls.is_empty() {
+        out.push(message_item(m, &content, "completed"));
+    }
+    out.extend(calls.iter().enumerate().map(|(i, c)| call_item(m, c, i, "completed")));
+    out
+}
+
+pub(crate) async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> ApiResult<Response> {
+    let mut text = String::new();
+    let usage = loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Logprobs(_)) => {}
+            Some(Event::Done(u)) => {
+                meta.metrics.finished(&u);
+                break u;
+            }
+            Some(Event::Error(m)) => return Err(engine_error(m)),
+            None => return Err(engine_error("the engine dropped the request".into())),
+        }
+    };
+    let output = output_of(&meta, &text);
+    Ok(axum::Json(response_json(&meta, &meta.echo, output, Some(&usage))).into_response())
+}
+
+struct Stream {
+    meta: Meta,
+    rx: mpsc::UnboundedReceiver<Event>,
+    pending: VecDeque<Bytes>,
+    done: bool,
+    seq: u64,
+    /// The open message item: its output index and text so far.
+    msg: Option<(usize, String)>,
+    items: Vec<Value>,
+    calls: Option<CallSplitter>,
+    n_calls: usize,
+}
+
+impl Stream {
+    fn event(&mut self, mut v: Value) {
+        v["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        let name = v["type"].as_str().unwrap_or("").to_string();
+        self.pending
+            .push_back(Bytes::from(format!("event: {name}\ndata: {v}\n\n")));
+    }
+
+    fn text(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        self.open_message();
+        let id = format!("msg_{}", self.meta.id);
+        let (i, acc) = self.msg.as_mut().expect("open message");
+        acc.push_str(t);
+        let i = *i;
+        self.event(json!({"type": "response.output_text.delta", "item_id": id, "output_index": i,
+            "content_index": 0, "delta": t, "logprobs": []}));
+    }
+
+    fn open_message(&mut self) {
+        let id = format!("msg_{}", self.meta.id);
+        if self.msg.is_none() {
+            let i = self.items.len();
+            self.msg = Some((i, String::new()));
+            let item = message_item(&self.meta, "", "in_progress");
+            self.event(json!({"type": "response.output_item.added", "output_index": i, "item": item}));
+            self.event(json!({"type": "response.content_part.added", "item_id": id, "output_index": i,
+                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
+        }
+    }
+
+    fn close_text(&mut self) {
+        if let Some((i, text)) = self.msg.take() {
+            let id = format!("msg_{}", self.meta.id);
+            self.event(json!({"type": "response.output_text.done", "item_id": id, "output_index": i,
+                "content_index": 0, "text": text, "logprobs": []}));
+            self.event(json!({"type": "response.content_part.done", "item_id": id, "output_index": i,
+                "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
+            let item = message_item(&self.meta, &text, "completed");
+            self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
+            self.items.push(item);
+        }
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text(&t),
+                Piece::Call(c) => {
+                    self.close_text();
+                    let i = self.items.len();
+                    let n = self.n_calls;
+                    self.n_calls += 1;
+                    let started = call_item(&self.meta, &c, n, "in_progress");
+                    let id = started["id"].clone();
+                    self.event(json!({"type": "response.output_item.added", "output_index": i, "item": started}));
+                    self.event(json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                        "output_index": i, "delta": c.arguments}));
+                    self.event(json!({"type": "response.function_call_arguments.done", "item_id": id,
+                        "output_index": i, "arguments": c.arguments, "name": c.name}));
+                    let item = call_item(&self.meta, &c, n, "completed");
+                    self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
+                    self.items.push(item);
+                }
+            }
+        }
+    }
+
+    fn on(&mut self, e: Option<Event>) {
+        match e {
+            Some(Event::Logprobs(_)) => {}
+            Some(Event::Text(t)) => match self.calls.as_mut() {
+                Some(s) => {
+                    let p = s.push(&t);
+                    self.pieces(p);
+                }
+                None => self.text(&t),
+            },
+            Some(Event::Done(u)) => {
+                self.meta.metrics.finished(&u);
+                if let Some(mut s) = self.calls.take() {
+                    let p = s.finish();
+                    self.pieces(p);
+                }
+                self.close_text();
+                if self.items.is_empty() {
+                    self.open_message();
+                    self.close_text();
+                }
+                let r = response_json(&self.meta, &self.meta.echo, self.items.clone(), Some(&u));
+                // `response.completed` also when the status is incomplete: the SDKs' stream
+                // helpers wait for it (vLLM does the same).
+                self.event(json!({"type": "response.completed", "response": r}));
+                self.done = true;
+            }
+            Some(Event::Error(m)) => {
+                self.event(json!({"type": "error", "code": "server_error", "message": m, "param": null}));
+                self.done = true;
+            }
+            None => self.done = true,
+        }
+    }
+}
+
+pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    let calls = meta.tools.clone().map(CallSplitter::new);
+    let mut st = Stream {
+        meta,
+        rx,
+        pending: VecDeque::new(),
+        done: false,
+        seq: 0,
+        msg: None,
+        items: Vec::new(),
+        calls,
+        n_calls: 0,
+    };
+    let r = response_json(&st.meta, &st.meta.echo, vec![], None);
+    st.event(json!({"type": "response.created", "response": r}));
+    let r = response_json(&st.meta, &st.meta.echo, vec![], None);
+    st.event(json!({"type": "response.in_progress", "response": r}));
+    let body = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
+            }
+            if st.done {
+                return None;
+            }
+            let e = st.rx.recv().await;
+            st.on(e);
+        }
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
