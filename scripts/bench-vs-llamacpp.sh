@@ -2,9 +2,9 @@
 # bench-vs-llamacpp.sh MODEL.gguf [THREADS] [PROMPTS] [DEPTHS] [REPS]: llama-bench and `mens bench`
 # on the same file, same settings (defaults: prompts 512,2048,8192; 128 generated tokens at depths
 # 0,256,512; 3 reps), one Markdown table with the ratio mens / llama.cpp per row.
-# llama.cpp is obtained by package name: the llama-cpp-python sdist vendors its source; llama-bench is
-# built from it once with CMake into $MENS_CACHE/llamacpp (default ~/.cache/mens/llamacpp). Nothing of
-# llama.cpp is committed. Run on an otherwise idle machine.
+# llama.cpp is obtained by package name and built by scripts/llamacpp-build.sh (explicit x86-64 flags,
+# AMX off) into $MENS_CACHE/llamacpp (default ~/.cache/mens/llamacpp). Nothing of llama.cpp is
+# committed. Run on an otherwise idle machine.
 set -euo pipefail
 model=${1:?usage: bench-vs-llamacpp.sh MODEL.gguf [THREADS] [PROMPTS] [DEPTHS] [REPS]}
 threads=${2:-2}
@@ -17,16 +17,7 @@ bench="$cache/build/bin/llama-bench"
 here=$(cd "$(dirname "$0")/.." && pwd)
 mens=${MENS_BIN:-$here/target/release/mens}
 
-if [ ! -x "$bench" ]; then
-  mkdir -p "$cache"
-  command -v cmake >/dev/null || python3 -m pip install -q cmake
-  python3 -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$cache"
-  tar xzf "$cache/llama_cpp_python-$version.tar.gz" -C "$cache"
-  src="$cache/llama_cpp_python-$version/vendor/llama.cpp"
-  cmake -S "$src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
-  cmake --build "$cache/build" --target llama-bench -j "$(nproc)"
-fi
+[ -x "$bench" ] || "$here/scripts/llamacpp-build.sh" llama-bench >/dev/null
 [ -x "$mens" ] || (cd "$here" && cargo build --release)
 
 out=$(mktemp -d)

@@ -103,6 +103,23 @@ pub(crate) struct SampleArgs {
     /// Re-run the whole sequence for every token instead of using the KV cache (a baseline).
     #[arg(long)]
     pub(crate) no_kv_cache: bool,
+    /// Speculative decoding: `ngram` proposes the continuation of the latest earlier match of the
+    /// last tokens (prompt lookup) and checks the proposals in one pass. Greedy (--temp 0) without
+    /// penalties only, where the output is exactly that of plain decoding; ignored otherwise.
+    #[arg(long, value_enum)]
+    pub(crate) spec: Option<SpecKind>,
+    /// Most tokens proposed per step.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) spec_max: u32,
+    /// Longest run of last tokens looked up (shorter ones are tried after it).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(crate) spec_ngram: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SpecKind {
+    /// Prompt lookup: no draft model.
+    Ngram,
 }
 
 impl SampleArgs {
@@ -124,6 +141,10 @@ impl SampleArgs {
             max_tokens: self.n_predict,
             stop: self.stop.clone(),
             no_kv_cache: self.no_kv_cache,
+            spec: self.spec.map(|SpecKind::Ngram| mens::spec::SpecOptions {
+                max: self.spec_max as usize,
+                ngram: self.spec_ngram as usize,
+            }),
         }
     }
 }

@@ -27,6 +27,15 @@ fn print_stats(s: &Stats, seed: u64) {
         s.decode_tps(),
         s.stop
     );
+    if s.proposed > 0 {
+        eprintln!(
+            "mens: speculation: {} tokens proposed, {} accepted ({:.0}%), {:.2} tokens per step",
+            s.proposed,
+            s.accepted,
+            100.0 * s.accepted as f64 / s.proposed as f64,
+            (s.decode_steps + s.accepted) as f64 / s.decode_steps.max(1) as f64
+        );
+    }
 }
 
 /// Set by Ctrl-C while a generation runs; a Ctrl-C at the chat prompt (nothing running) exits.

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::runner::{Logits, Runner};
 use crate::sample::Sampler;
+use crate::spec::SpecOptions;
 use crate::stream::TokenStream;
 use crate::tokenizer::Tokenizer;
 use std::time::{Duration, Instant};
@@ -16,6 +17,9 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Re-run the whole sequence every step instead of using the KV cache (the uncached baseline).
     pub no_kv_cache: bool,
+    /// Speculative decoding by prompt lookup (greedy sampling without penalties only: the output is
+    /// then exactly what decoding one token per step gives; otherwise ignored).
+    pub spec: Option<SpecOptions>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,14 +47,18 @@ pub struct Stats {
     pub decode_steps: usize,
     pub decode: Duration,
     pub stop: StopReason,
+    /// Speculation: tokens proposed and accepted (0 without it).
+    pub proposed: usize,
+    pub accepted: usize,
 }
 
 impl Stats {
     pub fn prefill_tps(&self) -> f64 {
         self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
     }
+    /// Tokens per second of decoding (a step yields one token, plus the accepted proposals).
     pub fn decode_tps(&self) -> f64 {
-        self.decode_steps as f64 / self.decode.as_secs_f64().max(1e-9)
+        (self.decode_steps + self.accepted) as f64 / self.decode.as_secs_f64().max(1e-9)
     }
 }
 
@@ -102,10 +110,25 @@ pub fn generate<R: Runner + ?Sized>(
         decode_steps: 0,
         decode: Duration::ZERO,
         stop: StopReason::Length,
+        proposed: 0,
+        accepted: 0,
     };
     let mut stream = TokenStream::new(opts.stop.clone());
+    let spec = opts
+        .spec
+        .filter(|s| s.max > 0 && !opts.no_kv_cache && sampler.is_greedy() && !sampler.needs_logits());
+    // Tokens to emit after `pending`: accepted proposals, already in the cache, then the model's
+    // own next token (not in the cache, like `pending`).
+    let mut queue: std::collections::VecDeque<u32> = Default::default();
+    let mut ahead = 0usize;
+    let (mut draft, mut step_tokens, mut picks) = (Vec::new(), Vec::new(), Vec::new());
+    let len0 = session.tokens().len();
+    let mut popped = 0usize;
 
-    while let Some(next) = pending.take() {
+    while let Some(next) = pending.take().or_else(|| queue.pop_front()) {
+        popped += 1;
+        let in_cache = ahead > 0;
+        ahead = ahead.saturating_sub(1);
         stats.generated += 1;
         if tokenizer.is_stop(next) {
             stats.stop = StopReason::Eos;
@@ -124,19 +147,55 @@ pub fn generate<R: Runner + ?Sized>(
             stats.stop = StopReason::Length;
             break;
         }
+        if in_cache {
+            continue;
+        }
         if session.tokens().len() + 1 >= ctx {
             stats.stop = StopReason::ContextFull;
             break;
         }
         let t = Instant::now();
-        if opts.no_kv_cache {
-            session.rerun(&[next], &mut all)?;
+        if let Some(sp) = spec {
+            // Propose from the history (the cache and `next`), check all in one pass.
+            step_tokens.clear();
+            step_tokens.extend_from_slice(session.tokens());
+            step_tokens.push(next);
+            let room = ctx - session.tokens().len() - 1;
+            let left = opts.max_tokens - stats.generated;
+            crate::spec::ngram(&step_tokens, sp.ngram, sp.max.min(room - 1).min(left), &mut draft);
+            step_tokens.clear();
+            step_tokens.push(next);
+            step_tokens.extend_from_slice(&draft);
+            picks.clear();
+            let base = session.tokens().len();
+            session.forward(
+                &step_tokens,
+                Logits::All {
+                    from: 0,
+                    f: &mut |_, l| picks.push(crate::sample::argmax(l)),
+                },
+            )?;
+            let agree = draft.iter().zip(&picks).take_while(|(d, p)| d == p).count();
+            session.truncate(base + 1 + agree);
+            queue.extend(draft[..agree].iter().copied());
+            queue.push_back(picks[agree]);
+            ahead = agree;
+            stats.proposed += draft.len();
+            stats.accepted += agree;
         } else {
-            session.forward(&[next], Logits::Last)?;
+            if opts.no_kv_cache {
+                session.rerun(&[next], &mut all)?;
+            } else {
+                session.forward(&[next], Logits::Last)?;
+            }
+            pending = Some(session.sample(sampler)?);
         }
-        pending = Some(session.sample(sampler)?);
         stats.decode += t.elapsed();
         stats.decode_steps += 1;
+    }
+    // As without speculation: the cache holds the prompt and every token but the last one.
+    if spec.is_some() && popped > 0 && session.tokens().len() > len0 + popped - 1 {
+        session.truncate(len0 + popped - 1);
     }
     let rest = stream.finish();
     if !rest.is_empty() {

@@ -27,6 +27,7 @@ pub mod rope;
 pub mod runner;
 pub mod sample;
 pub mod scheduler;
+pub mod spec;
 pub mod stream;
 pub mod synth;
 pub mod tokenizer;

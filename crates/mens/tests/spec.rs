@@ -1,0 +1,58 @@
+//! Speculative decoding by prompt lookup on the real Qwen2.5-Coder-0.5B: greedy output token for
+//! token equal to decoding one token per step, and proposals accepted where the answer repeats the
+//! prompt (a rename in a function).
+
+mod common;
+use mens::cpu::{Session, SessionOptions};
+use mens::generate::{generate, GenerateOptions};
+use mens::sample::{Sampler, SamplerConfig};
+use mens::spec::SpecOptions;
+
+const RENAME: &str = "<|im_start|>user\nRename the variable `total` to `acc` and return the whole function:\n\n```python\ndef summarize(items):\n    total = 0\n    for item in items:\n        if item.value > 0:\n            total += item.value * item.weight\n        else:\n            total -= item.penalty\n    return total\n```<|im_end|>\n<|im_start|>assistant\n";
+
+#[test]
+fn speculation_gives_exactly_the_plain_greedy_output() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let opts = SessionOptions {
+        ctx: 1024,
+        batch: 256,
+        logit_rows: 16,
+    };
+    for (prompt, want_accepted) in [(RENAME, true), ("def fibonacci(n):", false)] {
+        let ids = l.tokenizer.encode(prompt).unwrap();
+        let run = |spec: Option<SpecOptions>| {
+            let mut s = Session::new(l.model.clone(), opts.clone()).unwrap();
+            let mut sampler =
+                Sampler::new(SamplerConfig::greedy(), l.model.config.vocab_size).unwrap();
+            let gen = GenerateOptions {
+                max_tokens: 80,
+                spec,
+                ..Default::default()
+            };
+            let mut text = String::new();
+            let st = generate(&mut s, &l.tokenizer, &mut sampler, &ids, &gen, |t| {
+                text.push_str(t);
+                true
+            })
+            .unwrap();
+            (text, st, s.tokens().to_vec())
+        };
+        let (plain, ps, plain_cache) = run(None);
+        for max in [1, 4, 8] {
+            let (spec, ss, spec_cache) = run(Some(SpecOptions { max, ngram: 3 }));
+            assert_eq!(spec, plain, "max {max}: the text differs");
+            assert_eq!(ss.generated, ps.generated);
+            assert_eq!(ss.stop, ps.stop);
+            // The cache ends as plain decoding leaves it.
+            assert_eq!(spec_cache, plain_cache, "max {max}: the cache differs");
+            assert!(ss.decode_steps + ss.accepted == ps.decode_steps, "max {max}: {ss:?} vs {ps:?}");
+            eprintln!(
+                "max {max}: {} proposed, {} accepted, {} steps instead of {}",
+                ss.proposed, ss.accepted, ss.decode_steps, ps.decode_steps
+            );
+            if want_accepted && max > 1 {
+                assert!(ss.accepted * 4 > ps.decode_steps, "few accepted: {ss:?}");
+            }
+        }
+    }
+}
