@@ -2,7 +2,7 @@
 """A scripted editing session against two running `mens serve` (or llama-server) instances: a Python
 file of about 2,000 tokens, then N fill-in-the-middle requests (`/infill`, llama.vscode's shape), each
 after a one-line edit at a random place with the cursor on the edited line. Each request goes to the
-cold server (a fresh `user` per request, so nothing is reused) and then to the warm one (one editor,
+cold server (a fresh `user` per request and `cache_prompt: false`, so nothing is reused) and then to the warm one (one editor,
 cache reuse on); time to first token is measured by the client, greedy completions are compared.
 Standard library only; loopback only.
 
@@ -33,7 +33,9 @@ def infill(url, lines, cur, user=None, n_predict=16):
             "n_predict": n_predict, "top_k": 1, "temperature": 0, "stream": True, "cache_prompt": True,
             "samplers": ["top_k"], "t_max_predict_ms": 60000}
     if user:
+        # Cold: mens reuses a cache only within one `user`; llama-server only with cache_prompt.
         body["user"] = user
+        body["cache_prompt"] = False
     req = urllib.request.Request(url + "/infill", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()

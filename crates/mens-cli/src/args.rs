@@ -104,10 +104,14 @@ pub(crate) struct SampleArgs {
     #[arg(long)]
     pub(crate) no_kv_cache: bool,
     /// Speculative decoding: `ngram` proposes the continuation of the latest earlier match of the
-    /// last tokens (prompt lookup) and checks the proposals in one pass. Greedy (--temp 0) without
-    /// penalties only, where the output is exactly that of plain decoding; ignored otherwise.
+    /// last tokens (prompt lookup), `draft` lets a small model of the same vocabulary propose
+    /// (--model-draft); the proposals are checked in one pass. Greedy (--temp 0) without penalties
+    /// only, where the output is exactly that of plain decoding; ignored otherwise.
     #[arg(long, value_enum)]
     pub(crate) spec: Option<SpecKind>,
+    /// The draft model for `--spec draft` (also `-md`, as llama.cpp spells it).
+    #[arg(long = "model-draft", value_name = "GGUF")]
+    pub(crate) model_draft: Option<std::path::PathBuf>,
     /// Most tokens proposed per step.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) spec_max: u32,
@@ -120,6 +124,8 @@ pub(crate) struct SampleArgs {
 pub(crate) enum SpecKind {
     /// Prompt lookup: no draft model.
     Ngram,
+    /// A small draft model (--model-draft) proposes.
+    Draft,
 }
 
 impl SampleArgs {
@@ -141,7 +147,7 @@ impl SampleArgs {
             max_tokens: self.n_predict,
             stop: self.stop.clone(),
             no_kv_cache: self.no_kv_cache,
-            spec: self.spec.map(|SpecKind::Ngram| mens::spec::SpecOptions {
+            spec: self.spec.map(|_| mens::spec::SpecOptions {
                 max: self.spec_max as usize,
                 ngram: self.spec_ngram as usize,
             }),

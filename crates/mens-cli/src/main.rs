@@ -191,7 +191,15 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    // llama.cpp spells the draft model `-md`: a two-letter short flag clap cannot declare.
+    let argv = std::env::args_os().map(|a| {
+        if a == "-md" {
+            "--model-draft".into()
+        } else {
+            a
+        }
+    });
+    let cli = Cli::parse_from(argv);
     let r = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Chat(a) => run::chat(a),

@@ -5,7 +5,7 @@ use crate::{load, print_memory, runner};
 use anyhow::Result;
 use mens::chat::Message;
 use mens::fim::{fim_prompt, FimInput};
-use mens::generate::{generate, Stats};
+use mens::generate::{generate_with_draft, Stats};
 use mens::sample::Sampler;
 use mens::stream::reusable_prefix;
 use std::io::{BufRead, Write};
@@ -59,6 +59,31 @@ fn read_file(p: &std::path::Path) -> Result<String> {
         .map_err(|e| anyhow::anyhow!("cannot read {}: {}", p.display(), e.kind()))
 }
 
+/// The draft model of `--spec draft`, on the target's backend and threads, its vocabulary checked.
+fn draft_runner(
+    model: &crate::args::ModelArgs,
+    sample: &crate::args::SampleArgs,
+    target: &mens::Tokenizer,
+) -> Result<Option<Box<dyn mens::Runner>>> {
+    if sample.spec != Some(crate::args::SpecKind::Draft) {
+        if sample.model_draft.is_some() {
+            anyhow::bail!("invalid argument: --model-draft needs --spec draft");
+        }
+        return Ok(None);
+    }
+    let Some(path) = &sample.model_draft else {
+        anyhow::bail!("invalid argument: --spec draft needs --model-draft FILE (-md FILE)");
+    };
+    let args = crate::args::ModelArgs {
+        model: Some(path.clone()),
+        ..model.clone()
+    };
+    let d = load(&args, 1)?;
+    mens::spec::check_vocab(target, &d.tokenizer)?;
+    eprintln!("mens: draft model {}", path.display());
+    Ok(Some(runner(&d)?))
+}
+
 /// The prompt text: `-p TEXT`, `-p -` (standard input) or `-f FILE`.
 fn prompt_text(args: &RunArgs) -> Result<String> {
     match (&args.prompt, &args.file) {
@@ -80,6 +105,7 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
     let prompt = prompt_text(&args)?;
     let l = load(&args.model, 1)?;
     let mut sess = runner(&l)?;
+    let mut draft = draft_runner(&args.model, &args.sample, &l.tokenizer)?;
     let ctx = sess.ctx();
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let fim = args.fim_prefix.is_some();
@@ -125,8 +151,9 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
     let mut open = args.chat || fim || write!(out, "{prompt}").is_ok();
     handle_ctrl_c();
     GENERATING.store(true, Ordering::SeqCst);
-    let stats = generate(
+    let stats = generate_with_draft(
         &mut *sess,
+        draft.as_deref_mut(),
         &l.tokenizer,
         &mut sampler,
         &tokens,
@@ -155,6 +182,7 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
     config.validate()?;
     let l = load(&args.model, 1)?;
     let mut sess = runner(&l)?;
+    let mut draft = draft_runner(&args.model, &args.sample, &l.tokenizer)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
@@ -188,8 +216,9 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
         let mut out = std::io::stdout().lock();
         INTERRUPTED.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
-        let stats = generate(
+        let stats = generate_with_draft(
             &mut *sess,
+            draft.as_deref_mut(),
             &l.tokenizer,
             &mut sampler,
             &all[common..],

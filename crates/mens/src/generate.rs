@@ -70,6 +70,22 @@ pub fn generate<R: Runner + ?Sized>(
     sampler: &mut Sampler,
     prompt: &[u32],
     opts: &GenerateOptions,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<Stats> {
+    generate_with_draft(session, None, tokenizer, sampler, prompt, opts, on_text)
+}
+
+/// [`generate`] with a draft model proposing (when `opts.spec` is set; else prompt lookup does). The
+/// draft keeps its own cache, brought to the target's history before each proposal; the number
+/// of proposals adapts: it grows by 2 (up to `spec.max`) when all were accepted, else becomes
+/// the accepted count + 1.
+pub fn generate_with_draft<R: Runner + ?Sized>(
+    session: &mut R,
+    mut draft_model: Option<&mut (dyn Runner + 'static)>,
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    opts: &GenerateOptions,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Stats> {
     let ctx = session.ctx();
@@ -124,6 +140,7 @@ pub fn generate<R: Runner + ?Sized>(
     let (mut draft, mut step_tokens, mut picks) = (Vec::new(), Vec::new(), Vec::new());
     let len0 = session.tokens().len();
     let mut popped = 0usize;
+    let mut k = spec.map_or(0, |s| s.max.min(4));
 
     while let Some(next) = pending.take().or_else(|| queue.pop_front()) {
         popped += 1;
@@ -161,8 +178,17 @@ pub fn generate<R: Runner + ?Sized>(
             step_tokens.extend_from_slice(session.tokens());
             step_tokens.push(next);
             let room = ctx - session.tokens().len() - 1;
-            let left = opts.max_tokens - stats.generated;
-            crate::spec::ngram(&step_tokens, sp.ngram, sp.max.min(room - 1).min(left), &mut draft);
+            // The step yields the accepted proposals and one more token: stay within max_tokens.
+            let left = (opts.max_tokens - stats.generated).saturating_sub(1);
+            match draft_model.as_deref_mut() {
+                Some(d) => crate::spec::draft(d, &step_tokens, k.min(room - 1).min(left), &mut draft)?,
+                None => crate::spec::ngram(
+                    &step_tokens,
+                    sp.ngram,
+                    sp.max.min(room - 1).min(left),
+                    &mut draft,
+                ),
+            }
             step_tokens.clear();
             step_tokens.push(next);
             step_tokens.extend_from_slice(&draft);
@@ -182,6 +208,11 @@ pub fn generate<R: Runner + ?Sized>(
             ahead = agree;
             stats.proposed += draft.len();
             stats.accepted += agree;
+            k = if agree == draft.len() {
+                (k + 2).min(sp.max)
+            } else {
+                agree + 1
+            };
         } else {
             if opts.no_kv_cache {
                 session.rerun(&[next], &mut all)?;

@@ -3,6 +3,10 @@
 //! prompt lookup: the continuation of the latest earlier occurrence of the last n tokens (code
 //! repeats its input: an edit copies most of the file, a rename repeats the names).
 
+use crate::error::{Error, Result};
+use crate::runner::{Logits, Runner};
+use crate::tokenizer::Tokenizer;
+
 /// How to speculate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpecOptions {
@@ -16,6 +20,46 @@ impl Default for SpecOptions {
     fn default() -> Self {
         SpecOptions { max: 8, ngram: 3 }
     }
+}
+
+/// A draft model can propose for a target when their token texts agree wherever both define a
+/// token (a larger vocabulary may only add padding or extra tokens at the end).
+pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
+    let n = target.vocab_size().min(draft.vocab_size());
+    if let Some(i) = (0..n as u32).find(|&i| target.token_bytes(i) != draft.token_bytes(i)) {
+        return Err(Error::InvalidArgument(format!(
+            "the draft model's vocabulary differs from the target's at token {i} ({:?} against {:?}): it cannot propose for it",
+            String::from_utf8_lossy(draft.token_bytes(i)),
+            String::from_utf8_lossy(target.token_bytes(i))
+        )));
+    }
+    Ok(())
+}
+
+/// Greedy proposals of a draft model: bring its cache to `history` (it keeps what it shares with
+/// it), then decode `k` tokens.
+pub fn draft(d: &mut dyn Runner, history: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
+    out.clear();
+    if k == 0 || history.is_empty() {
+        return Ok(());
+    }
+    let keep = crate::stream::reusable_prefix(d.tokens(), history);
+    d.truncate(keep);
+    let room = d.ctx().saturating_sub(history.len());
+    let k = k.min(room);
+    if k == 0 {
+        return Ok(());
+    }
+    d.forward(&history[keep..], Logits::Last)?;
+    let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
+    for i in 0..k {
+        let t = d.sample(&mut greedy)?;
+        out.push(t);
+        if i + 1 < k {
+            d.forward(&[t], Logits::Last)?;
+        }
+    }
+    Ok(())
 }
 
 /// Up to `max` tokens that followed the latest earlier occurrence of the longest suffix of `history`

@@ -56,3 +56,58 @@ fn speculation_gives_exactly_the_plain_greedy_output() {
         }
     }
 }
+
+/// A draft model (the 0.5B) proposing for the 1.5B: greedy output equal to the 1.5B's own, most
+/// proposals of the rename accepted; a model of another vocabulary is refused by name.
+#[test]
+fn a_draft_model_proposes_and_the_output_is_unchanged() {
+    let target = common::load("qwen2.5-coder-1.5b");
+    let small = common::load("qwen2.5-coder-0.5b");
+    mens::spec::check_vocab(&target.tokenizer, &small.tokenizer).unwrap();
+    let tiny = mens::synth::synth_model(&mens::synth::SynthSpec::tiny_qwen2());
+    let (_, tiny_tok, _) = mens::load::from_gguf(mens::gguf::Gguf::from_bytes(tiny).unwrap()).unwrap();
+    let e = mens::spec::check_vocab(&target.tokenizer, &tiny_tok).unwrap_err();
+    assert!(e.to_string().contains("differs from the target's at token"), "{e}");
+
+    let opts = SessionOptions {
+        ctx: 1024,
+        batch: 256,
+        logit_rows: 16,
+    };
+    let ids = target.tokenizer.encode(RENAME).unwrap();
+    let run = |draft: bool| {
+        let mut s = Session::new(target.model.clone(), opts.clone()).unwrap();
+        let mut d = Session::new(small.model.clone(), opts.clone()).unwrap();
+        let mut sampler =
+            Sampler::new(SamplerConfig::greedy(), target.model.config.vocab_size).unwrap();
+        let gen = GenerateOptions {
+            max_tokens: 48,
+            spec: draft.then_some(SpecOptions { max: 8, ngram: 3 }),
+            ..Default::default()
+        };
+        let mut text = String::new();
+        let st = mens::generate::generate_with_draft(
+            &mut s,
+            draft.then_some(&mut d as &mut dyn mens::Runner),
+            &target.tokenizer,
+            &mut sampler,
+            &ids,
+            &gen,
+            |t| {
+                text.push_str(t);
+                true
+            },
+        )
+        .unwrap();
+        (text, st)
+    };
+    let (plain, ps) = run(false);
+    let (spec, ss) = run(true);
+    eprintln!(
+        "draft 0.5B for 1.5B: {} proposed, {} accepted, {} steps instead of {}",
+        ss.proposed, ss.accepted, ss.decode_steps, ps.decode_steps
+    );
+    assert_eq!(spec, plain);
+    assert_eq!(ss.decode_steps + ss.accepted, ps.decode_steps);
+    assert!(ss.accepted * 2 > ss.proposed, "{ss:?}");
+}
