@@ -2,7 +2,9 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# `coding`: structured output, logprobs and tools through `mens serve --backend cuda` (the host
+# sampling path), and speculative decoding on the GPU against plain greedy decoding.
 # Results go to $OUT (or ./cuda-out).
 set -uo pipefail
 MODE=${1:-all}
@@ -44,6 +46,54 @@ if [ "$MODE" = serve ] || [ "$MODE" = all ]; then
   for b in cuda cpu; do
     echo "perplexity --backend $b: $("$BIN/mens" perplexity --backend $b -m "$m" -f /tmp/ppl.txt -c 256 --chunks 4 2>/dev/null | tail -1)"
   done | tee "$OUT/perplexity.txt"
+fi
+
+if [ "$MODE" = coding ] || [ "$MODE" = all ]; then
+  echo "== structured output, logprobs, tools on the GPU"
+  m=$(synth 0.5b)
+  "$BIN/mens" serve --backend cuda -m "$m" --port 8091 --parallel 1 -c 2048 > "$OUT/serve-coding.log" 2>&1 &
+  spid=$!
+  python3 - <<'PY' 2>&1 | tee "$OUT/coding-check.txt"
+import json, time, urllib.request
+def call(body, path="/v1/chat/completions"):
+    req = urllib.request.Request("http://127.0.0.1:8091" + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=120).read())
+for _ in range(240):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8091/health", timeout=2); break
+    except Exception:
+        time.sleep(0.5)
+schema = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"enum": ["a", "b"]}},
+          "required": ["n", "tag"], "additionalProperties": False}
+ok = 0
+for seed in range(5):
+    r = call({"messages": [{"role": "user", "content": "json please"}], "max_tokens": 60, "seed": seed,
+              "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})
+    t = r["choices"][0]["message"]["content"]
+    try:
+        v = json.loads(t); ok += isinstance(v["n"], int) and v["tag"] in ("a", "b") and len(v) == 2
+    except Exception as e:
+        print("invalid:", repr(t[:80]), e)
+print(f"json_schema on CUDA (random weights): {ok}/5 valid")
+r = call({"messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3})
+lp = r["choices"][0]["logprobs"]["content"]
+print("logprobs on CUDA:", len(lp), "entries; greedy = top:", all(e["top_logprobs"][0]["token"] == e["token"] for e in lp))
+tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+r = call({"messages": [{"role": "user", "content": "call f"}], "max_tokens": 60, "tools": tools, "tool_choice": "required"})
+c = r["choices"][0]
+print("forced tool call on CUDA:", c["finish_reason"], c["message"].get("tool_calls", [{}])[0].get("function"))
+PY
+  kill $spid; wait $spid 2>/dev/null
+  echo "== speculative decoding on the GPU: output against plain greedy"
+  for s in 0.5b 1.5b; do
+    m=$(synth $s)
+    for p in "def f(x): return x def f(x): return x def f(x):" "the the the the the"; do
+      "$BIN/mens" run --backend cuda -m "$m" -p "$p" -n 96 --temp 0 -c 1024 > /tmp/plain.txt 2>/dev/null
+      "$BIN/mens" run --backend cuda -m "$m" -p "$p" -n 96 --temp 0 -c 1024 --spec ngram > /tmp/spec.txt 2>/tmp/spec.err
+      echo "synth $s, ngram: same text as plain: $(cmp -s /tmp/plain.txt /tmp/spec.txt && echo yes || echo NO); $(grep -E 'speculation|decode' /tmp/spec.err | tr '\n' ' ')"
+    done
+  done 2>&1 | tee "$OUT/spec-check.txt"
 fi
 
 MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'
