@@ -80,7 +80,7 @@ print(f"json_schema on CUDA (random weights): {ok}/5 valid")
 r = call({"messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3})
 lp = r["choices"][0]["logprobs"]["content"]
 print("logprobs on CUDA:", len(lp), "entries; greedy = top:", all(e["top_logprobs"][0]["token"] == e["token"] for e in lp))
-tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"]}}}]
+tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"], "additionalProperties": False}}}]
 r = call({"messages": [{"role": "user", "content": "call f"}], "max_tokens": 60, "tools": tools, "tool_choice": "required"})
 c = r["choices"][0]
 print("forced tool call on CUDA:", c["finish_reason"], c["message"].get("tool_calls", [{}])[0].get("function"))

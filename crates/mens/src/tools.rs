@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use serde_json::{json, Value};
 
 pub const OPEN: &str = "<tool_call>";
+/// Most calls a forced answer may make.
+pub const MAX_CALLS: usize = 8;
 pub const CLOSE: &str = "</tool_call>";
 
 #[derive(Debug, Clone, PartialEq)]
@@ -153,7 +155,12 @@ impl CallSplitter {
         }
         if self.open {
             self.open = false;
-            if let Some(c) = call_of(&rest) {
+            // Cut off by max_tokens inside the closing tag: the call itself may be whole.
+            let keep = (1..CLOSE.len())
+                .rev()
+                .find(|&k| rest.ends_with(&CLOSE[..k]))
+                .map_or(rest.len(), |k| rest.len() - k);
+            if let Some(c) = call_of(&rest[..keep]) {
                 return vec![Piece::Call(c)];
             }
             return vec![Piece::Text(format!("{OPEN}{rest}"))];
@@ -212,8 +219,10 @@ pub fn call_grammar(tools: &[Value], only: Option<&str>) -> Result<String> {
         "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ",
         "coerce_one_of": true,
     });
+    // At most MAX_CALLS calls, so a model that keeps calling still ends.
     Ok(format!(
-        "start: call (\"\\n\" call)*\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n"
+        "start: call (\"\\n\" call){{0,{}}}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n",
+        MAX_CALLS - 1
     ))
 }
 
@@ -245,6 +254,9 @@ mod tests {
         assert_eq!(parse(bare, &names).1.len(), 1);
         assert!(parse(bare, &["other".to_string()]).1.is_empty());
         assert_eq!(parse("{\"names\": 1}", &names).0, "{\"names\": 1}");
+        // Cut off inside the closing tag (max_tokens): the call is whole.
+        let cut = "<tool_call>\n{\"name\": \"get\", \"arguments\": {}}\n</tool_ca";
+        assert_eq!(parse(cut, &names).1.len(), 1);
     }
 
     #[test]
