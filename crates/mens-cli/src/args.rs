@@ -105,8 +105,9 @@ pub(crate) struct SampleArgs {
     pub(crate) no_kv_cache: bool,
     /// Speculative decoding: `ngram` proposes the continuation of the latest earlier match of the
     /// last tokens (prompt lookup), `draft` lets a small model of the same vocabulary propose
-    /// (--model-draft); the proposals are checked in one pass. Greedy (--temp 0) without penalties
-    /// only, where the output is exactly that of plain decoding; ignored otherwise.
+    /// (--model-draft); the proposals are checked in one pass. Greedy: the output is exactly that of
+    /// plain decoding; sampling: each token is drawn from the same distribution. Ignored with
+    /// repetition penalties.
     #[arg(long, value_enum)]
     pub(crate) spec: Option<SpecKind>,
     /// The draft model for `--spec draft` (also `-md`, as llama.cpp spells it).

@@ -17,8 +17,9 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Re-run the whole sequence every step instead of using the KV cache (the uncached baseline).
     pub no_kv_cache: bool,
-    /// Speculative decoding by prompt lookup (greedy sampling without penalties only: the output is
-    /// then exactly what decoding one token per step gives; otherwise ignored).
+    /// Speculative decoding (no penalties, grammar or logprobs; otherwise ignored): greedy, the
+    /// output is exactly what decoding one token per step gives; sampling, every token is drawn
+    /// from exactly the same distribution.
     pub spec: Option<SpecOptions>,
 }
 
@@ -130,9 +131,13 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
         accepted: 0,
     };
     let mut stream = TokenStream::new(opts.stop.clone());
+    // Greedy: the output is exactly plain decoding's; sampling: each token is drawn from exactly
+    // the plain distribution (`Sampler::speculate`), with other random draws.
     let spec = opts
         .spec
-        .filter(|s| s.max > 0 && !opts.no_kv_cache && sampler.is_greedy() && !sampler.needs_logits());
+        .filter(|s| s.max > 0 && !opts.no_kv_cache && !sampler.needs_logits());
+    let greedy = sampler.is_greedy();
+    let mut rows: Vec<f32> = Vec::new();
     // Tokens to emit after `pending`: accepted proposals, already in the cache, then the model's
     // own next token (not in the cache, like `pending`).
     let mut queue: std::collections::VecDeque<u32> = Default::default();
@@ -193,18 +198,42 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             step_tokens.push(next);
             step_tokens.extend_from_slice(&draft);
             picks.clear();
+            rows.clear();
             let base = session.tokens().len();
             session.forward(
                 &step_tokens,
                 Logits::All {
                     from: 0,
-                    f: &mut |_, l| picks.push(crate::sample::argmax(l)),
+                    f: &mut |_, l| {
+                        if greedy {
+                            picks.push(crate::sample::argmax(l))
+                        } else {
+                            rows.extend_from_slice(l)
+                        }
+                    },
                 },
             )?;
-            let agree = draft.iter().zip(&picks).take_while(|(d, p)| d == p).count();
+            let (agree, next_token) = if greedy {
+                let agree = draft.iter().zip(&picks).take_while(|(d, p)| d == p).count();
+                (agree, picks[agree])
+            } else {
+                let v = rows.len() / step_tokens.len();
+                let mut out = None;
+                for (i, &d) in draft.iter().enumerate() {
+                    let (ok, t) = sampler.speculate(&rows[i * v..(i + 1) * v], d);
+                    if !ok {
+                        out = Some((i, t));
+                        break;
+                    }
+                }
+                out.unwrap_or_else(|| {
+                    let i = draft.len();
+                    (i, sampler.choose(&mut rows[i * v..(i + 1) * v], &[]))
+                })
+            };
             session.truncate(base + 1 + agree);
             queue.extend(draft[..agree].iter().copied());
-            queue.push_back(picks[agree]);
+            queue.push_back(next_token);
             ahead = agree;
             stats.proposed += draft.len();
             stats.accepted += agree;

@@ -228,7 +228,22 @@ impl Sampler {
         if self.is_greedy() {
             return argmax(logits);
         }
+        let total = self.weights(logits);
+        let mut r = self.rng.gen::<f32>() * total;
+        let cand = &self.candidates;
+        for x in cand.iter() {
+            r -= x.0;
+            if r <= 0.0 {
+                return x.1;
+            }
+        }
+        cand[cand.len() - 1].1
+    }
 
+    /// Fill `candidates` with the tokens that survive top-k, top-p and min-p, weighted by p^(1/T)
+    /// (not normalised); returns the total weight. Sorted by weight, largest first.
+    fn weights(&mut self, logits: &[f32]) -> f32 {
+        let c = &self.config;
         let cand = &mut self.candidates;
         cand.clear();
         cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
@@ -270,14 +285,39 @@ impl Sampler {
             x.0 = x.0.powf(inv_t);
             total += x.0;
         }
-        let mut r = self.rng.gen::<f32>() * total;
-        for x in cand.iter() {
+        total
+    }
+
+    /// Speculative sampling of one position whose proposal is `proposal` (a deterministic
+    /// proposal: prompt lookup or a greedy draft). Accept it with its probability p under this
+    /// sampler; else draw from the distribution without it, renormalised. The token that comes out
+    /// is distributed exactly as a plain draw. Returns (accepted, token). No penalties (the caller
+    /// checks `needs_logits`); greedy: accepted when it is the argmax.
+    pub fn speculate(&mut self, logits: &[f32], proposal: u32) -> (bool, u32) {
+        if self.is_greedy() {
+            let t = argmax(logits);
+            return (t == proposal, t);
+        }
+        let total = self.weights(logits);
+        let w = self
+            .candidates
+            .iter()
+            .find(|x| x.1 == proposal)
+            .map_or(0.0, |x| x.0);
+        if self.rng.gen::<f32>() * total < w {
+            return (true, proposal);
+        }
+        let rest = total - w;
+        let mut r = self.rng.gen::<f32>() * rest;
+        let mut last = proposal;
+        for x in self.candidates.iter().filter(|x| x.1 != proposal) {
+            last = x.1;
             r -= x.0;
             if r <= 0.0 {
-                return x.1;
+                return (false, x.1);
             }
         }
-        cand[cand.len() - 1].1
+        (false, last)
     }
 }
 
@@ -354,6 +394,53 @@ mod tests {
             seen.len() > 1,
             "temperature 0.8 should not always pick one token"
         );
+    }
+
+    /// The speculative rule gives each token its plain probability, whatever the proposal, also when
+    /// the proposal is filtered out (top-k).
+    #[test]
+    fn speculative_sampling_keeps_the_distribution() {
+        let logits = [2.0f32, 1.0, 0.5, -1.0, 0.0];
+        for top_k in [0, 3] {
+            let cfg = SamplerConfig {
+                temperature: 0.7,
+                top_k,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 9,
+                ..Default::default()
+            };
+            let mut want = vec![0f64; 5];
+            let mut ranked: Vec<usize> = (0..5).collect();
+            ranked.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+            let kept = if top_k > 0 { &ranked[..top_k] } else { &ranked[..] };
+            let z: f64 = kept.iter().map(|&i| (logits[i] as f64 / 0.7).exp()).sum();
+            for &i in kept {
+                want[i] = (logits[i] as f64 / 0.7).exp() / z;
+            }
+            for proposal in 0..5u32 {
+                let mut s = Sampler::new(cfg.clone(), 5).unwrap();
+                let n = 200_000;
+                let mut got = vec![0f64; 5];
+                let mut accepted = 0;
+                for _ in 0..n {
+                    let (a, t) = s.speculate(&logits, proposal);
+                    got[t as usize] += 1.0 / n as f64;
+                    accepted += a as usize;
+                    assert!(!a || t == proposal);
+                }
+                for i in 0..5 {
+                    assert!(
+                        (got[i] - want[i]).abs() < 0.005,
+                        "top-k {top_k}, proposal {proposal}: token {i} drawn {:.4}, want {:.4}",
+                        got[i],
+                        want[i]
+                    );
+                }
+                let p = want[proposal as usize];
+                assert!((accepted as f64 / n as f64 - p).abs() < 0.005, "acceptance ≠ p");
+            }
+        }
     }
 
     #[test]

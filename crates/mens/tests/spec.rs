@@ -111,3 +111,52 @@ fn a_draft_model_proposes_and_the_output_is_unchanged() {
     assert_eq!(ss.decode_steps + ss.accepted, ps.decode_steps);
     assert!(ss.accepted * 2 > ss.proposed, "{ss:?}");
 }
+
+/// Sampling with speculation: with top-k 1 the draw is deterministic, so the text equals greedy
+/// decoding's; at temperature 0.5 proposals are still accepted (the acceptance rule keeps each
+/// token's distribution: `speculative_sampling_keeps_the_distribution`).
+#[test]
+fn sampled_speculation_accepts_and_keeps_deterministic_draws() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let opts = SessionOptions {
+        ctx: 1024,
+        batch: 256,
+        logit_rows: 16,
+    };
+    let ids = l.tokenizer.encode(RENAME).unwrap();
+    let run = |cfg: SamplerConfig, spec: Option<SpecOptions>| {
+        let mut s = Session::new(l.model.clone(), opts.clone()).unwrap();
+        let mut sampler = Sampler::new(cfg, l.model.config.vocab_size).unwrap();
+        let gen = GenerateOptions {
+            max_tokens: 60,
+            spec,
+            ..Default::default()
+        };
+        let mut text = String::new();
+        let st = generate(&mut s, &l.tokenizer, &mut sampler, &ids, &gen, |t| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
+        (text, st)
+    };
+    let spec = Some(SpecOptions { max: 8, ngram: 3 });
+    let (greedy, _) = run(SamplerConfig::greedy(), None);
+    let top1 = SamplerConfig {
+        temperature: 0.8,
+        top_k: 1,
+        seed: 3,
+        ..Default::default()
+    };
+    let (t1, s1) = run(top1, spec);
+    assert_eq!(t1, greedy);
+    assert!(s1.accepted > 0, "{s1:?}");
+    let warm = SamplerConfig {
+        temperature: 0.5,
+        seed: 11,
+        ..Default::default()
+    };
+    let (_, s2) = run(warm, spec);
+    eprintln!("temperature 0.5: {} of {} proposals accepted", s2.accepted, s2.proposed);
+    assert!(s2.accepted * 5 > s2.proposed, "{s2:?}");
+}
