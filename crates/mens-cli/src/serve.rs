@@ -60,6 +60,17 @@ pub struct ServeArgs {
     /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. CPU only for now.
     #[arg(long, default_value_t = 0, value_name = "N")]
     cache_reuse: usize,
+    /// Speculative decoding by prompt lookup for greedy requests (temperature 0, no penalties,
+    /// grammar or logprobs): each such slot proposes up to --spec-max tokens per step, checked in
+    /// the same batched step; the output is unchanged. CPU only for now.
+    #[arg(long, value_enum)]
+    spec: Option<crate::args::SpecKind>,
+    /// Most tokens proposed per step.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    spec_max: u32,
+    /// Longest run of last tokens looked up.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
+    spec_ngram: u32,
     /// Largest request body, e.g. 8M.
     #[arg(long, default_value = "8M")]
     body_limit: String,
@@ -136,21 +147,33 @@ pub fn run(a: ServeArgs) -> Result<()> {
     });
     let target = l.target();
     let tokenizer = Arc::new(l.tokenizer);
+    if a.spec == Some(crate::args::SpecKind::Draft) {
+        bail!("invalid argument: the server speculates with --spec ngram only (a draft model is not supported there yet)");
+    }
+    let options = SchedulerOptions {
+        slots: a.parallel,
+        ctx: l.options.ctx,
+        batch: a.step_tokens,
+        queue: a.queue,
+        cache_reuse: a.cache_reuse,
+        spec: a.spec.map(|_| mens::spec::SpecOptions {
+            max: a.spec_max as usize,
+            ngram: a.spec_ngram as usize,
+        }),
+    };
     let scheduler = if backend == Backend::Cpu {
-        let options = SchedulerOptions {
-            slots: a.parallel,
-            ctx: l.options.ctx,
-            batch: a.step_tokens,
-            queue: a.queue,
-            cache_reuse: a.cache_reuse,
-        };
         Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
     } else {
         // The GPU runner is made (and its weights uploaded) on the scheduler's thread.
         let factory: RunnerFactory =
             Box::new(move || target.runner(&mut |m| eprintln!("mens: {m}"), &mut |_, _| {}));
         let vocab = l.model.config.vocab_size;
-        Scheduler::start(factory, vocab, tokenizer.clone(), a.queue, a.cache_reuse)?
+        // The GPU runner steps one sequence: speculation needs a batched verify there (issue 15).
+        let options = SchedulerOptions {
+            spec: None,
+            ..options
+        };
+        Scheduler::start(factory, vocab, tokenizer.clone(), options)?
     };
     let config = ServerConfig {
         api_keys,

@@ -217,6 +217,18 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "mens_spec_proposed_tokens_total",
+            "Speculative decoding: tokens proposed.",
+            st.spec_proposed.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "mens_spec_accepted_tokens_total",
+            "Speculative decoding: proposed tokens the model agreed with.",
+            st.spec_accepted.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
             "mens_steps_total",
             "Forward passes run.",
             st.steps.load(Ordering::Relaxed),

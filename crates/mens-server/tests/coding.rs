@@ -19,6 +19,7 @@ fn server() -> Server {
         batch: 256,
         queue: 8,
         cache_reuse: 0,
+        spec: None,
     };
     start_with(l.model.clone(), tok, opts, ServerConfig::default())
 }
@@ -187,4 +188,51 @@ fn logprobs_whole_and_streamed_agree() {
         })
         .collect();
     assert_eq!(streamed, content);
+}
+
+/// Speculation in the server: greedy requests propose by prompt lookup and are checked in the same
+/// batched step as other slots (here a sampled request beside it); the text equals a server
+/// without speculation, and proposals are accepted.
+#[test]
+fn server_speculation_keeps_greedy_text() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let serve = |spec: Option<mens::spec::SpecOptions>| {
+        let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+        let opts = SchedulerOptions {
+            slots: 2,
+            ctx: 2048,
+            batch: 256,
+            queue: 8,
+            cache_reuse: 0,
+            spec,
+        };
+        start_with(l.model.clone(), tok, opts, ServerConfig::default())
+    };
+    let rename = "Rename the variable `total` to `acc` and return the whole function:\n\n```python\ndef summarize(items):\n    total = 0\n    for item in items:\n        total += item.value\n    return total\n```";
+    let mut b = ask(rename);
+    b["temperature"] = json!(0);
+    b["max_tokens"] = json!(80);
+    let plain = post(serve(None).addr, "/v1/chat/completions", b.clone()).json();
+    let s = serve(Some(mens::spec::SpecOptions { max: 8, ngram: 3 }));
+    let addr = s.addr;
+    let sampled = std::thread::spawn(move || {
+        let mut o = ask("Write a haiku about Rust.");
+        o["temperature"] = json!(0.8);
+        o["max_tokens"] = json!(40);
+        post(addr, "/v1/chat/completions", o).status
+    });
+    let spec = post(addr, "/v1/chat/completions", b).json();
+    assert_eq!(sampled.join().unwrap(), 200);
+    assert_eq!(
+        spec["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"],
+        "speculation changed the greedy text"
+    );
+    assert_eq!(spec["usage"], plain["usage"]);
+    let st = s.state.scheduler.status();
+    let (p, a) = (
+        st.spec_proposed.load(std::sync::atomic::Ordering::Relaxed),
+        st.spec_accepted.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    eprintln!("server speculation: {a} of {p} proposals accepted");
+    assert!(a > 10 && a <= p, "{a} of {p}");
 }

@@ -422,6 +422,7 @@ fn real_model_batching_disconnect_and_greedy_text() {
         batch: 256,
         queue: 8,
         cache_reuse: 0,
+        spec: None,
     };
     let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
     let st = s.state.scheduler.status();

@@ -541,8 +541,8 @@ impl Batch {
     }
 
     /// One step over `parts` (distinct slots, ≤ `max_tokens_per_step` tokens in all). Afterwards
-    /// `logits(slot)` holds the last-token logits of each part that asked for them (`Logits::Last`;
-    /// `Logits::All` is not supported by a batch yet).
+    /// `logits(slot)` holds the last-token logits of each part that asked for them (`Logits::Last`);
+    /// `Logits::All` parts get every position's through their callback during the step.
     pub fn step(&mut self, parts: &mut [Part]) -> Result<()> {
         let total: usize = parts.iter().map(|p| p.tokens.len()).sum();
         if parts.is_empty() || total > self.batch {
@@ -561,11 +561,6 @@ impl Batch {
                 )));
             }
             seen |= 1 << p.slot;
-            if matches!(p.logits, Logits::All { .. }) {
-                return Err(Error::InvalidArgument(
-                    "a batch step gives the last position's logits only".into(),
-                ));
-            }
             self.slots[p.slot].check(p.tokens, self.model.config.vocab_size)?;
         }
         let m = &*self.model;
@@ -579,6 +574,33 @@ impl Batch {
         run_layers(m, &mut self.run, &mut work);
         drop(work);
 
+        // Every position's logits of `All` parts first (through the head in groups of `slots`
+        // rows), then the last positions' (which stay in `run.logits` for `sample_slot`).
+        let v = m.config.vocab_size;
+        let cap = self.slots.len();
+        let mut row = 0;
+        for p in parts.iter_mut() {
+            let start = row;
+            row += p.tokens.len();
+            if let Logits::All { from, f } = &mut p.logits {
+                let mut i = *from;
+                while i < p.tokens.len() {
+                    let k = cap.min(p.tokens.len() - i);
+                    for j in 0..k {
+                        let src = (start + i + j) * d;
+                        self.head_rows[j * d..(j + 1) * d]
+                            .copy_from_slice(&self.run.xb[src..src + d]);
+                    }
+                    let r = &mut self.run;
+                    r.in_head.set(&self.head_rows[..k * d], k);
+                    matmul(&[(&m.output, 0)], &r.in_head, &mut r.logits, v);
+                    for j in 0..k {
+                        f(i + j, &r.logits[j * v..(j + 1) * v]);
+                    }
+                    i += k;
+                }
+            }
+        }
         self.logit_slots.clear();
         let mut row = 0;
         for p in parts.iter() {
@@ -734,6 +756,55 @@ pub fn dispatches() -> u64 {
 mod tests {
     use super::*;
     use crate::synth::{synth_model, SynthSpec};
+
+    /// Every position's logits from a batch step (beside another slot's prompt chunk) equal a single
+    /// session's, bit for bit, in groups larger than the head's row capacity (the speculative
+    /// verify pass in the server).
+    #[test]
+    fn batch_all_logits_equal_a_session() {
+        let g = crate::gguf::Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap();
+        let (model, _, _) = crate::load::from_gguf(g).unwrap();
+        let model = Arc::new(model);
+        let toks: Vec<u32> = (0..9).map(|i| 5 + i * 11).collect();
+        let mut want = Vec::new();
+        let mut s = Session::new(
+            model.clone(),
+            SessionOptions {
+                ctx: 64,
+                batch: 64,
+                logit_rows: 4,
+            },
+        )
+        .unwrap();
+        s.forward(
+            &toks,
+            Logits::All {
+                from: 2,
+                f: &mut |i, l| want.push((i, l.to_vec())),
+            },
+        )
+        .unwrap();
+        let mut b = Batch::new(model, 2, 64, 64).unwrap();
+        let mut got = Vec::new();
+        let other = [7u32, 8, 9];
+        let mut f = |i: usize, l: &[f32]| got.push((i, l.to_vec()));
+        b.step(&mut [
+            Part {
+                slot: 1,
+                tokens: &other,
+                logits: Logits::Last,
+            },
+            Part {
+                slot: 0,
+                tokens: &toks,
+                logits: Logits::All { from: 2, f: &mut f },
+            },
+        ])
+        .unwrap();
+        assert_eq!(got.len(), toks.len() - 2);
+        assert!(got == want, "batch logits differ from the session's");
+        assert!(b.logits_and_tokens(1).is_some());
+    }
 
     /// A cached key moved by `shift` equals the key computed at the new position, to f16 rounding:
     /// layer 0's keys depend only on the token and its position, so there the two must agree; values

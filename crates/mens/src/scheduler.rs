@@ -13,6 +13,7 @@ use crate::grammar::Constraint;
 use crate::model::Model;
 use crate::runner::{Logits, Part, Runner};
 use crate::sample::{Sampler, SamplerConfig, TokenLogprobs};
+use crate::spec::SpecOptions;
 use crate::stream::{move_order, reusable_prefix, reuse_chunks, Chunk, TokenStream};
 use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
@@ -93,6 +94,9 @@ pub struct SchedulerOptions {
     /// Reuse cached runs of at least this many tokens that moved in a new prompt (0: only the
     /// common prefix; see [`reuse_chunks`]).
     pub cache_reuse: usize,
+    /// Speculative decoding by prompt lookup for greedy requests (no penalties, grammar or
+    /// logprobs): each such slot proposes and checks several tokens per step.
+    pub spec: Option<SpecOptions>,
 }
 
 /// Why a request was not taken.
@@ -127,6 +131,9 @@ pub struct Status {
     pub kv_tokens: AtomicUsize,
     /// Bytes of KV cache the runner allocated.
     pub kv_bytes: AtomicUsize,
+    /// Speculation: tokens proposed and accepted.
+    pub spec_proposed: AtomicU64,
+    pub spec_accepted: AtomicU64,
 }
 
 pub struct Scheduler {
@@ -158,17 +165,23 @@ impl Scheduler {
             Box::new(
                 move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>),
             );
-        Self::start(factory, vocab, tokenizer, options.queue, options.cache_reuse)
+        Self::start(factory, vocab, tokenizer, options)
     }
 
-    /// Start the thread, build the runner on it, and take its slots, context and step size.
+    /// Start the thread, build the runner on it, and take its slots, context and step size (those
+    /// of `options` are replaced by the runner's).
     pub fn start(
         runner: RunnerFactory,
         vocab: usize,
         tokenizer: Arc<Tokenizer>,
-        queue: usize,
-        cache_reuse: usize,
+        options: SchedulerOptions,
     ) -> Result<Self> {
+        let SchedulerOptions {
+            queue,
+            cache_reuse,
+            spec,
+            ..
+        } = options;
         if queue == 0 {
             return Err(Error::InvalidArgument(
                 "the queue must hold ≥ 1 request".into(),
@@ -184,7 +197,7 @@ impl Scheduler {
             .spawn(move || match runner() {
                 Ok(r) => {
                     let _ = ready_tx.send(Ok((r.slots(), r.ctx(), r.max_step_tokens())));
-                    run(r, &tokenizer, rx, &st, cache_reuse)
+                    run(r, &tokenizer, rx, &st, cache_reuse, spec)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -207,6 +220,7 @@ impl Scheduler {
                 batch,
                 queue,
                 cache_reuse,
+                spec,
             },
         })
     }
@@ -299,13 +313,15 @@ pub struct SlotState {
     pub prefill_end: usize,
     /// Decoding: one token to feed.
     pub decoding: bool,
+    /// Tokens a decode step feeds: 1, or 1 + proposals (speculation).
+    pub decode_len: usize,
 }
 
 /// One slot's share of a step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Work {
-    /// Feed the token sampled last step.
-    Decode { slot: usize },
+    /// Feed the token sampled last step, and `len - 1` proposed tokens after it (speculation).
+    Decode { slot: usize, len: usize },
     /// Feed prompt tokens `start..start + len`; `last`: the prompt is then complete (its last
     /// token's logits start the answer).
     Prefill {
@@ -319,7 +335,7 @@ pub enum Work {
 impl Work {
     pub fn slot(&self) -> usize {
         match *self {
-            Work::Decode { slot } | Work::Prefill { slot, .. } => slot,
+            Work::Decode { slot, .. } | Work::Prefill { slot, .. } => slot,
         }
     }
 }
@@ -332,8 +348,9 @@ pub fn plan(slots: &[Option<SlotState>], budget: usize, out: &mut Vec<Work>) {
     for (slot, s) in slots.iter().enumerate() {
         if let Some(s) = s {
             if s.decoding && room > 0 {
-                out.push(Work::Decode { slot });
-                room -= 1;
+                let len = s.decode_len.clamp(1, room);
+                out.push(Work::Decode { slot, len });
+                room -= len;
             }
         }
     }
@@ -384,6 +401,11 @@ struct Loop<'t> {
     waiting: VecDeque<Job>,
     /// Minimum moved run to reuse (0: off).
     cache_reuse: usize,
+    spec: Option<SpecOptions>,
+    /// Per slot: the tokens its decode step feeds (the next token, then proposals), and the model's
+    /// greedy picks at each of them.
+    feed: Vec<Vec<u32>>,
+    picks: Vec<Vec<u32>>,
 }
 
 fn run(
@@ -392,10 +414,14 @@ fn run(
     rx: Receiver<Job>,
     status: &Status,
     cache_reuse: usize,
+    spec: Option<SpecOptions>,
 ) {
     let n = runner.slots();
     let mut l = Loop {
         cache_reuse,
+        spec,
+        feed: vec![Vec::new(); n],
+        picks: vec![Vec::new(); n],
         vocab: tok.vocab_size(),
         runner,
         tok,
@@ -409,7 +435,6 @@ fn run(
         .store(l.runner.memory().kv_cache, Ordering::Relaxed);
     let mut states: Vec<Option<SlotState>> = vec![None; n];
     let mut work = Vec::with_capacity(n);
-    let mut one = vec![0u32; n];
     loop {
         // Take what was submitted; block when there is nothing to do.
         if l.waiting.is_empty() && l.slots.iter().all(|s| s.is_none()) {
@@ -420,19 +445,26 @@ fn run(
         }
         l.waiting.extend(rx.try_iter());
         l.admit();
+        l.propose();
         for (st, s) in states.iter_mut().zip(&l.slots) {
             *st = s.as_ref().map(|a| SlotState {
                 prompt_len: a.req.prompt.len(),
                 fed: a.fed,
                 prefill_end: a.reuse.front().map_or(a.req.prompt.len(), |c| c.dst),
                 decoding: a.next.is_some(),
+                decode_len: 1,
             });
+        }
+        for (st, f) in states.iter_mut().zip(&l.feed) {
+            if let Some(st) = st.as_mut().filter(|s| s.decoding) {
+                st.decode_len = f.len().max(1);
+            }
         }
         plan(&states, l.runner.max_step_tokens(), &mut work);
         if work.is_empty() {
             continue;
         }
-        l.step(&work, &mut one);
+        l.step(&work);
         l.status.active.store(l.busy(), Ordering::SeqCst);
         let held = (0..n).map(|i| l.runner.slot_tokens(i).len()).sum();
         l.status.kv_tokens.store(held, Ordering::Relaxed);
@@ -539,24 +571,69 @@ impl Loop<'_> {
         }
     }
 
+    /// Each decoding slot's feed: its next token, then (speculation, greedy requests) the tokens
+    /// that followed the latest earlier occurrence of its last tokens.
+    fn propose(&mut self) {
+        let ctx = self.runner.ctx();
+        for slot in 0..self.slots.len() {
+            let f = &mut self.feed[slot];
+            f.clear();
+            let Some(a) = self.slots[slot].as_ref() else {
+                continue;
+            };
+            let Some(next) = a.next else { continue };
+            f.push(next);
+            let Some(sp) = self.spec else { continue };
+            if !a.sampler.is_greedy() || a.sampler.needs_logits() {
+                continue;
+            }
+            let held = self.runner.slot_tokens(slot);
+            // The step yields the accepted proposals and one more token: within ctx and max_tokens.
+            let room = ctx.saturating_sub(held.len() + 2);
+            let left = a.req.max_tokens.saturating_sub(a.generated + 1);
+            let max = sp.max.min(room).min(left);
+            if max == 0 {
+                continue;
+            }
+            let mut history = Vec::with_capacity(held.len() + 1);
+            history.extend_from_slice(held);
+            history.push(next);
+            let mut draft = Vec::new();
+            crate::spec::ngram(&history, sp.ngram, max, &mut draft);
+            f.extend_from_slice(&draft);
+        }
+    }
+
     /// Run the planned step and apply its results.
-    fn step(&mut self, work: &[Work], one: &mut [u32]) {
+    fn step(&mut self, work: &[Work]) {
+        // One callback per speculating slot, collecting the greedy pick at each position.
+        let mut pick_refs: Vec<Option<&mut Vec<u32>>> = self.picks.iter_mut().map(Some).collect();
+        let mut fs: Vec<Box<dyn FnMut(usize, &[f32]) + '_>> = Vec::new();
         for w in work {
-            if let Work::Decode { slot } = *w {
-                one[slot] = self.slots[slot]
-                    .as_ref()
-                    .and_then(|a| a.next)
-                    .expect("decoding");
+            if let Work::Decode { slot, len } = *w {
+                if len > 1 {
+                    let p = pick_refs[slot].take().expect("one part per slot");
+                    p.clear();
+                    fs.push(Box::new(move |_, l| p.push(crate::sample::argmax(l))));
+                }
             }
         }
+        let mut fs_iter = fs.iter_mut();
         let mut parts: Vec<Part> = Vec::with_capacity(work.len());
         for w in work {
             let a = self.slots[w.slot()].as_ref().expect("planned slot");
             parts.push(match *w {
-                Work::Decode { slot } => Part {
+                Work::Decode { slot, len } => Part {
                     slot,
-                    tokens: std::slice::from_ref(&one[slot]),
-                    logits: Logits::Last,
+                    tokens: &self.feed[slot][..len],
+                    logits: if len > 1 {
+                        Logits::All {
+                            from: 0,
+                            f: &mut **fs_iter.next().expect("a callback per speculating slot"),
+                        }
+                    } else {
+                        Logits::Last
+                    },
                 },
                 Work::Prefill {
                     slot,
@@ -572,6 +649,7 @@ impl Loop<'_> {
         }
         let result = self.runner.step(&mut parts);
         drop(parts);
+        drop(fs);
         self.status.steps.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = result {
             for w in work {
@@ -592,24 +670,58 @@ impl Loop<'_> {
                         continue;
                     }
                 }
+                Work::Decode { len, .. } if len > 1 => {
+                    self.verify(slot, len);
+                    continue;
+                }
                 Work::Decode { .. } => {}
             }
             self.sample(slot);
         }
     }
 
+    /// After a speculating decode step: keep the proposals the model agrees with and its own next
+    /// token; drop the rest from the cache.
+    fn verify(&mut self, slot: usize, len: usize) {
+        let draft = &self.feed[slot][1..len];
+        let picks = &self.picks[slot];
+        let agree = draft.iter().zip(picks).take_while(|(d, p)| d == p).count();
+        let mut out: Vec<u32> = draft[..agree].to_vec();
+        out.push(picks[agree]);
+        let held = self.runner.slot_tokens(slot).len();
+        self.runner.truncate_slot(slot, held - len + 1 + agree);
+        self.status
+            .spec_proposed
+            .fetch_add((len - 1) as u64, Ordering::Relaxed);
+        self.status
+            .spec_accepted
+            .fetch_add(agree as u64, Ordering::Relaxed);
+        for t in out {
+            if !self.take(slot, t) {
+                break;
+            }
+        }
+    }
+
     /// Sample a slot's next token, stream its text, and finish it when it is done.
     fn sample(&mut self, slot: usize) {
-        let ctx = self.runner.ctx();
         let a = self.slots[slot].as_mut().expect("planned slot");
-        let t = match self.runner.sample_slot(slot, &mut a.sampler) {
-            Ok(t) => t,
+        match self.runner.sample_slot(slot, &mut a.sampler) {
+            Ok(t) => {
+                self.take(slot, t);
+            }
             Err(e) => {
                 let mut a = self.slots[slot].take().expect("planned slot");
                 (a.req.on_event)(Event::Error(e.to_string()));
-                return;
             }
-        };
+        }
+    }
+
+    /// A slot's next token: stream its text, finish the request when it is done. False when the
+    /// slot was freed.
+    fn take(&mut self, slot: usize, t: u32) -> bool {
+        let ctx = self.runner.ctx();
+        let a = self.slots[slot].as_mut().expect("planned slot");
         a.generated += 1;
         self.status.generated.fetch_add(1, Ordering::Relaxed);
         a.first.get_or_insert_with(|| a.admitted.elapsed());
@@ -619,13 +731,13 @@ impl Loop<'_> {
             if let Some(lp) = a.sampler.last.take() {
                 if !(a.req.on_event)(Event::Logprobs(lp)) {
                     self.slots[slot] = None;
-                    return;
+                    return false;
                 }
             }
             let (text, hit) = a.stream.push(self.tok, t);
             if !text.is_empty() && !(a.req.on_event)(Event::Text(text.to_string())) {
                 self.slots[slot] = None;
-                return;
+                return false;
             }
             if hit || a.sampler.grammar_done() {
                 Some(Finish::Stop)
@@ -640,7 +752,7 @@ impl Loop<'_> {
         };
         let Some(finish) = finish else {
             a.next = Some(t);
-            return;
+            return true;
         };
         let mut a = self.slots[slot].take().expect("planned slot");
         // Free before the final event: a client that has its answer sees the slot free.
@@ -660,6 +772,7 @@ impl Loop<'_> {
             stop_sequence: a.stream.stop_hit().map(str::to_string),
         };
         (a.req.on_event)(Event::Done(usage));
+        false
     }
 }
 
@@ -673,6 +786,7 @@ mod tests {
             fed,
             prefill_end: prompt_len,
             decoding,
+            decode_len: 1,
         })
     }
 
@@ -689,8 +803,8 @@ mod tests {
         assert_eq!(
             w,
             vec![
-                Work::Decode { slot: 1 },
-                Work::Decode { slot: 3 },
+                Work::Decode { slot: 1, len: 1 },
+                Work::Decode { slot: 3, len: 1 },
                 Work::Prefill {
                     slot: 0,
                     start: 0,

@@ -69,6 +69,7 @@ pub fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
         batch: 64,
         queue,
         cache_reuse: 0,
+        spec: None,
     };
     start_with(m, t, opts, config)
 }
