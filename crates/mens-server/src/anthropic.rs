@@ -5,12 +5,12 @@
 
 use crate::api::{chat, chat_tokens, read_json};
 use crate::guard::Tenant;
-use crate::request::{engine_error, ApiError, ApiResult, ChatRequest};
+use crate::request::{ApiError, ApiResult, ChatRequest};
 use crate::sse::{Kind, Meta};
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::scheduler::{Event, Finish, Usage};
 use mens::tools::{CallSplitter, Piece, ToolCall};
@@ -250,19 +250,7 @@ fn tool_use(m: &Meta, c: &ToolCall, i: usize) -> Value {
 
 /// The whole answer as one message.
 pub(crate) async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> ApiResult<Response> {
-    let mut text = String::new();
-    let usage = loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Logprobs(_)) => {}
-            Some(Event::Done(u)) => {
-                meta.metrics.finished(&u);
-                break u;
-            }
-            Some(Event::Error(m)) => return Err(engine_error(m)),
-            None => return Err(engine_error("the engine dropped the request".into())),
-        }
-    };
+    let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
     let (content, calls) = match &meta.tools {
         Some(names) => mens::tools::parse(&text, names),
         None => (text, Vec::new()),
@@ -411,21 +399,20 @@ pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>, prompt_toke
         "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
     st.event("message_start", start);
     st.event("ping", json!({"type": "ping"}));
-    let body = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
-            }
-            if st.done {
-                return None;
-            }
-            let e = st.rx.recv().await;
-            st.on(e);
-        }
-    });
-    let mut r = Response::new(Body::from_stream(body));
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+    crate::sse::event_stream(st)
+}
+
+impl crate::sse::EventSink for Stream {
+    fn pending(&mut self) -> &mut VecDeque<Bytes> {
+        &mut self.pending
+    }
+    fn done(&self) -> bool {
+        self.done
+    }
+    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event> {
+        &mut self.rx
+    }
+    fn on(&mut self, e: Option<Event>) {
+        Stream::on(self, e)
+    }
 }

@@ -6,12 +6,12 @@
 
 use crate::api::{chat, read_json};
 use crate::guard::Tenant;
-use crate::request::{engine_error, ApiError, ApiResult};
+use crate::request::{ApiError, ApiResult};
 use crate::sse::{Kind, Meta};
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use mens::scheduler::{Event, Finish, Usage};
 use mens::tools::{CallSplitter, Piece, ToolCall};
@@ -238,19 +238,7 @@ fn output_of(m: &Meta, text: &str) -> Vec<Value> {
 }
 
 pub(crate) async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> ApiResult<Response> {
-    let mut text = String::new();
-    let usage = loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Logprobs(_)) => {}
-            Some(Event::Done(u)) => {
-                meta.metrics.finished(&u);
-                break u;
-            }
-            Some(Event::Error(m)) => return Err(engine_error(m)),
-            None => return Err(engine_error("the engine dropped the request".into())),
-        }
-    };
+    let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
     let output = output_of(&meta, &text);
     Ok(axum::Json(response_json(&meta, &meta.echo, output, Some(&usage))).into_response())
 }
@@ -392,21 +380,20 @@ pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>) -> Response
     st.event(json!({"type": "response.created", "response": r}));
     let r = response_json(&st.meta, &st.meta.echo, vec![], None);
     st.event(json!({"type": "response.in_progress", "response": r}));
-    let body = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
-            }
-            if st.done {
-                return None;
-            }
-            let e = st.rx.recv().await;
-            st.on(e);
-        }
-    });
-    let mut r = Response::new(Body::from_stream(body));
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+    crate::sse::event_stream(st)
+}
+
+impl crate::sse::EventSink for Stream {
+    fn pending(&mut self) -> &mut VecDeque<Bytes> {
+        &mut self.pending
+    }
+    fn done(&self) -> bool {
+        self.done
+    }
+    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event> {
+        &mut self.rx
+    }
+    fn on(&mut self, e: Option<Event>) {
+        Stream::on(self, e)
+    }
 }

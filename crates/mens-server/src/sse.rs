@@ -146,25 +146,65 @@ fn infill_json(m: &Meta, content: &str, u: &Usage) -> Value {
     })
 }
 
-/// Collect the whole answer.
-pub(crate) async fn whole(
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-) -> ApiResult<Response> {
+/// The whole answer's text, log-probabilities and counts (every API's non-streamed answer).
+pub(crate) async fn collect(
+    meta: &Meta,
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+) -> ApiResult<(String, Vec<TokenLogprobs>, Usage)> {
     let mut text = String::new();
     let mut lps = Vec::new();
-    let usage = loop {
+    loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Logprobs(l)) => lps.push(l),
             Some(Event::Done(u)) => {
                 meta.metrics.finished(&u);
-                break u;
+                return Ok((text, lps, u));
             }
             Some(Event::Error(m)) => return Err(engine_error(m)),
             None => return Err(engine_error("the engine dropped the request".into())),
         }
-    };
+    }
+}
+
+/// A stream of server-sent events: bytes ready to send, and what turns engine events into more.
+pub(crate) trait EventSink: Send + 'static {
+    fn pending(&mut self) -> &mut VecDeque<Bytes>;
+    fn done(&self) -> bool;
+    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event>;
+    fn on(&mut self, e: Option<Event>);
+}
+
+/// The HTTP response that sends `sink`'s events as they come.
+pub(crate) fn event_stream(sink: impl EventSink) -> Response {
+    let body = futures_util::stream::unfold(sink, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending().pop_front() {
+                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
+            }
+            if st.done() {
+                return None;
+            }
+            let e = st.rx().recv().await;
+            st.on(e);
+        }
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Collect the whole answer.
+pub(crate) async fn whole(
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> ApiResult<Response> {
+    let (text, lps, usage) = collect(&meta, &mut rx).await?;
     let mut reason = finish_reason(usage.finish);
     if let Kind::Infill { quiet } = meta.kind {
         let content = if quiet { "" } else { text.as_str() };
@@ -277,7 +317,7 @@ impl Sse {
             .push_back(Bytes::from(format!("data: {v}\n\n")));
     }
 
-    pub(crate) fn on(&mut self, e: Option<Event>) {
+    fn on(&mut self, e: Option<Event>) {
         match e {
             Some(Event::Logprobs(l)) => self.lps.push(l),
             Some(Event::Text(t)) => {
@@ -362,24 +402,20 @@ pub(crate) fn stream(
         let c = sse.chunk(None, None, true);
         sse.push(&c);
     }
-    let body = futures_util::stream::unfold(sse, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
-            }
-            if st.done {
-                return None;
-            }
-            let e = st.rx.recv().await;
-            st.on(e);
-        }
-    });
-    let mut r = Response::new(Body::from_stream(body));
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+    event_stream(sse)
+}
+
+impl EventSink for Sse {
+    fn pending(&mut self) -> &mut VecDeque<Bytes> {
+        &mut self.pending
+    }
+    fn done(&self) -> bool {
+        self.done
+    }
+    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event> {
+        &mut self.rx
+    }
+    fn on(&mut self, e: Option<Event>) {
+        Sse::on(self, e)
+    }
 }
