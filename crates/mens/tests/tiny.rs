@@ -379,12 +379,17 @@ fn batch_steps_equal_separate_sessions() {
     assert!(batch.step(&mut [part(0, &[1]), part(0, &[1])]).is_err());
     assert!(batch.step(&mut [part(9, &[1])]).is_err());
     assert!(batch.step(&mut [part(0, &[1u32; 33])]).is_err());
-    let mut f = |_: usize, _: &[f32]| {};
-    let all = Logits::All { from: 0, f: &mut f };
-    let e = batch.step(&mut [Part {
-        slot: 0,
-        tokens: &[1],
-        logits: all,
-    }]);
-    assert!(e.is_err(), "a batch gives last-position logits only");
+    // Every position's logits (the speculative verify pass): one call per position from `from`.
+    let mut calls = Vec::new();
+    let mut f = |i: usize, l: &[f32]| calls.push((i, l.len()));
+    let all = Logits::All { from: 1, f: &mut f };
+    batch
+        .step(&mut [Part {
+            slot: 0,
+            tokens: &[1, 2, 3],
+            logits: all,
+        }])
+        .unwrap();
+    let v = model.config.vocab_size;
+    assert_eq!(calls, [(1, v), (2, v)]);
 }
