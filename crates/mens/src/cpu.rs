@@ -478,6 +478,9 @@ impl Session {
     }
 }
 
+/// Rows of logits a batch computes per LM-head pass at least.
+const HEAD_ROWS: usize = 16;
+
 /// Several sequences ("slots") decoded together: one RunState for all of them, one KV cache each.
 /// A step appends tokens to any subset of the slots (one token for a decoding slot, a prompt chunk
 /// for a prefilling one) and runs every matrix product once over all the new rows, so that the
@@ -501,10 +504,13 @@ impl Batch {
                 "a batch needs 1..=64 slots, a context > 0 and room for one token per slot (slots {slots}, ctx {ctx}, batch {batch})"
             )));
         }
+        // Logit rows per LM-head pass: one per slot, and at least a speculative verify's worth
+        // (reading the head once per row would cost more than the proposals save).
+        let rows = slots.max(HEAD_ROWS).min(batch);
         let options = SessionOptions {
             ctx,
             batch,
-            logit_rows: slots,
+            logit_rows: rows,
         };
         let run = RunState::new(&model, &options);
         let seqs = (0..slots).map(|_| Sequence::new(&model, ctx)).collect();
@@ -514,7 +520,7 @@ impl Batch {
             run,
             batch,
             logit_slots: Vec::with_capacity(slots),
-            head_rows: vec![0f32; slots * d],
+            head_rows: vec![0f32; rows * d],
             model,
         })
     }
@@ -577,7 +583,7 @@ impl Batch {
         // Every position's logits of `All` parts first (through the head in groups of `slots`
         // rows), then the last positions' (which stay in `run.logits` for `sample_slot`).
         let v = m.config.vocab_size;
-        let cap = self.slots.len();
+        let cap = self.head_rows.len() / d;
         let mut row = 0;
         for p in parts.iter_mut() {
             let start = row;
@@ -765,7 +771,8 @@ mod tests {
         let g = crate::gguf::Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap();
         let (model, _, _) = crate::load::from_gguf(g).unwrap();
         let model = Arc::new(model);
-        let toks: Vec<u32> = (0..9).map(|i| 5 + i * 11).collect();
+        // 20 positions: more than one LM-head pass (HEAD_ROWS).
+        let toks: Vec<u32> = (0..20).map(|i| 5 + i * 11).collect();
         let mut want = Vec::new();
         let mut s = Session::new(
             model.clone(),
@@ -784,7 +791,7 @@ mod tests {
             },
         )
         .unwrap();
-        let mut b = Batch::new(model, 2, 64, 64).unwrap();
+        let mut b = Batch::new(model, 2, 64, 32).unwrap();
         let mut got = Vec::new();
         let other = [7u32, 8, 9];
         let mut f = |i: usize, l: &[f32]| got.push((i, l.to_vec()));
