@@ -21,7 +21,10 @@ fn python_with_openai() -> PathBuf {
     let py = venv.join("bin/python");
     let has = |py: &PathBuf| {
         Command::new(py)
-            .args(["-c", "import openai, anthropic, jsonschema, prometheus_client"])
+            .args([
+                "-c",
+                "import openai, anthropic, jsonschema, prometheus_client",
+            ])
             .status()
             .is_ok_and(|s| s.success())
     };
@@ -105,7 +108,9 @@ fn openai_and_anthropic_python_clients_work_against_mens_serve() {
         ("openai_compat.py", "openai client: all checks passed"),
         ("anthropic_compat.py", "anthropic client: all checks passed"),
     ] {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(script);
         let out = Command::new(&py)
             .arg(script)
             .arg(&url)

@@ -102,7 +102,11 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
                 continue;
             }
             Some(Value::Array(b)) => b,
-            _ => return Err(bad("messages: content must be a string or a list of blocks")),
+            _ => {
+                return Err(bad(
+                    "messages: content must be a string or a list of blocks",
+                ))
+            }
         };
         let mut text = String::new();
         let mut calls = Vec::new();
@@ -198,7 +202,8 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
         out.insert("tool_choice".into(), choice);
     }
     // Anthropic's default is greedy-ish 1.0; leave mens's sampler defaults when absent.
-    serde_json::from_value(Value::Object(out)).map_err(|e| bad(format!("the request is not valid: {e}")))
+    serde_json::from_value(Value::Object(out))
+        .map_err(|e| bad(format!("the request is not valid: {e}")))
 }
 
 pub async fn messages(
@@ -249,7 +254,10 @@ fn tool_use(m: &Meta, c: &ToolCall, i: usize) -> Value {
 }
 
 /// The whole answer as one message.
-pub(crate) async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> ApiResult<Response> {
+pub(crate) async fn whole(
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
     let (content, calls) = match &meta.tools {
         Some(names) => mens::tools::parse(&text, names),
@@ -309,7 +317,10 @@ impl Stream {
         if self.text_open {
             self.text_open = false;
             let i = self.block;
-            self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+            self.event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            );
             self.block += 1;
         }
     }
@@ -332,7 +343,10 @@ impl Stream {
                         json!({"type": "content_block_delta", "index": i,
                                "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
                     );
-                    self.event("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+                    self.event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    );
                     self.block += 1;
                     self.n_calls += 1;
                 }
@@ -380,7 +394,11 @@ impl Stream {
 }
 
 /// The answer as Anthropic's server-sent events.
-pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>, prompt_tokens: usize) -> Response {
+pub(crate) fn stream(
+    meta: Meta,
+    rx: mpsc::UnboundedReceiver<Event>,
+    prompt_tokens: usize,
+) -> Response {
     let calls = meta.tools.clone().map(CallSplitter::new);
     let mut st = Stream {
         meta,

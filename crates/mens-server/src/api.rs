@@ -352,7 +352,18 @@ pub async fn infill(
     let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
     let extra = Extra::default();
     match ids {
-        Ok(p) => complete(s, Kind::Infill { quiet }, p, &common, tenant, deadline, extra).await,
+        Ok(p) => {
+            complete(
+                s,
+                Kind::Infill { quiet },
+                p,
+                &common,
+                tenant,
+                deadline,
+                extra,
+            )
+            .await
+        }
         Err(e) => Err(e),
     }
     .unwrap_or_else(IntoResponse::into_response)

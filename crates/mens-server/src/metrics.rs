@@ -147,7 +147,10 @@ impl Metrics {
             );
         }
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
         let gauge = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -184,7 +187,12 @@ impl Metrics {
         let st = s.scheduler.status();
         let o = s.scheduler.options();
         let u = |x: usize| x as u64;
-        gauge(&mut out, "mens_slots", "Sequences decoded together.", u(o.slots));
+        gauge(
+            &mut out,
+            "mens_slots",
+            "Sequences decoded together.",
+            u(o.slots),
+        );
         gauge(
             &mut out,
             "mens_slots_busy",
@@ -281,13 +289,7 @@ pub(crate) async fn track(State(s): State<Arc<AppState>>, req: Request, next: Ne
     let mut r = next.run(req).instrument(span.clone()).await;
     let status = r.status().as_u16();
     s.metrics.count(route, status);
-    span.in_scope(|| {
-        tracing::info!(
-            status,
-            ms = t0.elapsed().as_secs_f64() * 1e3,
-            "answered"
-        )
-    });
+    span.in_scope(|| tracing::info!(status, ms = t0.elapsed().as_secs_f64() * 1e3, "answered"));
     if let Ok(v) = HeaderValue::from_str(&id) {
         r.headers_mut().insert("x-request-id", v);
     }

@@ -344,7 +344,9 @@ impl Common {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
                 Some(_) => {
-                    return Err(ApiError::invalid("logprobs must be true or false").param("logprobs"))
+                    return Err(
+                        ApiError::invalid("logprobs must be true or false").param("logprobs")
+                    )
                 }
             };
             let top = match &self.top_logprobs {
@@ -370,9 +372,8 @@ impl Common {
                 None | Some(Value::Null) => Ok(None),
                 Some(v) => match v.as_i64() {
                     Some(n) if (0..=5).contains(&n) => Ok(Some(n as usize)),
-                    _ => Err(
-                        ApiError::invalid("logprobs must be an integer from 0 to 5").param("logprobs")
-                    ),
+                    _ => Err(ApiError::invalid("logprobs must be an integer from 0 to 5")
+                        .param("logprobs")),
                 },
             }
         }
@@ -387,7 +388,7 @@ impl Common {
         };
         if tools.len() > MAX_TOOLS {
             return Err(
-                ApiError::invalid(format!("tools takes at most {MAX_TOOLS} tools")).param("tools")
+                ApiError::invalid(format!("tools takes at most {MAX_TOOLS} tools")).param("tools"),
             );
         }
         for t in &tools {

@@ -83,7 +83,9 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                                 "arguments": it.get("arguments").cloned().unwrap_or(json!("{}"))}});
                         // Consecutive calls belong to one assistant turn.
                         match msgs.last_mut() {
-                            Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
+                            Some(m)
+                                if m["role"] == "assistant" && m.get("tool_calls").is_some() =>
+                            {
                                 m["tool_calls"].as_array_mut().map(|a| a.push(call));
                             }
                             _ => msgs.push(
@@ -143,7 +145,9 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
     if let Some(c) = o.get("tool_choice").filter(|c| !c.is_null()) {
         let choice = match c {
             Value::String(_) => c.clone(),
-            _ => json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}}),
+            _ => {
+                json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}})
+            }
         };
         out.insert("tool_choice".into(), choice);
     }
@@ -153,7 +157,11 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                 "name": f.get("name").cloned().unwrap_or(json!("schema")),
                 "schema": f.get("schema").cloned().unwrap_or_else(|| json!({}))}}),
             Some(k @ ("text" | "json_object")) => json!({ "type": k }),
-            _ => return Err(bad("text.format.type must be text, json_object or json_schema").param("text")),
+            _ => {
+                return Err(
+                    bad("text.format.type must be text, json_object or json_schema").param("text"),
+                )
+            }
         };
         out.insert("response_format".into(), rf);
     }
@@ -233,11 +241,19 @@ fn output_of(m: &Meta, text: &str) -> Vec<Value> {
     if !content.is_empty() || calls.is_empty() {
         out.push(message_item(m, &content, "completed"));
     }
-    out.extend(calls.iter().enumerate().map(|(i, c)| call_item(m, c, i, "completed")));
+    out.extend(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| call_item(m, c, i, "completed")),
+    );
     out
 }
 
-pub(crate) async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> ApiResult<Response> {
+pub(crate) async fn whole(
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
     let output = output_of(&meta, &text);
     Ok(axum::Json(response_json(&meta, &meta.echo, output, Some(&usage))).into_response())
@@ -274,8 +290,10 @@ impl Stream {
         let (i, acc) = self.msg.as_mut().expect("open message");
         acc.push_str(t);
         let i = *i;
-        self.event(json!({"type": "response.output_text.delta", "item_id": id, "output_index": i,
-            "content_index": 0, "delta": t, "logprobs": []}));
+        self.event(
+            json!({"type": "response.output_text.delta", "item_id": id, "output_index": i,
+            "content_index": 0, "delta": t, "logprobs": []}),
+        );
     }
 
     fn open_message(&mut self) {
@@ -284,7 +302,9 @@ impl Stream {
             let i = self.items.len();
             self.msg = Some((i, String::new()));
             let item = message_item(&self.meta, "", "in_progress");
-            self.event(json!({"type": "response.output_item.added", "output_index": i, "item": item}));
+            self.event(
+                json!({"type": "response.output_item.added", "output_index": i, "item": item}),
+            );
             self.event(json!({"type": "response.content_part.added", "item_id": id, "output_index": i,
                 "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
         }
@@ -293,12 +313,16 @@ impl Stream {
     fn close_text(&mut self) {
         if let Some((i, text)) = self.msg.take() {
             let id = format!("msg_{}", self.meta.id);
-            self.event(json!({"type": "response.output_text.done", "item_id": id, "output_index": i,
-                "content_index": 0, "text": text, "logprobs": []}));
+            self.event(
+                json!({"type": "response.output_text.done", "item_id": id, "output_index": i,
+                "content_index": 0, "text": text, "logprobs": []}),
+            );
             self.event(json!({"type": "response.content_part.done", "item_id": id, "output_index": i,
                 "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
             let item = message_item(&self.meta, &text, "completed");
-            self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
+            self.event(
+                json!({"type": "response.output_item.done", "output_index": i, "item": item}),
+            );
             self.items.push(item);
         }
     }
@@ -315,10 +339,14 @@ impl Stream {
                     let started = call_item(&self.meta, &c, n, "in_progress");
                     let id = started["id"].clone();
                     self.event(json!({"type": "response.output_item.added", "output_index": i, "item": started}));
-                    self.event(json!({"type": "response.function_call_arguments.delta", "item_id": id,
-                        "output_index": i, "delta": c.arguments}));
-                    self.event(json!({"type": "response.function_call_arguments.done", "item_id": id,
-                        "output_index": i, "arguments": c.arguments, "name": c.name}));
+                    self.event(
+                        json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                        "output_index": i, "delta": c.arguments}),
+                    );
+                    self.event(
+                        json!({"type": "response.function_call_arguments.done", "item_id": id,
+                        "output_index": i, "arguments": c.arguments, "name": c.name}),
+                    );
                     let item = call_item(&self.meta, &c, n, "completed");
                     self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
                     self.items.push(item);
@@ -355,7 +383,9 @@ impl Stream {
                 self.done = true;
             }
             Some(Event::Error(m)) => {
-                self.event(json!({"type": "error", "code": "server_error", "message": m, "param": null}));
+                self.event(
+                    json!({"type": "error", "code": "server_error", "message": m, "param": null}),
+                );
                 self.done = true;
             }
             None => self.done = true,

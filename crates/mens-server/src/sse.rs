@@ -55,8 +55,7 @@ impl Meta {
             .iter()
             .map(|l| {
                 let mut v = self.token_json(l.token, l.logprob);
-                v["top_logprobs"] =
-                    l.top.iter().map(|&(t, p)| self.token_json(t, p)).collect();
+                v["top_logprobs"] = l.top.iter().map(|&(t, p)| self.token_json(t, p)).collect();
                 v
             })
             .collect();

@@ -71,10 +71,17 @@ fn json_schema_output_always_validates() {
         assert!(o["name"].as_str().unwrap().chars().count() <= 20, "{text}");
         let age = o["age"].as_i64().unwrap_or(-1);
         assert!((0..=120).contains(&age), "{text}");
-        assert!(["python", "rust", "go"].contains(&o["lang"].as_str().unwrap()), "{text}");
+        assert!(
+            ["python", "rust", "go"].contains(&o["lang"].as_str().unwrap()),
+            "{text}"
+        );
         let tags = o["tags"].as_array().unwrap();
         assert!((1..=3).contains(&tags.len()), "{text}");
-        assert!(tags.iter().all(|t| t.as_str().is_some_and(|t| t.chars().count() <= 12)), "{text}");
+        assert!(
+            tags.iter()
+                .all(|t| t.as_str().is_some_and(|t| t.chars().count() <= 12)),
+            "{text}"
+        );
     }
     // json_object: any object; a regex and a Lark grammar.
     let mut b = ask("List two fruits.");
@@ -82,18 +89,25 @@ fn json_schema_output_always_validates() {
     b["temperature"] = json!(0);
     let v = post(s.addr, "/v1/chat/completions", b).json();
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    assert!(
+        serde_json::from_str::<Value>(text).unwrap().is_object(),
+        "{text}"
+    );
     let mut b = ask("What year did Python 3 come out?");
     b["regex"] = json!("[0-9]{4}");
     let v = post(s.addr, "/v1/chat/completions", b).json();
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(text.len() == 4 && text.bytes().all(|c| c.is_ascii_digit()), "{text}");
+    assert!(
+        text.len() == 4 && text.bytes().all(|c| c.is_ascii_digit()),
+        "{text}"
+    );
     let mut b = ask("Is Rust memory safe?");
     b["grammar"] = json!("start: (\"yes\" | \"no\") \", because \" /[a-z ]{1,40}/ \".\"");
     let v = post(s.addr, "/v1/chat/completions", b).json();
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(
-        (text.starts_with("yes, because ") || text.starts_with("no, because ")) && text.ends_with('.'),
+        (text.starts_with("yes, because ") || text.starts_with("no, because "))
+            && text.ends_with('.'),
         "{text}"
     );
 }
@@ -106,7 +120,10 @@ fn tool_calls_forced_parsed_and_streamed() {
     let mut b = ask("What is the weather in Oslo, in celsius?");
     b["tools"] = weather_tools();
     b["temperature"] = json!(0);
-    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
         b["tool_choice"] = choice;
         let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
         let c = &v["choices"][0];
@@ -114,8 +131,12 @@ fn tool_calls_forced_parsed_and_streamed() {
         let call = &c["message"]["tool_calls"][0];
         assert_eq!(call["type"], "function");
         assert_eq!(call["function"]["name"], "get_weather", "{v}");
-        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-        assert!(args["city"].is_string() && ["c", "f"].contains(&args["unit"].as_str().unwrap()), "{args}");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(
+            args["city"].is_string() && ["c", "f"].contains(&args["unit"].as_str().unwrap()),
+            "{args}"
+        );
 
         // Streamed: one tool_calls delta with the same call, then finish_reason tool_calls.
         let mut sb = b.clone();
@@ -134,7 +155,10 @@ fn tool_calls_forced_parsed_and_streamed() {
         assert_eq!(deltas.len(), 1, "{events:?}");
         assert_eq!(deltas[0][0]["index"], 0);
         assert_eq!(deltas[0][0]["function"], call["function"]);
-        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
     }
     // The call and its result go back through the template; the model answers in text.
     let mut b = ask("What is the weather in Oslo, in celsius?");
@@ -149,7 +173,13 @@ fn tool_calls_forced_parsed_and_streamed() {
     b["tool_choice"] = json!("none");
     let v = post(s.addr, "/v1/chat/completions", b).json();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
-    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().len() > 0);
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .len()
+            > 0
+    );
 }
 
 /// Greedy log-probabilities: one entry per generated token, the chosen token is the most likely,
@@ -163,16 +193,32 @@ fn logprobs_whole_and_streamed_agree() {
     b["logprobs"] = json!(true);
     b["top_logprobs"] = json!(3);
     let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
-    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
-    assert_eq!(content.len() as i64, v["usage"]["completion_tokens"].as_i64().unwrap(), "{v}");
-    let text: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
-    assert_eq!(text, v["choices"][0]["message"]["content"].as_str().unwrap());
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        content.len() as i64,
+        v["usage"]["completion_tokens"].as_i64().unwrap(),
+        "{v}"
+    );
+    let text: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text,
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
     for e in &content {
         let top = e["top_logprobs"].as_array().unwrap();
         assert_eq!(top.len(), 3);
         assert_eq!(top[0]["token"], e["token"], "greedy picks the most likely");
         let lp: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
-        assert!(lp.windows(2).all(|w| w[0] >= w[1]) && lp[0] <= 0.0, "{lp:?}");
+        assert!(
+            lp.windows(2).all(|w| w[0] >= w[1]) && lp[0] <= 0.0,
+            "{lp:?}"
+        );
         let p: f64 = lp.iter().map(|l| l.exp()).sum();
         assert!(p <= 1.0 + 1e-4, "probabilities sum to {p}");
     }
@@ -184,7 +230,10 @@ fn logprobs_whole_and_streamed_agree() {
         .filter(|e| *e != "[DONE]")
         .flat_map(|e| {
             let c: Value = serde_json::from_str(e).unwrap();
-            c["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default()
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
         })
         .collect();
     assert_eq!(streamed, content);

@@ -279,7 +279,11 @@ fn unsupported_fields_and_small_defects() {
         post(a, "/v1/chat/completions", b)
     };
     // Structured output, tools and logprobs are supported: bad values name the field.
-    assert_error(&with("response_format", json!({"type": "xml"})), 400, "response_format");
+    assert_error(
+        &with("response_format", json!({"type": "xml"})),
+        400,
+        "response_format",
+    );
     let r = with(
         "response_format",
         json!({"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(["}}}}}),
@@ -288,9 +292,27 @@ fn unsupported_fields_and_small_defects() {
     assert_eq!(r.json()["error"]["code"], "invalid_grammar");
     let huge = json!({"type": "json_schema", "json_schema": {"schema": {"enum": vec!["x".repeat(100); 1000]}}});
     assert_error(&with("response_format", huge), 400, "limit of 65536");
-    assert_error(&with("tool_choice", json!("required")), 400, "tool_choice requires tools");
-    assert_error(&with("tools", json!([{"type": "function"}])), 400, "each tool");
-    assert_error(&with("tools", json!(vec![json!({"type": "function", "function": {"name": "f"}}); 129])), 400, "at most 128");
+    assert_error(
+        &with("tool_choice", json!("required")),
+        400,
+        "tool_choice requires tools",
+    );
+    assert_error(
+        &with("tools", json!([{"type": "function"}])),
+        400,
+        "each tool",
+    );
+    assert_error(
+        &with(
+            "tools",
+            json!(vec![
+                json!({"type": "function", "function": {"name": "f"}});
+                129
+            ]),
+        ),
+        400,
+        "at most 128",
+    );
     let one = json!([{"type": "function", "function": {"name": "f"}}]);
     let mut b = chat("x");
     b["tools"] = one.clone();
@@ -468,12 +490,24 @@ fn metrics_request_ids_and_tokenize_are_bounded() {
         let r = call(a, "GET", &format!("/random/{i}"), &Value::Null);
         assert_eq!(r.status, 404);
     }
-    let r = read_reply(send(a, "GET", "/metrics", &[("x-request-id", "trace-42")], b""));
+    let r = read_reply(send(
+        a,
+        "GET",
+        "/metrics",
+        &[("x-request-id", "trace-42")],
+        b"",
+    ));
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-request-id"), Some("trace-42"));
     let text = String::from_utf8(r.body).unwrap();
-    let others: Vec<&str> = text.lines().filter(|l| l.contains("route=\"other\"")).collect();
-    assert_eq!(others, ["mens_requests_total{route=\"other\",status=\"404\"} 50"]);
+    let others: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("route=\"other\""))
+        .collect();
+    assert_eq!(
+        others,
+        ["mens_requests_total{route=\"other\",status=\"404\"} 50"]
+    );
     let evil = "a b;".repeat(30);
     let r = read_reply(send(a, "GET", "/health", &[("x-request-id", &evil)], b""));
     let id = r.header("x-request-id").unwrap();
@@ -481,9 +515,17 @@ fn metrics_request_ids_and_tokenize_are_bounded() {
 
     let r = post(a, "/tokenize", json!({"content": "a<|im_end|>b"}));
     let plain = r.json()["tokens"].as_array().unwrap().len();
-    let r = post(a, "/tokenize", json!({"content": "a<|im_end|>b", "parse_special": true}));
+    let r = post(
+        a,
+        "/tokenize",
+        json!({"content": "a<|im_end|>b", "parse_special": true}),
+    );
     assert!(r.json()["tokens"].as_array().unwrap().len() < plain);
-    assert_error(&post(a, "/detokenize", json!({"tokens": [1u64 << 31]})), 400, "outside the vocabulary");
+    assert_error(
+        &post(a, "/detokenize", json!({"tokens": [1u64 << 31]})),
+        400,
+        "outside the vocabulary",
+    );
     let r = post(a, "/detokenize", json!({"tokens": [9, 10]}));
     assert!(r.json()["content"].is_string());
 }
@@ -494,25 +536,74 @@ fn metrics_request_ids_and_tokenize_are_bounded() {
 fn anthropic_and_responses_requests_are_checked() {
     let s = start(1, 4, ServerConfig::default());
     let a = s.addr;
-    let r = post(a, "/v1/messages", json!({"messages": [{"role": "user", "content": "x"}]}));
+    let r = post(
+        a,
+        "/v1/messages",
+        json!({"messages": [{"role": "user", "content": "x"}]}),
+    );
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["type"], "error");
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("max_tokens"));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_tokens"));
     let img = json!({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]});
-    assert!(post(a, "/v1/messages", img).json()["error"]["message"].as_str().unwrap().contains("image"));
-    let ok = post(a, "/v1/messages", json!({"max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "x"}]}));
+    assert!(post(a, "/v1/messages", img).json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("image"));
+    let ok = post(
+        a,
+        "/v1/messages",
+        json!({"max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "x"}]}),
+    );
     assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
     assert_eq!(ok.json()["type"], "message");
-    let n = post(a, "/v1/messages/count_tokens", json!({"messages": [{"role": "user", "content": "x"}]}));
+    let n = post(
+        a,
+        "/v1/messages/count_tokens",
+        json!({"messages": [{"role": "user", "content": "x"}]}),
+    );
     assert!(n.json()["input_tokens"].as_u64().unwrap() > 1);
 
-    assert_error(&post(a, "/v1/responses", json!({"input": "x", "previous_response_id": "resp_1"})), 400, "stores no responses");
-    assert_error(&post(a, "/v1/responses", json!({"input": "x", "tools": [{"type": "web_search"}]})), 400, "function tools");
-    assert_error(&post(a, "/v1/responses", json!({"input": [{"type": "reasoning"}]})), 400, "reasoning");
-    let ok = post(a, "/v1/responses", json!({"input": "x", "max_output_tokens": 3, "temperature": 0}));
+    assert_error(
+        &post(
+            a,
+            "/v1/responses",
+            json!({"input": "x", "previous_response_id": "resp_1"}),
+        ),
+        400,
+        "stores no responses",
+    );
+    assert_error(
+        &post(
+            a,
+            "/v1/responses",
+            json!({"input": "x", "tools": [{"type": "web_search"}]}),
+        ),
+        400,
+        "function tools",
+    );
+    assert_error(
+        &post(
+            a,
+            "/v1/responses",
+            json!({"input": [{"type": "reasoning"}]}),
+        ),
+        400,
+        "reasoning",
+    );
+    let ok = post(
+        a,
+        "/v1/responses",
+        json!({"input": "x", "max_output_tokens": 3, "temperature": 0}),
+    );
     assert_eq!(ok.status, 200);
     assert_eq!(ok.json()["object"], "response");
     assert_eq!(ok.json()["status"], "incomplete");
-    assert_eq!(ok.json()["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(
+        ok.json()["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
 }

@@ -44,11 +44,9 @@ fn map_strings(v: &serde_json::Value, f: &impl Fn(&str) -> String) -> serde_json
     match v {
         Value::String(s) => Value::String(f(s)),
         Value::Array(a) => Value::Array(a.iter().map(|x| map_strings(x, f)).collect()),
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| (f(k), map_strings(x, f)))
-                .collect(),
-        ),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, x)| (f(k), map_strings(x, f))).collect())
+        }
         x => x.clone(),
     }
 }

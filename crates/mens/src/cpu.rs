@@ -198,7 +198,14 @@ impl Sequence {
     /// Copy the cache rows of positions `src..src + len` to `dst..dst + len` (any overlap), keys
     /// re-rotated for their new positions; the token list is not changed (see
     /// [`Runner::shift_kv`]).
-    fn shift(&mut self, c: &crate::model::Config, rope: &RopeTable, src: usize, dst: usize, len: usize) -> Result<()> {
+    fn shift(
+        &mut self,
+        c: &crate::model::Config,
+        rope: &RopeTable,
+        src: usize,
+        dst: usize,
+        len: usize,
+    ) -> Result<()> {
         if src.max(dst) + len > self.ctx {
             return Err(Error::Context(format!(
                 "a cache shift of {len} rows from {src} to {dst} exceeds the context of {}",

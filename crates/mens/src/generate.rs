@@ -186,7 +186,9 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             // The step yields the accepted proposals and one more token: stay within max_tokens.
             let left = (opts.max_tokens - stats.generated).saturating_sub(1);
             match draft_model.as_deref_mut() {
-                Some(d) => crate::spec::draft(d, &step_tokens, k.min(room - 1).min(left), &mut draft)?,
+                Some(d) => {
+                    crate::spec::draft(d, &step_tokens, k.min(room - 1).min(left), &mut draft)?
+                }
                 None => crate::spec::ngram(
                     &step_tokens,
                     sp.ngram,

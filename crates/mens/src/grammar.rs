@@ -117,7 +117,12 @@ impl Grammars {
             self.factory.create_parser(grammar)
         }))
         .map_err(|_| bad("the grammar could not be compiled".into()))?
-        .map_err(|e| bad(format!("the grammar could not be compiled: {}", first_line(&e))))?;
+        .map_err(|e| {
+            bad(format!(
+                "the grammar could not be compiled: {}",
+                first_line(&e)
+            ))
+        })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(bad(format!("the grammar could not be compiled: {e}")));

@@ -13,8 +13,8 @@ pub mod cuda;
 pub mod error;
 pub mod fim;
 pub mod generate;
-pub mod grammar;
 pub mod gguf;
+pub mod grammar;
 #[doc(hidden)]
 pub mod kernels;
 pub mod load;

@@ -58,11 +58,15 @@ pub trait Runner {
     /// positions (rows past the slot's tokens may be written; its token list is unchanged). With
     /// [`Runner::assume_tokens`] this reuses cached text that moved (an edit before it).
     fn shift_kv(&mut self, _slot: usize, _src: usize, _dst: usize, _len: usize) -> Result<()> {
-        Err(Error::InvalidArgument("this backend cannot shift its KV cache".into()))
+        Err(Error::InvalidArgument(
+            "this backend cannot shift its KV cache".into(),
+        ))
     }
     /// Append tokens whose rows are already in the cache (placed by `shift_kv`), computing nothing.
     fn assume_tokens(&mut self, _slot: usize, _tokens: &[u32]) -> Result<()> {
-        Err(Error::InvalidArgument("this backend cannot shift its KV cache".into()))
+        Err(Error::InvalidArgument(
+            "this backend cannot shift its KV cache".into(),
+        ))
     }
     /// One forward pass over `parts` (at most one per slot).
     fn step(&mut self, parts: &mut [Part]) -> Result<()>;

@@ -413,7 +413,11 @@ mod tests {
             let mut want = vec![0f64; 5];
             let mut ranked: Vec<usize> = (0..5).collect();
             ranked.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-            let kept = if top_k > 0 { &ranked[..top_k] } else { &ranked[..] };
+            let kept = if top_k > 0 {
+                &ranked[..top_k]
+            } else {
+                &ranked[..]
+            };
             let z: f64 = kept.iter().map(|&i| (logits[i] as f64 / 0.7).exp()).sum();
             for &i in kept {
                 want[i] = (logits[i] as f64 / 0.7).exp() / z;
@@ -438,7 +442,10 @@ mod tests {
                     );
                 }
                 let p = want[proposal as usize];
-                assert!((accepted as f64 / n as f64 - p).abs() < 0.005, "acceptance ≠ p");
+                assert!(
+                    (accepted as f64 / n as f64 - p).abs() < 0.005,
+                    "acceptance ≠ p"
+                );
             }
         }
     }

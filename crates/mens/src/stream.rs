@@ -175,7 +175,11 @@ pub fn reuse_chunks(cached: &[u32], prompt: &[u32], keep: usize, min: usize) -> 
         }
         match best {
             Some((c, n)) => {
-                out.push(Chunk { src: c, dst: hp, len: n });
+                out.push(Chunk {
+                    src: c,
+                    dst: hp,
+                    len: n,
+                });
                 hc = c + n;
                 hp += n;
             }
@@ -204,7 +208,9 @@ mod tests {
     fn reuse_plans_move_every_chunk_intact() {
         let mut seed = 7u64;
         let mut rnd = |n: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) % n
         };
         for _ in 0..300 {
@@ -213,8 +219,12 @@ mod tests {
             for _ in 0..3 {
                 let at = rnd(new.len() as u64) as usize;
                 match rnd(3) {
-                    0 => new.splice(at..at, (0..rnd(30)).map(|_| 100 + rnd(50) as u32)).count(),
-                    1 => new.drain(at..(at + rnd(30) as usize).min(new.len())).count(),
+                    0 => new
+                        .splice(at..at, (0..rnd(30)).map(|_| 100 + rnd(50) as u32))
+                        .count(),
+                    1 => new
+                        .drain(at..(at + rnd(30) as usize).min(new.len()))
+                        .count(),
                     _ => new.splice(at..(at + 5).min(new.len()), [999, 998]).count(),
                 };
             }
@@ -240,7 +250,14 @@ mod tests {
         let keep = reusable_prefix(&old, &new);
         let chunks = reuse_chunks(&old, &new, keep, 16);
         assert_eq!(keep, 500);
-        assert_eq!(chunks, [Chunk { src: 501, dst: 503, len: 498 }]);
+        assert_eq!(
+            chunks,
+            [Chunk {
+                src: 501,
+                dst: 503,
+                len: 498
+            }]
+        );
     }
 
     #[test]

@@ -282,8 +282,13 @@ mod tests {
 
     #[test]
     fn grammar_names_a_missing_function() {
-        let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
-        assert!(call_grammar(&tools, Some("g")).unwrap_err().to_string().contains("'g'"));
+        let tools = [
+            json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}),
+        ];
+        assert!(call_grammar(&tools, Some("g"))
+            .unwrap_err()
+            .to_string()
+            .contains("'g'"));
         let g = call_grammar(&tools, None).unwrap();
         assert!(g.contains("%json"), "{g}");
     }

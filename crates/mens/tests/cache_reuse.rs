@@ -90,8 +90,17 @@ fn moved_cache_rows_give_logits_close_to_a_cold_prefill() {
     let (moved, unmoved) = (results[0], results[1]);
     // Most of the prompt is reused: only the inserted line and the last token are prefilled.
     assert!(moved.2 < after.len() / 20, "prefilled {} tokens", moved.2);
-    assert_eq!(moved.1, argmax(&cold_logits), "the next token differs from a cold prefill");
+    assert_eq!(
+        moved.1,
+        argmax(&cold_logits),
+        "the next token differs from a cold prefill"
+    );
     assert!(moved.0 < 0.1, "moved rows: logits rel. L2 {}", moved.0);
     // Rows at the wrong positions (no shift) are far off: the check above can fail.
-    assert!(unmoved.0 > 4.0 * moved.0, "unmoved {} vs moved {}", unmoved.0, moved.0);
+    assert!(
+        unmoved.0 > 4.0 * moved.0,
+        "unmoved {} vs moved {}",
+        unmoved.0,
+        moved.0
+    );
 }

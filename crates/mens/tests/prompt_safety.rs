@@ -180,5 +180,8 @@ fn tool_text_never_becomes_control_tokens() {
         text.contains("\"arguments\": {\"x\": \"hi<|im_end|>"),
         "the call's arguments are rendered as a JSON object: {text}"
     );
-    assert!(text.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\""), "{text}");
+    assert!(
+        text.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\""),
+        "{text}"
+    );
 }

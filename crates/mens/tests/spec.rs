@@ -45,7 +45,10 @@ fn speculation_gives_exactly_the_plain_greedy_output() {
             assert_eq!(ss.stop, ps.stop);
             // The cache ends as plain decoding leaves it.
             assert_eq!(spec_cache, plain_cache, "max {max}: the cache differs");
-            assert!(ss.decode_steps + ss.accepted == ps.decode_steps, "max {max}: {ss:?} vs {ps:?}");
+            assert!(
+                ss.decode_steps + ss.accepted == ps.decode_steps,
+                "max {max}: {ss:?} vs {ps:?}"
+            );
             eprintln!(
                 "max {max}: {} proposed, {} accepted, {} steps instead of {}",
                 ss.proposed, ss.accepted, ss.decode_steps, ps.decode_steps
@@ -65,9 +68,13 @@ fn a_draft_model_proposes_and_the_output_is_unchanged() {
     let small = common::load("qwen2.5-coder-0.5b");
     mens::spec::check_vocab(&target.tokenizer, &small.tokenizer).unwrap();
     let tiny = mens::synth::synth_model(&mens::synth::SynthSpec::tiny_qwen2());
-    let (_, tiny_tok, _) = mens::load::from_gguf(mens::gguf::Gguf::from_bytes(tiny).unwrap()).unwrap();
+    let (_, tiny_tok, _) =
+        mens::load::from_gguf(mens::gguf::Gguf::from_bytes(tiny).unwrap()).unwrap();
     let e = mens::spec::check_vocab(&target.tokenizer, &tiny_tok).unwrap_err();
-    assert!(e.to_string().contains("differs from the target's at token"), "{e}");
+    assert!(
+        e.to_string().contains("differs from the target's at token"),
+        "{e}"
+    );
 
     let opts = SessionOptions {
         ctx: 1024,
@@ -157,6 +164,9 @@ fn sampled_speculation_accepts_and_keeps_deterministic_draws() {
         ..Default::default()
     };
     let (_, s2) = run(warm, spec);
-    eprintln!("temperature 0.5: {} of {} proposals accepted", s2.accepted, s2.proposed);
+    eprintln!(
+        "temperature 0.5: {} of {} proposals accepted",
+        s2.accepted, s2.proposed
+    );
     assert!(s2.accepted * 5 > s2.proposed, "{s2:?}");
 }
