@@ -216,7 +216,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
                 },
             )?;
             let (agree, next_token) = if greedy {
-                let agree = draft.iter().zip(&picks).take_while(|(d, p)| d == p).count();
+                let agree = crate::spec::agreeing(&draft, &picks);
                 (agree, picks[agree])
             } else {
                 let v = rows.len() / step_tokens.len();

@@ -406,6 +406,8 @@ struct Loop<'t> {
     /// greedy picks at each of them.
     feed: Vec<Vec<u32>>,
     picks: Vec<Vec<u32>>,
+    /// Scratch for a slot's history (its cache and next token) while proposing.
+    history: Vec<u32>,
 }
 
 fn run(
@@ -422,6 +424,7 @@ fn run(
         spec,
         feed: vec![Vec::new(); n],
         picks: vec![Vec::new(); n],
+        history: Vec::new(),
         vocab: tok.vocab_size(),
         runner,
         tok,
@@ -446,19 +449,14 @@ fn run(
         l.waiting.extend(rx.try_iter());
         l.admit();
         l.propose();
-        for (st, s) in states.iter_mut().zip(&l.slots) {
+        for ((st, s), f) in states.iter_mut().zip(&l.slots).zip(&l.feed) {
             *st = s.as_ref().map(|a| SlotState {
                 prompt_len: a.req.prompt.len(),
                 fed: a.fed,
                 prefill_end: a.reuse.front().map_or(a.req.prompt.len(), |c| c.dst),
                 decoding: a.next.is_some(),
-                decode_len: 1,
+                decode_len: f.len().max(1),
             });
-        }
-        for (st, f) in states.iter_mut().zip(&l.feed) {
-            if let Some(st) = st.as_mut().filter(|s| s.decoding) {
-                st.decode_len = f.len().max(1);
-            }
         }
         plan(&states, l.runner.max_step_tokens(), &mut work);
         if work.is_empty() {
@@ -595,12 +593,10 @@ impl Loop<'_> {
             if max == 0 {
                 continue;
             }
-            let mut history = Vec::with_capacity(held.len() + 1);
-            history.extend_from_slice(held);
-            history.push(next);
-            let mut draft = Vec::new();
-            crate::spec::ngram(&history, sp.ngram, max, &mut draft);
-            f.extend_from_slice(&draft);
+            self.history.clear();
+            self.history.extend_from_slice(held);
+            self.history.push(next);
+            crate::spec::ngram_append(&self.history, sp.ngram, max, f);
         }
     }
 
@@ -684,10 +680,9 @@ impl Loop<'_> {
     /// token; drop the rest from the cache.
     fn verify(&mut self, slot: usize, len: usize) {
         let draft = &self.feed[slot][1..len];
-        let picks = &self.picks[slot];
-        let agree = draft.iter().zip(picks).take_while(|(d, p)| d == p).count();
+        let agree = crate::spec::agreeing(draft, &self.picks[slot]);
         let mut out: Vec<u32> = draft[..agree].to_vec();
-        out.push(picks[agree]);
+        out.push(self.picks[slot][agree]);
         let held = self.runner.slot_tokens(slot).len();
         self.runner.truncate_slot(slot, held - len + 1 + agree);
         self.status

@@ -22,6 +22,12 @@ impl Default for SpecOptions {
     }
 }
 
+/// How many of the proposals `draft` the model's greedy picks agree with, in order (`picks[i]` is
+/// the model's choice after the i-th fed token: the proposal's position).
+pub fn agreeing(draft: &[u32], picks: &[u32]) -> usize {
+    draft.iter().zip(picks).take_while(|(d, p)| d == p).count()
+}
+
 /// A draft model can propose for a target when their token texts agree wherever both define a
 /// token (a larger vocabulary may only add padding or extra tokens at the end).
 pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
@@ -66,6 +72,11 @@ pub fn draft(d: &mut dyn Runner, history: &[u32], k: usize, out: &mut Vec<u32>) 
 /// (at most `n` tokens) found again in it; empty when none is found.
 pub fn ngram(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) {
     out.clear();
+    ngram_append(history, n, max, out);
+}
+
+/// [`ngram`], appending the proposals to `out`.
+pub fn ngram_append(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) {
     let len = history.len();
     for k in (1..=n.min(len.saturating_sub(1))).rev() {
         let pat = &history[len - k..];
