@@ -460,6 +460,7 @@ async fn complete(
         .map(|t| std::time::Instant::now() + t),
         constraint,
         logprobs: extra.logprobs,
+        ignore_eos: c.ignore_eos.unwrap_or(false),
     };
     s.scheduler.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),

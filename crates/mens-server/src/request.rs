@@ -144,6 +144,9 @@ pub(crate) struct Common {
     pub(crate) logprobs: Option<Value>,
     #[serde(default)]
     pub(crate) top_logprobs: Option<Value>,
+    /// Generate to max_tokens even past an end-of-generation token (benchmarks; as llama-server).
+    #[serde(default)]
+    pub(crate) ignore_eos: Option<bool>,
     // Not supported yet: refused when set to anything but its neutral value.
     #[serde(default)]
     pub(crate) logit_bias: Option<Value>,

@@ -414,6 +414,7 @@ fn a_departed_client_leaves_the_queue() {
         deadline: None,
         constraint: None,
         logprobs: None,
+        ignore_eos: false,
     };
     let yes = Arc::new(AtomicBool::new(true));
     sched.submit(req(yes.clone(), true)).unwrap();

@@ -310,6 +310,7 @@ fn blocker(
         deadline: None,
         constraint: None,
         logprobs: None,
+        ignore_eos: false,
     };
     (req, release, started)
 }

@@ -80,6 +80,9 @@ pub struct Request {
     pub constraint: Option<Constraint>,
     /// Send [`Event::Logprobs`] for each token, with this many alternatives.
     pub logprobs: Option<usize>,
+    /// End-of-generation tokens do not end the answer (it runs to max_tokens): benchmarks, as
+    /// llama-server's `ignore_eos`.
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -720,7 +723,7 @@ impl Loop<'_> {
         a.generated += 1;
         self.status.generated.fetch_add(1, Ordering::Relaxed);
         a.first.get_or_insert_with(|| a.admitted.elapsed());
-        let finish = if self.tok.is_stop(t) {
+        let finish = if self.tok.is_stop(t) && !a.req.ignore_eos {
             Some(Finish::Stop)
         } else {
             if let Some(lp) = a.sampler.last.take() {
