@@ -2,7 +2,10 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# `batch`: `mens serve --backend cuda --parallel N` under N streaming clients (256 prompt tokens,
+# 256 generated each, ignore_eos, greedy) for N = 1, 4, 16, 64 on synth 7b, and N = 64 on the
+# other shapes; `mens bench` decode beside it (the N = 1 bar).
 # `coding`: structured output, logprobs and tools through `mens serve --backend cuda` (the host
 # sampling path), and speculative decoding on the GPU against plain greedy decoding.
 # Results go to $OUT (or ./cuda-out).
@@ -95,6 +98,42 @@ PY
       echo "synth $s, ngram: same text as plain: $(cmp -s /tmp/plain.txt /tmp/spec.txt && echo yes || echo NO); $(grep -E 'speculation|decode' /tmp/spec.err | tr '\n' ' ')"
     done
   done 2>&1 | tee "$OUT/spec-check.txt"
+fi
+
+serve_load() {  # shape, parallel, clients...
+  local shape=$1 m; m=$(synth "$1"); local n=$2; shift 2
+  "$BIN/mens" serve --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024 > "$OUT/batch-serve.log" 2>&1 &
+  local spid=$!
+  python3 - <<'PY'
+import time, urllib.request
+for _ in range(600):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8095/health", timeout=2)
+        break
+    except Exception:
+        time.sleep(0.5)
+PY
+  grep -E "memory plan|CUDA device" "$OUT/batch-serve.log"
+  for c in "$@"; do
+    python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+      --temperature 0 --concurrency "$c" --requests 2 --gpu-mem --json "$OUT/batch-$shape-$n-$c.json" 2>&1 | grep -E "^C=|Error|error" | sed "s/^/synth $shape, --parallel $n: /"
+  done
+  kill $spid; wait $spid 2>/dev/null
+}
+
+if [ "$MODE" = batch ] || [ "$MODE" = all ]; then
+  echo "== mens serve --backend cuda (batched): 256-token prompts, 256 tokens each, greedy, ignore_eos"
+  for n in 1 4 16 64; do serve_load 7b $n $n; done 2>&1 | tee "$OUT/batch.txt"
+  for s in 1.5b 0.5b; do serve_load $s 64 64; done 2>&1 | tee -a "$OUT/batch.txt"
+  echo "-- where a step's time goes (MENS_CUDA_PROFILE), synth 7b, batches of 1 to 64"
+  MENS_CUDA_PROFILE=both timeout 120 "$BIN/mens" serve --backend cuda -m "$(synth 7b)" --port 8096 --parallel 64 -c 1024 2>&1 \
+    | grep -E "profile|mens:   " | head -300 > "$OUT/batch-profile.txt" &
+  ppid=$!
+  sleep 45; pkill -f "port 8096" ; wait $ppid 2>/dev/null
+  grep -E "profile" "$OUT/batch-profile.txt"
+  echo "-- one kernel family at every batch size (MENS_CUDA_BATCH=dp4a, =mma)"
+  for k in dp4a mma; do for n in 4 16; do MENS_CUDA_BATCH=$k serve_load 7b $n $n | sed "s/^/$k: /"; done; done 2>&1 | tee -a "$OUT/batch.txt"
+  "$BIN/mens" bench -m "$(synth 7b)" --backend cuda --prompt 256 --steps 0 --depth 256 --gen 256 --reps 3 -q 2>&1 | tail -12 | tee -a "$OUT/batch.txt"
 fi
 
 MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'

@@ -47,9 +47,10 @@ pub struct ServeArgs {
     #[arg(long)]
     request_timeout: Option<u64>,
     /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
-    /// streams smooth while a long prompt is prefilled, larger prefills faster.
-    #[arg(long, default_value_t = 128)]
-    step_tokens: usize,
+    /// streams smooth while a long prompt is prefilled, larger prefills faster. Default: 128 on the
+    /// CPU, 512 on a GPU (at least --parallel).
+    #[arg(long)]
+    step_tokens: Option<usize>,
     /// Sequences decoded together, each with its own KV cache of --ctx-size tokens.
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -111,7 +112,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if api_keys.iter().any(|k| k.is_empty()) {
         bail!("invalid argument: --api-key is empty");
     }
-    if a.step_tokens < a.parallel || a.step_tokens > 8192 {
+    let backend = crate::backend(&a.model);
+    let step_tokens = a.step_tokens.unwrap_or(if backend == Backend::Cpu {
+        128.max(a.parallel)
+    } else {
+        512.max(a.parallel)
+    });
+    if step_tokens < a.parallel || step_tokens > 8192 {
         bail!("invalid argument: --step-tokens must be between --parallel and 8192");
     }
     if a.max_connections_per_client == 0 {
@@ -131,12 +138,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else {
         None
     };
-    let backend = crate::backend(&a.model);
-    if backend != Backend::Cpu && a.parallel > 1 {
-        bail!(
-            "invalid argument: --backend {} serves one sequence at a time for now (--parallel 1); batched GPU decoding is not built yet",
-            backend.name()
-        );
+    if backend == Backend::Metal && a.parallel > 1 {
+        bail!("invalid argument: --backend metal serves one sequence at a time for now (--parallel 1)");
     }
     let l = load(&a.model, a.parallel)?;
     let name = a.alias.clone().unwrap_or_else(|| {
@@ -153,7 +156,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let options = SchedulerOptions {
         slots: a.parallel,
         ctx: l.options.ctx,
-        batch: a.step_tokens,
+        batch: step_tokens,
         queue: a.queue,
         cache_reuse: a.cache_reuse,
         spec: a.spec.map(|_| mens::spec::SpecOptions {
@@ -165,10 +168,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
     } else {
         // The GPU runner is made (and its weights uploaded) on the scheduler's thread.
-        let factory: RunnerFactory =
-            Box::new(move || target.runner(&mut |m| eprintln!("mens: {m}"), &mut |_, _| {}));
+        let (slots, step) = (a.parallel, step_tokens);
+        let factory: RunnerFactory = Box::new(move || {
+            target.batch_runner(slots, step, &mut |m| eprintln!("mens: {m}"), &mut |_, _| {})
+        });
         let vocab = l.model.config.vocab_size;
-        // The GPU runner steps one sequence: speculation needs a batched verify there (issue 15).
+        // A GPU verify pass runs position by position (no batched verify yet): no speculation.
+        if options.spec.is_some() {
+            eprintln!("mens: --spec is ignored on the GPU server (no batched verify pass yet)");
+        }
         let options = SchedulerOptions {
             spec: None,
             ..options

@@ -264,6 +264,85 @@ impl Target {
         }
     }
 
+    /// The server's runner: `slots` sequences stepped together, at most `step_tokens` tokens a
+    /// step. CPU: one [`crate::cpu::Batch`]; CUDA: one [`crate::cuda::CudaBatch`] (a KV pool for
+    /// every slot, batched decode); Metal: one sequence.
+    pub fn batch_runner(
+        &self,
+        slots: usize,
+        step_tokens: usize,
+        log: &mut dyn FnMut(String),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Runner>> {
+        let _ = (&log, &progress);
+        match self.backend {
+            Backend::Cpu => Ok(Box::new(crate::cpu::Batch::new(
+                self.model.clone(),
+                slots,
+                self.options.ctx,
+                step_tokens,
+            )?)),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => self.cuda_batch(slots, step_tokens, log, progress),
+            _ if slots == 1 => self.runner(log, progress),
+            b => Err(Error::InvalidArgument(format!(
+                "backend {} serves one sequence at a time (--parallel 1)",
+                b.name()
+            ))),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_batch(
+        &self,
+        slots: usize,
+        step_tokens: usize,
+        log: &mut dyn FnMut(String),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn Runner>> {
+        use crate::cuda::{batch_bytes, CudaBatch, Device, GpuModel};
+        let t0 = Instant::now();
+        let dev = Device::open(0)?;
+        let (free, total) = dev.mem_info()?;
+        let c = &self.model.config;
+        log(format!(
+            "CUDA device {} (sm_{}{}, {} SMs), {} MiB free of {} MiB",
+            dev.name,
+            dev.arch.0,
+            dev.arch.1,
+            dev.sms,
+            free >> 20,
+            total >> 20
+        ));
+        let budget = free.saturating_sub(memory::CUDA_MARGIN);
+        let weights = self.model.weight_bytes();
+        let need = |ctx: usize| weights + batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx));
+        let ctx = self.gpu_ctx(|ctx| need(ctx) <= budget);
+        if need(ctx) > budget {
+            return Err(Error::Memory(format!(
+                "the model ({} MiB) and {slots} CUDA sequences of {ctx} tokens ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use fewer --parallel slots, a smaller --ctx-size or a smaller model",
+                weights >> 20,
+                (need(ctx) - weights) >> 20,
+                budget >> 20,
+                dev.name,
+                free >> 20,
+                memory::CUDA_MARGIN >> 20
+            )));
+        }
+        let n = c.n_layer;
+        let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
+        let b = CudaBatch::new(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens)?;
+        let m = b.memory();
+        log(format!(
+            "memory plan: weights {} MiB, KV pool {} MiB ({slots} slots × {ctx} tokens), buffers {} MiB on the GPU; in {:.2} s",
+            weights >> 20,
+            m.kv_cache >> 20,
+            m.buffers >> 20,
+            t0.elapsed().as_secs_f64()
+        ));
+        Ok(Box::new(b))
+    }
+
     /// GPU context: `-c` when given, else the largest that `fits` up to the trained context
     /// (at most 128 Ki tokens, at least 256).
     #[cfg(any(feature = "cuda", feature = "metal"))]

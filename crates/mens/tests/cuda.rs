@@ -4,9 +4,10 @@
 
 use mens::cpu::{Session, SessionOptions};
 use mens::cuda::reference::{matvec, quantize_q8, rel_l2, rmsnorm};
-use mens::cuda::{CudaSession, Device, GpuModel};
+use mens::cuda::{BatchKernels, CudaBatch, CudaSession, Device, GpuModel};
 use mens::gguf::{Gguf, Storage, TensorType};
 use mens::model::Model;
+use mens::runner::Part;
 use mens::runner::{Logits, Runner};
 use mens::sample::{Sampler, SamplerConfig};
 use mens::synth::{synth_model, SynthSpec};
@@ -68,6 +69,112 @@ fn matvec_kernel_matches_reference_for_every_type() {
         // Integer dot products, f32 scales: only the float summation order differs.
         assert!(e < 1e-5, "{}: rel L2 {e}", t.name());
     }
+}
+
+#[test]
+fn batched_matmul_gives_the_matvec_bits_for_every_row_and_type() {
+    let Some(dev) = device() else { return };
+    for (i, &t) in TYPES.iter().enumerate() {
+        let w = qtensor(t, 67, 768, i as u64);
+        // 19 rows: two full tiles of 8 and a partial one.
+        for rows in [1usize, 5, 8, 19] {
+            let mut q = Vec::new();
+            let mut ds = Vec::new();
+            for b in 0..rows {
+                let (qb, db) = quantize_q8(&random(768, 1000 + (i * 100 + b) as u64));
+                q.extend(qb);
+                ds.extend(db);
+            }
+            let y = dev.test_matmul(&w, &q, &ds, rows, None).unwrap();
+            for b in 0..rows {
+                let one = dev
+                    .test_matvec(&w, &q[b * 768..(b + 1) * 768], &ds[b * 24..(b + 1) * 24])
+                    .unwrap();
+                let got = &y[b * 67..(b + 1) * 67];
+                let same = got
+                    .iter()
+                    .zip(&one)
+                    .all(|(a, c)| a.to_bits() == c.to_bits());
+                assert!(
+                    same,
+                    "{} row {b} of {rows}: batched {:?} vs matvec {:?}",
+                    t.name(),
+                    &got[..4],
+                    &one[..4]
+                );
+            }
+        }
+        eprintln!(
+            "matmul_q8 {}: bitwise equal to matvec for 1, 5, 8, 19 rows",
+            t.name()
+        );
+    }
+}
+
+#[test]
+fn tensor_core_matmul_matches_reference_for_every_type_and_batch() {
+    let Some(dev) = device() else { return };
+    let check = |w: &QTensor, seed: u64, splits: &[u32]| -> f64 {
+        let (n, k) = (w.rows, w.cols);
+        let mut worst = 0f64;
+        for &sp in splits {
+            for rows in [1usize, 5, 8, 19, 64, 70] {
+                let mut q = Vec::new();
+                let mut ds = Vec::new();
+                for b in 0..rows {
+                    let (qb, db) = quantize_q8(&random(k, seed + b as u64));
+                    q.extend(qb);
+                    ds.extend(db);
+                }
+                let y = dev.test_matmul(w, &q, &ds, rows, Some(sp)).unwrap();
+                for b in 0..rows {
+                    let cpu = matvec(w, &q[b * k..(b + 1) * k], &ds[b * k / 32..(b + 1) * k / 32]);
+                    let got = &y[b * n..(b + 1) * n];
+                    let name = w.ttype.name();
+                    assert!(
+                        got.iter().all(|v| v.is_finite()),
+                        "{name} row {b} of {rows}: unwritten"
+                    );
+                    let e = rel_l2(got, &cpu);
+                    worst = worst.max(e);
+                    // Weights and activations rounded to f16 (as cuBLAS prefill does), f32 sums.
+                    assert!(
+                        e < 3e-3,
+                        "{name} row {b} of {rows}, {sp} splits: rel L2 {e}"
+                    );
+                }
+                if rows == 70 {
+                    // Alone, a row gives the bits it gives in the batch.
+                    let last = &q[69 * k..];
+                    let one = dev
+                        .test_matmul(w, last, &ds[69 * k / 32..], 1, Some(sp))
+                        .unwrap();
+                    assert!(
+                        one.iter()
+                            .zip(&y[69 * n..])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{}: row 69 alone differs from row 69 of 70 ({sp} splits)",
+                        w.ttype.name()
+                    );
+                }
+            }
+        }
+        worst
+    };
+    for (i, &t) in TYPES.iter().enumerate() {
+        // 67 rows: part of one tile of 128 (warps past the last row idle); 768 columns: 24
+        // chunks, in one split or three.
+        let w = qtensor(t, 67, 768, i as u64);
+        let worst = check(&w, 5000 + i as u64 * 100, &[1, 3]);
+        eprintln!(
+            "matmul_h16 {}: rel L2 ≤ {worst:.2e} for 1 to 70 rows, 1 and 3 splits",
+            t.name()
+        );
+    }
+    // Three row tiles, the last partial, and the server's split count.
+    let w = qtensor(TensorType::Q4K, 300, 2048, 77);
+    let worst = check(&w, 9000, &[0, 5]);
+    eprintln!("matmul_h16 Q4_K 300 x 2048: rel L2 ≤ {worst:.2e}, automatic and 5 splits");
 }
 
 #[test]
@@ -540,5 +647,179 @@ fn kernels_compile_with_nvrtc() {
     eprintln!(
         "the CUDA kernels (cuda/kernels/) compiled by NVRTC for sm_90: {} bytes of PTX",
         ptx.len()
+    );
+}
+
+/// Greedy tokens of request `i` (its own prompt) decoded in `b` with the requests `with`
+/// (slots = indices) together: `n` tokens each.
+fn batch_greedy(
+    b: &mut CudaBatch,
+    prompts: &[Vec<u32>],
+    with: &[usize],
+    n: usize,
+) -> Vec<Vec<u32>> {
+    let v = prompts
+        .iter()
+        .flatten()
+        .max()
+        .map_or(1, |&m| m as usize + 1);
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), v).unwrap();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); with.len()];
+    for &i in with {
+        b.truncate_slot(i, 0);
+    }
+    // Step 1: every prompt (through the prefill engine), in one step.
+    let mut parts: Vec<Part> = with
+        .iter()
+        .map(|&i| Part {
+            slot: i,
+            tokens: &prompts[i],
+            logits: Logits::Last,
+        })
+        .collect();
+    b.step(&mut parts).unwrap();
+    for (k, &i) in with.iter().enumerate() {
+        out[k].push(b.sample_slot(i, &mut greedy).unwrap());
+    }
+    for _ in 1..n {
+        let last: Vec<[u32; 1]> = out.iter().map(|o| [*o.last().unwrap()]).collect();
+        let mut parts: Vec<Part> = with
+            .iter()
+            .zip(&last)
+            .map(|(&i, t)| Part {
+                slot: i,
+                tokens: t,
+                logits: Logits::Last,
+            })
+            .collect();
+        b.step(&mut parts).unwrap();
+        for (k, &i) in with.iter().enumerate() {
+            out[k].push(b.sample_slot(i, &mut greedy).unwrap());
+        }
+    }
+    out
+}
+
+/// The check: N requests decoded together give the same greedy tokens as each decoded
+/// alone (first 32 tokens, every request), for N = 1, 7, 64, with either kernel family at every
+/// batch size; with the default mix (matrix-vector alone, dp4a up to 15 rows, tensor cores from
+/// 16) for N = 1 and 7 (the same bits as alone), and for 64 (other arithmetic) close to the
+/// single-sequence session (teacher-forced logits, below).
+#[test]
+fn batch_decodes_like_each_request_alone() {
+    let Some(dev) = device() else { return };
+    let model = match std::env::var_os("MENS_CUDA_MODEL") {
+        Some(p) => Arc::new(Model::open(std::path::Path::new(&p)).unwrap()),
+        None => tiny(SynthSpec::tiny_qwen2()),
+    };
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut r = rand::rngs::StdRng::seed_from_u64(5);
+    let prompts: Vec<Vec<u32>> = (0..64)
+        .map(|i| (0..3 + (i * 37) % 150).map(|_| r.gen_range(0..v)).collect())
+        .collect();
+    let mut b = CudaBatch::new(gm.clone(), 64, 256, 64, 512).unwrap();
+    for (kernels, sizes) in [
+        (BatchKernels::Dp4a, &[1usize, 7, 64][..]),
+        (BatchKernels::TensorCores, &[1, 7, 64]),
+        (BatchKernels::Auto, &[1, 7]),
+    ] {
+        b.set_kernels(kernels).unwrap();
+        for &n in sizes {
+            let with: Vec<usize> = (0..n).map(|k| (k * 9) % 64).collect();
+            let together = batch_greedy(&mut b, &prompts, &with, 32);
+            for (k, &i) in with.iter().enumerate().take(12) {
+                let alone = batch_greedy(&mut b, &prompts, &[i], 32);
+                assert_eq!(
+                    together[k], alone[0],
+                    "{kernels:?}, N = {n}: request {i} differs alone"
+                );
+            }
+            eprintln!("{kernels:?}, batch of {n}: every request's 32 greedy tokens equal its tokens alone (12 checked alone)");
+        }
+    }
+    // The default mix at N = 64 still decodes every request.
+    let with: Vec<usize> = (0..64).collect();
+    let together = batch_greedy(&mut b, &prompts, &with, 32);
+    assert!(together
+        .iter()
+        .all(|t| t.len() == 32 && t.iter().all(|&x| x < v)));
+    // The tensor-core path against the single-sequence session (other arithmetic: close, not
+    // equal), teacher-forced.
+    b.set_kernels(BatchKernels::TensorCores).unwrap();
+    let mut s = CudaSession::new(gm, 256, 64).unwrap();
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), v as usize).unwrap();
+    let mut errs = Vec::new();
+    let mut agree = 0;
+    for i in [0usize, 9, 40] {
+        s.truncate(0);
+        b.truncate_slot(i, 0);
+        s.forward(&prompts[i], Logits::Last).unwrap();
+        b.step(&mut [Part {
+            slot: i,
+            tokens: &prompts[i],
+            logits: Logits::Last,
+        }])
+        .unwrap();
+        for _ in 0..32 {
+            let a = s.logits().unwrap().to_vec();
+            let c = b.slot_logits(i).unwrap();
+            errs.push(rel_l2(&c, &a));
+            let t = g_next(&mut s, &mut greedy);
+            agree += (mens::sample::argmax(&c) == t) as usize;
+            s.forward(&[t], Logits::Last).unwrap();
+            b.step(&mut [Part {
+                slot: i,
+                tokens: &[t],
+                logits: Logits::Last,
+            }])
+            .unwrap();
+        }
+    }
+    errs.sort_by(f64::total_cmp);
+    let median = errs[errs.len() / 2];
+    eprintln!(
+        "tensor-core batch vs single session, 3 × 32 teacher-forced steps: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/96",
+        errs[errs.len() - 1]
+    );
+    assert!(
+        median < 1e-2,
+        "batch and session logits differ: median rel L2 {median}"
+    );
+    // Sampling on the device and on the host from a batch slot.
+    let mut parts = [Part {
+        slot: 3,
+        tokens: &prompts[3],
+        logits: Logits::Last,
+    }];
+    b.truncate_slot(3, 0);
+    b.truncate_slot(4, 0);
+    b.step(&mut parts).unwrap();
+    let g = b.sample_slot(3, &mut greedy).unwrap();
+    // Log-probabilities need the logits on the host: the host path gives the same choice.
+    let mut host = Sampler::new(SamplerConfig::greedy(), v as usize).unwrap();
+    host.logprobs = Some(1);
+    assert_eq!(b.sample_slot(3, &mut host).unwrap(), g);
+    let mut k5 = Sampler::new(
+        SamplerConfig {
+            temperature: 1.5,
+            top_k: 5,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 3,
+            ..Default::default()
+        },
+        v as usize,
+    )
+    .unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..50 {
+        seen.insert(b.sample_slot(3, &mut k5).unwrap());
+    }
+    assert!(seen.len() > 1 && seen.len() <= 5, "top-5 draws: {seen:?}");
+    assert!(seen.contains(&g), "the greedy token is among the top 5");
+    assert!(
+        b.sample_slot(4, &mut greedy).is_err(),
+        "slot 4 has no logits"
     );
 }

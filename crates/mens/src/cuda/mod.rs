@@ -33,6 +33,7 @@ const SRC: &str = concat!(
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/prefill.cu"),
     include_str!("kernels/attention.cu"),
+    include_str!("kernels/batch.cu"),
     include_str!("kernels/sample.cu"),
 );
 /// Keys per decode attention split (SPLIT in kernels/common.cuh).
@@ -96,7 +97,23 @@ kernels!(
     argmax,
     topk_partial,
     sample_final,
+    matmul_q8,
+    glu_q8_b,
+    qkv_rope_b,
+    attn_decode64_b,
+    attn_decode128_b,
+    argmax_b,
+    matmul_h16_1,
+    matmul_h16_2,
+    matmul_h16_4,
+    matmul_h16_8,
+    rope_store_b,
 );
+
+/// Weight rows per block of the tensor-core matmul (MT in kernels/batch.cu).
+const H16_ROWS: usize = 16;
+/// Rows × column splits the tensor-core matmul keeps partial sums for, per activation row.
+const H16_PART_ROWS: usize = 65536;
 
 /// One GPU: context, stream, kernels and cuBLAS handle.
 pub struct Device {
@@ -107,6 +124,8 @@ pub struct Device {
     pub name: String,
     pub arch: (i32, i32),
     pub total_mem: u64,
+    /// Streaming multiprocessors.
+    pub sms: usize,
     /// When profiling: an event recorded after each launch, with the kernel's name.
     prof: std::sync::Mutex<Option<Vec<(&'static str, sys::CUevent)>>>,
 }
@@ -227,6 +246,10 @@ impl Device {
             .map_err(|e| err("compute capability", e))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let total_mem = ctx.total_mem().map_err(|e| err("memory", e))? as u64;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(100)
+            .max(1) as usize;
         let ptx = ptx_for(arch)?;
         let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
             .map_err(|e| err("loading the kernels", e))?;
@@ -269,6 +292,7 @@ impl Device {
             name,
             arch,
             total_mem,
+            sms,
             prof: std::sync::Mutex::new(None),
         }))
     }
@@ -329,6 +353,29 @@ impl Device {
     }
 
     /// Launch `f` on the device's stream. `args` are pointers to each argument's value.
+    /// Grid of the f16 tensor-core matmul over `rows` × `cols` weights: row tiles of
+    /// [`H16_ROWS`], and the columns split when there are fewer than three tiles per SM (each
+    /// split at least 32 chunks of 32, four per warp; splits × rows ≤ [`H16_PART_ROWS`]).
+    fn h16_grid(&self, rows: usize, cols: usize) -> (u32, u32) {
+        let tiles = rows.div_ceil(H16_ROWS);
+        let splits = (3 * self.sms)
+            .div_ceil(tiles)
+            .min(cols / 32 / 32)
+            .min(H16_PART_ROWS / rows.max(1))
+            .clamp(1, 16);
+        (tiles as u32, splits as u32)
+    }
+
+    /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
+    fn matmul_h16(&self, b: usize) -> sys::CUfunction {
+        match b {
+            0..=8 => self.f.matmul_h16_1,
+            9..=16 => self.f.matmul_h16_2,
+            17..=32 => self.f.matmul_h16_4,
+            _ => self.f.matmul_h16_8,
+        }
+    }
+
     fn launch(
         &self,
         name: &'static str,
@@ -403,11 +450,19 @@ arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19);
 
 /// `launch!(dev, kernel, grid, block; args...)`: the argument values must have the kernel's C
 /// types (u64 for pointers, i32 for int, f32 for float, `Seg` for a matrix).
 macro_rules! launch {
+    ($dev:expr, ($f:expr) as $name:literal, $grid:expr, $block:expr; $($a:expr),+ $(,)?) => {{
+        let mut vals = ($($a,)+);
+        let mut p = ArgPtrs::ptrs(&mut vals);
+        $dev.launch($name, $f, $grid, $block, &mut p)
+    }};
     ($dev:expr, $f:ident as $name:literal, $grid:expr, $block:expr; $($a:expr),+ $(,)?) => {{
         let mut vals = ($($a,)+);
         let mut p = ArgPtrs::ptrs(&mut vals);
@@ -489,10 +544,12 @@ impl Mat {
     }
 }
 
+mod batch;
 mod model;
 mod session;
 #[doc(hidden)]
 pub mod testing;
 
+pub use batch::{batch_bytes, BatchKernels, CudaBatch};
 pub use model::GpuModel;
 pub use session::{session_bytes, CudaSession, DeviceSampling};

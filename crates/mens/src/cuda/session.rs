@@ -48,6 +48,9 @@ pub struct CudaSession {
     tokens: Vec<u32>,
     kc: Buf,
     vc: Buf,
+    /// The cache this session runs on when it is a batch's prefill engine (a slot of the batch's
+    /// pool) instead of its own `kc`/`vc`.
+    kv_ext: Option<(u64, u64)>,
     cos: Buf,
     sin: Buf,
     // decode
@@ -127,6 +130,16 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize) -> u64 {
 impl CudaSession {
     /// A session of `ctx` tokens; prompts are processed `ubatch` tokens at a time.
     pub fn new(model: Arc<GpuModel>, ctx: usize, ubatch: usize) -> Result<Self> {
+        Self::make(model, ctx, ubatch, true)
+    }
+
+    /// A session without a cache of its own, for a batch to run prompts with: it runs on the cache
+    /// given by [`CudaSession::use_cache`].
+    pub(super) fn engine(model: Arc<GpuModel>, ctx: usize, ubatch: usize) -> Result<Self> {
+        Self::make(model, ctx, ubatch, false)
+    }
+
+    fn make(model: Arc<GpuModel>, ctx: usize, ubatch: usize, own_kv: bool) -> Result<Self> {
         let c = model.config.clone();
         if ctx == 0 || ubatch == 0 || ctx > i32::MAX as usize / 2 {
             return Err(Error::InvalidArgument(
@@ -135,7 +148,8 @@ impl CudaSession {
         }
         let ubatch = ubatch.min(ctx);
         let max_group = max_group_values(&c);
-        let need = session_bytes(&c, ctx, ubatch);
+        let kv_bytes = c.n_layer * ctx * c.kv_dim() * 2;
+        let need = session_bytes(&c, ctx, ubatch) - if own_kv { 0 } else { 2 * kv_bytes as u64 };
         let dev = model.dev.clone();
         let (free, _) = dev.mem_info()?;
         if need + (256 << 20) > free {
@@ -152,8 +166,9 @@ impl CudaSession {
         let b = ubatch;
         let rope = RopeTable::new(ctx, c.head_dim, c.rope_base);
         let a = |n: usize| dev.alloc(n);
-        let kc = a(c.n_layer * ctx * kv * 2)?;
-        let vc = a(c.n_layer * ctx * kv * 2)?;
+        let kv_len = if own_kv { kv_bytes } else { 16 };
+        let kc = a(kv_len)?;
+        let vc = a(kv_len)?;
         let pinned =
             unsafe { drv::malloc_host(16, 0) }.map_err(|e| err("pinned memory", e))? as *mut i32;
         let s = CudaSession {
@@ -187,6 +202,7 @@ impl CudaSession {
             toks: a(4 * b)?,
             kc,
             vc,
+            kv_ext: if own_kv { None } else { Some((0, 0)) },
             pinned,
             graph: None,
             dev_tok: None,
@@ -201,8 +217,45 @@ impl CudaSession {
         };
         let mut s = s;
         // Record the decode graph now, so the first token does not pay for it.
-        s.capture()?;
+        if own_kv {
+            s.capture()?;
+        }
         Ok(s)
+    }
+
+    /// Run on the cache at (`kc`, `vc`) with `tokens` in it (a batch's slot: the batch swaps its
+    /// token list in and out). The decode graph holds cache addresses: a new cache drops it.
+    pub(super) fn use_cache(&mut self, kc: u64, vc: u64, tokens: &mut Vec<u32>) {
+        if self.kv_ext != Some((kc, vc)) {
+            self.kv_ext = Some((kc, vc));
+            if let Some(g) = self.graph.take() {
+                unsafe {
+                    let _ = drv::graph::exec_destroy(g);
+                }
+            }
+        }
+        std::mem::swap(&mut self.tokens, tokens);
+        self.logits_valid = false;
+        self.pos_synced = false;
+        self.dev_tok = None;
+    }
+
+    /// Give the token list back after [`CudaSession::use_cache`].
+    pub(super) fn release_cache(&mut self, tokens: &mut Vec<u32>) {
+        std::mem::swap(&mut self.tokens, tokens);
+        self.logits_valid = false;
+        self.pos_synced = false;
+        self.dev_tok = None;
+    }
+
+    /// Device addresses of the RoPE cos and sin tables.
+    pub(super) fn rope(&self) -> (u64, u64) {
+        (self.cos.ptr, self.sin.ptr)
+    }
+
+    /// Device addresses of the last position's logits and of its greedy choice.
+    pub(super) fn last_logits(&self) -> (u64, u64) {
+        (self.logits.ptr, self.out.ptr)
     }
 
     pub fn ctx(&self) -> usize {
@@ -224,13 +277,17 @@ impl CudaSession {
         self.dev_tok = None;
     }
     pub fn kv_cache_bytes(&self) -> usize {
+        if self.kv_ext.is_some() {
+            return 0;
+        }
         self.kc.bytes + self.vc.bytes
     }
 
     fn layer_cache(&self, li: usize) -> (u64, u64) {
         let c = &self.model.config;
         let per = (self.ctx * c.kv_dim() * 2) as u64;
-        (self.kc.ptr + li as u64 * per, self.vc.ptr + li as u64 * per)
+        let (k, v) = self.kv_ext.unwrap_or((self.kc.ptr, self.vc.ptr));
+        (k + li as u64 * per, v + li as u64 * per)
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
@@ -770,6 +827,20 @@ impl crate::runner::Runner for CudaSession {
             self.model.clone(),
             ctx,
             self.ubatch,
+        )?))
+    }
+    fn batch_sibling(
+        &self,
+        slots: usize,
+        ctx: usize,
+        step: usize,
+    ) -> Result<Box<dyn crate::runner::Runner>> {
+        Ok(Box::new(super::CudaBatch::new(
+            self.model.clone(),
+            slots,
+            ctx,
+            self.ubatch,
+            step,
         )?))
     }
     fn max_step_tokens(&self) -> usize {

@@ -18,6 +18,55 @@ impl Device {
         Ok(y)
     }
 
+    /// y[b] = W · a[b] for `rows` activation rows at once with the batched decode kernel
+    /// (`q`, `ds`: the rows' q8 values one after another); y is [rows][W rows].
+    /// `mma`: the tensor-core kernel (on the activations rounded to f16) with that many column
+    /// splits (0: the server's choice), else the dp4a one.
+    pub fn test_matmul(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+        mma: Option<u32>,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let m = Mat::upload(self, w)?;
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let out = self.upload(&vec![f32::NAN; rows * w.rows])?;
+        if let Some(splits) = mma {
+            let x16: Vec<u16> = q
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| half::f16::from_f32(v as f32 * ds[i / 32][0]).to_bits())
+                .collect();
+            let x = self.upload(&x16)?;
+            let mut grid = self.h16_grid(w.rows, w.cols);
+            if splits > 0 {
+                grid.1 = splits;
+            }
+            let part = self.upload(&vec![0f32; rows * w.rows * grid.1 as usize])?;
+            let counters = self.upload(&vec![0u32; grid.0 as usize])?;
+            launch!(self, (self.matmul_h16(rows)) as "matmul_h16", grid, 256;
+                m.seg, Seg::NONE, Seg::NONE, w.cols as i32, x.ptr, rows as i32, out.ptr,
+                w.rows as i32, 0u64, 0u64, 0i32, part.ptr, counters.ptr)?;
+            let mut left = vec![1u32; grid.0 as usize];
+            self.read(&counters, 0, &mut left)?;
+            if left.iter().any(|&c| c != 0) {
+                return Err(Error::InvalidArgument(format!(
+                    "matmul tickets not reset: {left:?}"
+                )));
+            }
+        } else {
+            launch!(self, matmul_q8, (w.rows.div_ceil(4) as u32, 1), 128;
+                m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, rows as i32, out.ptr,
+                w.rows as i32, 0u64, 0u64, 0i32)?;
+        }
+        let mut y = vec![0f32; rows * w.rows];
+        self.read(&out, 0, &mut y)?;
+        Ok(y)
+    }
+
     /// W dequantized to f16 by the prefill kernel, widened to f32.
     pub fn test_dequant(&self, w: &QTensor) -> Result<Vec<f32>> {
         self.bind()?;

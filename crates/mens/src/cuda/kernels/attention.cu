@@ -3,23 +3,30 @@
 // unnormalised partial output with its max and sum; the last split block of a KV head to finish
 // combines the splits and quantizes the g heads' outputs to q8 for the O matvec. Block: 256
 // threads. HD (head dim) is a template parameter so that the K row loads unroll.
+// A block (kv head `kvh`, worker `worker` of `workers`) takes splits worker, worker + workers, ...
+// of a sequence of `len` keys.
 template <int HD>
-__device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, const int* pos,
+__device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, int len,
                               int n_head, int n_kv_head, float scale, float* part_o, float2* part_ml,
-                              u32* counters, i8* aq, float2* ad) {
+                              u32* counters, i8* aq, float2* ad, int kvh, int worker, int workers,
+                              u16* o16 = 0) {
   constexpr int QUADS = HD / 4, GROUPS = 256 / QUADS;
   __shared__ float qs[MAXG * HD];
   __shared__ float sc[MAXG * SPLIT];
   __shared__ float red[GROUPS * MAXG * HD];
   __shared__ bool last;
-  int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
+  int tid = threadIdx.x;
   int g = n_head / n_kv_head, kvd = n_kv_head * HD;
-  int len = *pos + 1;
-  int k0 = split * SPLIT;
-  int n = min(SPLIT, len - k0);
-  if (n <= 0) return;  // splits past the sequence take no part
+  int ns = (len + SPLIT - 1) / SPLIT;
+  if (worker >= ns) return;  // workers past the sequence take no part
   for (int i = tid; i < g * HD; i += blockDim.x) qs[i] = qkv[kvh * g * HD + i] * scale;
   __syncthreads();
+  int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+  int mine = 0;
+  for (int split = worker; split < ns; split += workers) {
+  mine++;
+  int k0 = split * SPLIT;
+  int n = min(SPLIT, len - k0);
   if (tid < n) {
     const uint4* kr = (const uint4*)(kc + (u64)(k0 + tid) * kvd + kvh * HD);
     uint4 u[HD / 8];
@@ -50,7 +57,6 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, co
   }
   __syncthreads();
   // Softmax pieces per head: warp w takes heads w, w+8, ...
-  int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
   for (int h = w; h < g; h += nw) {
     float m = NEG_INF;
     for (int k = lane; k < n; k += 32) m = fmaxf(m, sc[h * SPLIT + k]);
@@ -98,13 +104,14 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, co
     for (int j = 0; j < GROUPS; j++) v += red[(j * MAXG + h) * HD + d];
     part_o[((u64)split * n_head + kvh * g + h) * HD + d] = v;
   }
+  __syncthreads();  // sc and red are reused by the next split
+  }
   // The last block of this KV head combines the splits (threadfence reduction): every thread
   // makes its partial results visible device-wide before the block takes its ticket, and the
   // last block reads the others' results from L2 (__ldcg), never from a stale L1 line.
   __threadfence();
   __syncthreads();
-  int ns = (len + SPLIT - 1) / SPLIT;
-  if (tid == 0) last = atomicAdd(&counters[kvh], 1) == (u32)(ns - 1);
+  if (tid == 0) last = atomicAdd(&counters[kvh], mine) + mine == (u32)ns;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -120,19 +127,24 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, co
       num += __ldcg(&part_o[((u64)s * n_head + h) * HD + d]) * e;
     }
     int i = h * HD + d;
-    quant_lane(num / den, aq + (i & ~31), ad + i / 32);
+    if (o16)
+      o16[i] = f2h(num / den);  // f16 for the batch's tensor-core matmul
+    else
+      quant_lane(num / den, aq + (i & ~31), ad + i / 32);
   }
   if (tid == 0) counters[kvh] = 0;
 }
 extern "C" __global__ void attn_decode64(const float* qkv, const u16* kc, const u16* vc, const int* pos, int n_head,
                                          int n_kv_head, float scale, float* part_o, float2* part_ml,
                                          u32* counters, i8* aq, float2* ad) {
-  attn_decode_t<64>(qkv, kc, vc, pos, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad);
+  attn_decode_t<64>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,
+                    blockIdx.x, blockIdx.y, gridDim.y);
 }
 extern "C" __global__ void attn_decode128(const float* qkv, const u16* kc, const u16* vc, const int* pos, int n_head,
                                           int n_kv_head, float scale, float* part_o, float2* part_ml,
                                           u32* counters, i8* aq, float2* ad) {
-  attn_decode_t<128>(qkv, kc, vc, pos, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad);
+  attn_decode_t<128>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,
+                     blockIdx.x, blockIdx.y, gridDim.y);
 }
 
 // Prefill attention, step 2 of 3 (between two cuBLAS batched GEMMs): causal softmax of the scores

@@ -1,0 +1,766 @@
+//! Many sequences on the GPU (the server's slots): one KV pool of `slots` regions allocated at
+//! startup, a batched decode step over every decoding slot (one CUDA graph per batch-size bucket,
+//! the batch padded to its bucket; tokens, positions and slots in a device buffer so that a replay
+//! needs no re-capture), and prompts through one prefill engine (a [`CudaSession`] pointed at the
+//! slot's region). Greedy choices for every row come back in one copy per step.
+
+use super::*;
+use crate::runner::{check_tokens, Logits, Memory, Part, Runner};
+
+/// Batch sizes a decode graph is captured for (powers of two, then `slots`).
+fn buckets(slots: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut b = 1;
+    while b < slots {
+        v.push(b);
+        b *= 2;
+    }
+    v.push(slots);
+    v
+}
+
+/// Per-row device buffers of the batched decode step, for `slots` rows (beside the KV pool and
+/// the prefill engine).
+fn decode_bytes(c: &Config, slots: usize, ctx: usize) -> usize {
+    let (d, q, f, v) = (c.dim, c.q_dim(), c.ffn_dim, c.vocab_size);
+    let wide = d.max(q);
+    let splits = ctx.div_ceil(SPLIT);
+    slots
+        * (4 * d
+            + wide
+            + 8 * wide / 32
+            + f
+            + 8 * f / 32
+            + 4 * q
+            + 4 * (q + 2 * c.kv_dim())
+            + 8 * f
+            + 2 * wide
+            + 2 * f
+            + 4 * splits * q
+            + 8 * splits * c.n_head
+            + 4 * c.n_kv_head
+            + 8 * ARGMAX_BLOCKS
+            + 4
+            + 16
+            + 8)
+        + (slots + 1) * (4 * v + 4)
+        + 8 * TOPK_BLOCKS * TOPK_MAX
+        + 4 * slots * H16_PART_ROWS
+        + 4 * H16_PART_ROWS / H16_ROWS
+        + 4096
+}
+
+/// Bytes of KV pool for `slots` sequences of `ctx` tokens.
+fn pool_bytes(c: &Config, slots: usize, ctx: usize) -> usize {
+    2 * slots * c.n_layer * ctx * c.kv_dim() * 2
+}
+
+/// Bytes a batch of `slots` sequences of `ctx` tokens (prompts `ubatch` at a time) allocates on
+/// the device.
+pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize) -> u64 {
+    let engine = session_bytes(c, ctx, ubatch) as usize - pool_bytes(c, 1, ctx);
+    (pool_bytes(c, slots, ctx) + engine + decode_bytes(c, slots, ctx)) as u64
+}
+
+/// Kernels of a batched decode step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchKernels {
+    /// One row alone: the single-sequence graph (matrix-vector kernels); up to 15 rows: dp4a
+    /// kernels on q8 activations (the matrix-vector arithmetic, bound by weight reads); 16 rows
+    /// and more: tensor-core matmuls on f16 activations (bound by dequantization, done once per
+    /// weight for all rows). Measured on the H200: docs/benchmarks.md.
+    Auto,
+    /// dp4a kernels at every batch size: a row gives the bits it gives alone.
+    Dp4a,
+    /// Tensor-core matmuls at every batch size: a row gives the bits it gives alone.
+    TensorCores,
+}
+
+/// Smallest bucket [`BatchKernels::Auto`] runs on tensor cores.
+const MMA_FROM: usize = 16;
+
+/// `slots` sequences of `ctx` tokens each on one GPU.
+pub struct CudaBatch {
+    engine: CudaSession,
+    model: Arc<GpuModel>,
+    slots: usize,
+    ctx: usize,
+    ubatch: usize,
+    step_tokens: usize,
+    /// The pool: [slot][layer][ctx][kv_dim] f16.
+    kc: Buf,
+    vc: Buf,
+    tokens: Vec<Vec<u32>>,
+    /// Whether a slot's last step left logits (row `slot` of `logits`, its greedy id in `ids`).
+    ready: Vec<bool>,
+    x: Buf,
+    aq: Buf,
+    ad: Buf,
+    hq: Buf,
+    hd: Buf,
+    q: Buf,
+    qkv: Buf,
+    gu: Buf,
+    /// f16 activations of the tensor-core path: [slots][max(dim, q_dim)] and [slots][ffn_dim].
+    x16: Buf,
+    h16: Buf,
+    /// Which kernels a decode step uses (`MENS_CUDA_BATCH=dp4a` or `=mma` forces one family).
+    kernels: BatchKernels,
+    part_o: Buf,
+    part_ml: Buf,
+    counters: Buf,
+    /// [slots + 1][vocab]: a row per slot and one for padding rows.
+    logits: Buf,
+    am_partial: Buf,
+    am_counter: Buf,
+    /// The tensor-core matmul's partial sums ([`H16_PART_ROWS`] × slots f32), then its tickets
+    /// (at byte `part_counters`).
+    part: Buf,
+    part_counters: usize,
+    /// [slots + 1] greedy ids.
+    ids: Buf,
+    /// tok, pos, slot and logits row of each batch row: four arrays of `slots` i32.
+    meta: Buf,
+    rng: Buf,
+    cand: Buf,
+    scratch: Buf,
+    /// Pinned host memory: meta (4 × slots), ids (slots + 1), one sampled id.
+    host: *mut i32,
+    graphs: Vec<(usize, sys::CUgraphExec)>,
+    graph_kernels: usize,
+    /// Ids were copied back by the last step and not yet waited for.
+    pending: bool,
+    host_logits: Vec<f32>,
+}
+
+// SAFETY: the pinned pointer is owned by the batch and used from one thread at a time (&mut).
+unsafe impl Send for CudaBatch {}
+
+impl CudaBatch {
+    /// `slots` sequences of `ctx` tokens; prompts run `ubatch` tokens at a time, and a step takes
+    /// at most `step_tokens` tokens (decode rows first: see [`crate::scheduler::plan`]).
+    pub fn new(
+        model: Arc<GpuModel>,
+        slots: usize,
+        ctx: usize,
+        ubatch: usize,
+        step_tokens: usize,
+    ) -> Result<Self> {
+        let c = model.config.clone();
+        if slots == 0 || slots > 1024 || ctx == 0 || ctx > i32::MAX as usize / 2 {
+            return Err(Error::InvalidArgument(
+                "a CUDA batch needs 1 to 1024 slots and a context > 0".into(),
+            ));
+        }
+        let ubatch = ubatch.clamp(1, ctx);
+        let need = batch_bytes(&c, slots, ctx, ubatch);
+        let dev = model.dev.clone();
+        let (free, _) = dev.mem_info()?;
+        if need + (256 << 20) > free {
+            return Err(Error::Memory(format!(
+                "{slots} CUDA sequences of {ctx} tokens need {} MiB (KV pool and buffers) but {} has {} MiB free",
+                need >> 20,
+                dev.name,
+                free >> 20
+            )));
+        }
+        let engine = CudaSession::engine(model.clone(), ctx, ubatch)?;
+        let (d, q, f, v) = (c.dim, c.q_dim(), c.ffn_dim, c.vocab_size);
+        let wide = d.max(q);
+        let splits = ctx.div_ceil(SPLIT);
+        let s = slots;
+        let zeros = |n: usize| -> Result<Buf> {
+            let b = dev.alloc(n)?;
+            unsafe { drv::memset_d8_async(b.ptr, 0, n.max(16), dev.stream) }
+                .map_err(|e| err("memset", e))?;
+            Ok(b)
+        };
+        let pool = pool_bytes(&c, slots, ctx) / 2;
+        let host_len = 4 * s + s + 2;
+        let host = unsafe { drv::malloc_host(4 * host_len, 0) }
+            .map_err(|e| err("pinned memory", e))? as *mut i32;
+        let mut b = CudaBatch {
+            kc: zeros(pool)?,
+            vc: zeros(pool)?,
+            x: zeros(4 * s * d)?,
+            aq: zeros(s * wide)?,
+            ad: zeros(8 * s * wide / 32)?,
+            hq: zeros(s * f)?,
+            hd: zeros(8 * s * f / 32)?,
+            q: zeros(4 * s * q)?,
+            qkv: zeros(4 * s * (q + 2 * c.kv_dim()))?,
+            gu: zeros(8 * s * f)?,
+            x16: zeros(2 * s * wide)?,
+            h16: zeros(2 * s * f)?,
+            kernels: match std::env::var("MENS_CUDA_BATCH").as_deref() {
+                Ok("dp4a") => BatchKernels::Dp4a,
+                Ok("mma") => BatchKernels::TensorCores,
+                _ => BatchKernels::Auto,
+            },
+            part_o: zeros(4 * s * splits * q)?,
+            part_ml: zeros(8 * s * splits * c.n_head)?,
+            counters: zeros(4 * s * c.n_kv_head)?,
+            logits: zeros(4 * (s + 1) * v)?,
+            am_partial: zeros(8 * s * ARGMAX_BLOCKS)?,
+            am_counter: zeros(4 * s)?,
+            part: zeros(4 * s * H16_PART_ROWS + 4 * H16_PART_ROWS / H16_ROWS)?,
+            part_counters: 4 * s * H16_PART_ROWS,
+            ids: zeros(4 * (s + 1))?,
+            meta: zeros(16 * s)?,
+            rng: zeros(8 * s)?,
+            cand: zeros(8 * TOPK_BLOCKS * TOPK_MAX)?,
+            scratch: zeros(16)?,
+            host,
+            graphs: Vec::new(),
+            graph_kernels: 0,
+            pending: false,
+            host_logits: vec![0f32; v],
+            tokens: (0..s).map(|_| Vec::with_capacity(ctx)).collect(),
+            ready: vec![false; s],
+            engine,
+            model,
+            slots,
+            ctx,
+            ubatch,
+            step_tokens: step_tokens.max(slots),
+        };
+        dev.sync()?;
+        for bp in buckets(slots) {
+            b.capture(bp)?;
+        }
+        // MENS_CUDA_PROFILE=1: where a step's time goes; =both: each kernel family at each size.
+        if let Ok(p) = std::env::var("MENS_CUDA_PROFILE") {
+            let chosen = b.kernels;
+            let families = if p == "both" {
+                vec![BatchKernels::Dp4a, BatchKernels::TensorCores]
+            } else {
+                vec![chosen]
+            };
+            for k in families {
+                b.kernels = k;
+                for bp in buckets(slots) {
+                    b.print_profile(bp, (ctx / 2).min(512))?;
+                }
+            }
+            b.kernels = chosen;
+        }
+        Ok(b)
+    }
+
+    /// Time each kernel of a decode step over `bp` rows at position `at` (kernels launched one by
+    /// one, outside the graph), printed to stderr: where a step's time goes at each batch size.
+    /// Writes cache rows at `at` of the first `bp` slots (startup only: nothing is cached yet).
+    fn print_profile(&mut self, bp: usize, at: usize) -> Result<()> {
+        let dev = self.model.dev.clone();
+        let s = self.slots;
+        let h = self.host();
+        for i in 0..s {
+            h[i] = 0;
+            h[s + i] = if i < bp { at as i32 } else { -1 };
+            h[2 * s + i] = i as i32;
+            h[3 * s + i] = i as i32;
+        }
+        let meta = unsafe { std::slice::from_raw_parts(self.host, 4 * s) }.to_vec();
+        dev.write(&self.meta, 0, &meta)?;
+        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
+        let steps = 5;
+        for _ in 0..steps {
+            let start = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(|e| err("event", e))?;
+            unsafe { drv::event::record(start, dev.stream) }.map_err(|e| err("event", e))?;
+            *dev.prof.lock().unwrap() = Some(Vec::new());
+            let r = self.decode_kernels(bp);
+            let events = dev.prof.lock().unwrap().take().unwrap_or_default();
+            r?;
+            dev.sync()?;
+            let mut prev = start;
+            for (name, e) in &events {
+                let ms = unsafe { drv::event::elapsed(prev, *e) }.map_err(|e| err("event", e))?;
+                match totals.iter_mut().find(|t| t.0 == *name) {
+                    Some(t) => {
+                        t.1 += 1;
+                        t.2 += ms as f64 * 1e3;
+                    }
+                    None => totals.push((name, 1, ms as f64 * 1e3)),
+                }
+                prev = *e;
+            }
+            unsafe {
+                let _ = drv::event::destroy(start);
+                for (_, e) in events {
+                    let _ = drv::event::destroy(e);
+                }
+            }
+        }
+        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let all: f64 = totals.iter().map(|t| t.2).sum::<f64>() / steps as f64;
+        eprintln!(
+            "mens: profile, {:?} kernels, batch of {bp} at position {at}: {:.0} µs per step ({:.0} tokens/s)",
+            self.kernels,
+            all,
+            bp as f64 * 1e6 / all
+        );
+        for (name, calls, us) in totals {
+            eprintln!(
+                "mens:   {name:<40} {:>4} calls {:>9.1} µs",
+                calls / steps,
+                us / steps as f64
+            );
+        }
+        Ok(())
+    }
+
+    /// The slot's region of the pool (layer 0).
+    fn slot_cache(&self, slot: usize) -> (u64, u64) {
+        let per = (self.model.config.n_layer * self.ctx * self.model.config.kv_dim() * 2) as u64;
+        (
+            self.kc.ptr + slot as u64 * per,
+            self.vc.ptr + slot as u64 * per,
+        )
+    }
+
+    /// Attention blocks per (row, KV head): enough blocks in all to fill the GPU twice over.
+    fn workers(&self, rows: usize) -> usize {
+        let c = &self.model.config;
+        let want = (2 * self.model.dev.sms).div_ceil(c.n_kv_head * rows);
+        want.clamp(1, self.ctx.div_ceil(SPLIT))
+    }
+
+    /// Every kernel of a decode step over `bp` rows (what a bucket's graph holds).
+    fn decode_kernels(&self, bp: usize) -> Result<usize> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let (d, q, kv, f) = (c.dim as i32, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let row = q + 2 * kv;
+        let eps = c.rms_eps;
+        let neox = (c.rope_style == RopeStyle::Neox) as i32;
+        let s = self.slots;
+        let (part, counters) = (self.part.ptr, self.part.ptr + self.part_counters as u64);
+        let mma = match self.kernels {
+            BatchKernels::Auto => bp >= MMA_FROM,
+            BatchKernels::Dp4a => false,
+            BatchKernels::TensorCores => true,
+        };
+        let (tok, pos, slot, orow) = (
+            self.meta.ptr,
+            self.meta.at(4 * s),
+            self.meta.at(8 * s),
+            self.meta.at(12 * s),
+        );
+        let splits = self.ctx.div_ceil(SPLIT) as i32;
+        let workers = self.workers(bp) as u32;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let slot_stride = (c.n_layer * self.ctx * kv) as u64;
+        let layer = (self.ctx * kv * 2) as u64;
+        let (cos, sin) = self.engine.rope();
+        let b = bp as i32;
+        let v = c.vocab_size;
+        let head = m.head();
+        let att = |li: usize, kc: u64, vc: u64, o16: u64| -> Result<()> {
+            let grid = ((c.n_kv_head * bp) as u32, workers);
+            let args = (
+                self.q.ptr,
+                kc,
+                vc,
+                pos,
+                slot,
+                slot_stride,
+                c.n_head as i32,
+                c.n_kv_head as i32,
+                scale,
+                splits,
+                self.part_o.ptr,
+                self.part_ml.ptr,
+                self.counters.ptr,
+                self.aq.ptr,
+                self.ad.ptr,
+                o16,
+            );
+            let _ = li;
+            if c.head_dim == 64 {
+                launch!(dev, attn_decode64_b, grid, 256;
+                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                    args.9, args.10, args.11, args.12, args.13, args.14, args.15)
+            } else {
+                launch!(dev, attn_decode128_b, grid, 256;
+                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                    args.9, args.10, args.11, args.12, args.13, args.14, args.15)
+            }
+        };
+        launch!(dev, embed, (bp as u32, 1), 128; m.embedding.seg, d, tok, self.x.ptr)?;
+        let norm = |w: u64| -> Result<()> {
+            if mma {
+                launch!(dev, add_rmsnorm_f16, (bp as u32, 1), 256;
+                    self.x.ptr, 0u64, w, eps, d, self.x16.ptr)
+            } else {
+                launch!(dev, rmsnorm_q8, (bp as u32, 1), 1024;
+                    self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr)
+            }
+        };
+        norm(m.layers[0].attn_norm.ptr)?;
+        let mut n = 2;
+        for (li, l) in m.layers.iter().enumerate() {
+            let (kc, vc) = (
+                self.kc.ptr + li as u64 * layer,
+                self.vc.ptr + li as u64 * layer,
+            );
+            let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
+            let rest = m
+                .layers
+                .get(li + 1)
+                .map_or(&m.output_norm, |n| &n.attn_norm);
+            if mma {
+                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (qkv)", dev.h16_grid(row, c.dim), 256;
+                    l.q.seg, l.k.seg, l.v.seg, d, self.x16.ptr, b, self.qkv.ptr, row as i32, 0u64,
+                    bias, 0i32, part, counters)?;
+                launch!(dev, rope_store_b, (bp as u32, 1), 256;
+                    self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                    c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, kc, vc)?;
+                att(li, kc, vc, self.x16.ptr)?;
+                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (attn_output + residual)", dev.h16_grid(c.dim, q), 256;
+                    l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.x16.ptr, b, self.x.ptr, d, 0u64,
+                    0u64, 1i32, part, counters)?;
+                norm(l.ffn_norm.ptr)?;
+                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (gate, up)", dev.h16_grid(2 * f, c.dim), 256;
+                    l.gate.seg, l.up.seg, Seg::NONE, d, self.x16.ptr, b, self.gu.ptr, 2 * f as i32,
+                    0u64, 0u64, 0i32, part, counters)?;
+                launch!(dev, swiglu_f16, ((bp * f).div_ceil(256) as u32, 1), 256;
+                    self.gu.ptr, f as i32, b, self.h16.ptr)?;
+                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (ffn_down + residual)", dev.h16_grid(c.dim, f), 256;
+                    l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.h16.ptr, b, self.x.ptr, d, 0u64,
+                    0u64, 1i32, part, counters)?;
+                norm(rest.ptr)?;
+                n += 9;
+            } else {
+                launch!(dev, qkv_rope_b, ((row / 2).div_ceil(4) as u32, 1), 128;
+                    l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
+                    slot, slot_stride, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
+                    self.q.ptr, kc, vc)?;
+                att(li, kc, vc, 0)?;
+                launch!(dev, matmul_q8 as "matmul_q8 (attn_output + residual)", (c.dim.div_ceil(4) as u32, 1), 128;
+                    l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
+                    0u64, 0u64, 1i32)?;
+                norm(l.ffn_norm.ptr)?;
+                launch!(dev, glu_q8_b, ((f / 32) as u32, 1), 1024;
+                    l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
+                launch!(dev, matmul_q8 as "matmul_q8 (ffn_down + residual)", (c.dim.div_ceil(4) as u32, 1), 128;
+                    l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
+                    0u64, 0u64, 1i32)?;
+                norm(rest.ptr)?;
+                n += 7;
+            }
+        }
+        if mma {
+            launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (LM head)", dev.h16_grid(v, c.dim), 256;
+                head.seg, Seg::NONE, Seg::NONE, d, self.x16.ptr, b, self.logits.ptr, v as i32, orow,
+                0u64, 0i32, part, counters)?;
+        } else {
+            launch!(dev, matmul_q8 as "matmul_q8 (LM head)", (v.div_ceil(4) as u32, 1), 128;
+                head.seg, Seg::NONE, Seg::NONE, d, self.aq.ptr, self.ad.ptr, b, self.logits.ptr,
+                v as i32, orow, 0u64, 0i32)?;
+        }
+        launch!(dev, argmax_b, (ARGMAX_BLOCKS as u32, bp as u32), 1024;
+            self.logits.ptr, v as i32, orow, self.am_partial.ptr, self.am_counter.ptr, self.ids.ptr)?;
+        Ok(n + 2)
+    }
+
+    fn capture(&mut self, bp: usize) -> Result<()> {
+        let dev = self.model.dev.clone();
+        dev.bind()?;
+        dev.sync()?;
+        unsafe {
+            drv::stream::begin_capture(
+                dev.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| err("graph capture", e))?;
+        let r = self.decode_kernels(bp);
+        let g = unsafe { drv::stream::end_capture(dev.stream) };
+        let n = r?;
+        let g = g.map_err(|e| err("graph capture", e))?;
+        let exec = unsafe { drv::graph::instantiate(g, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(|e| err("graph instantiate", e))?;
+        unsafe {
+            let _ = drv::graph::destroy(g);
+        }
+        self.graphs.push((bp, exec));
+        self.graph_kernels = n;
+        Ok(())
+    }
+
+    fn host(&mut self) -> &mut [i32] {
+        // SAFETY: allocated with 4 × slots + slots + 2 i32 in new().
+        unsafe { std::slice::from_raw_parts_mut(self.host, 5 * self.slots + 2) }
+    }
+
+    /// One decode step over `rows` (slot, token): the bucket's graph, padding rows marked pos -1.
+    fn decode(&mut self, rows: &[(usize, u32)]) -> Result<()> {
+        let dev = self.model.dev.clone();
+        let &(bp, exec) = self
+            .graphs
+            .iter()
+            .find(|g| g.0 >= rows.len())
+            .expect("a bucket holds every batch");
+        // The pinned meta may still be in flight from the last step.
+        dev.sync()?;
+        let s = self.slots;
+        let lens: Vec<i32> = rows
+            .iter()
+            .map(|&(slot, _)| self.tokens[slot].len() as i32)
+            .collect();
+        let h = self.host();
+        for i in 0..bp {
+            let (tok, pos, slot, orow) = match rows.get(i) {
+                Some(&(slot, t)) => (t as i32, lens[i], slot as i32, slot as i32),
+                None => (0, -1, 0, s as i32),
+            };
+            h[i] = tok;
+            h[s + i] = pos;
+            h[2 * s + i] = slot;
+            h[3 * s + i] = orow;
+        }
+        unsafe {
+            drv::memcpy_htod_async(
+                self.meta.ptr,
+                std::slice::from_raw_parts(self.host, 4 * s),
+                dev.stream,
+            )
+            .map_err(|e| err("copy to device", e))?;
+            drv::graph::launch(exec, dev.stream).map_err(|e| err("graph launch", e))?;
+        }
+        for &(slot, t) in rows {
+            self.tokens[slot].push(t);
+        }
+        Ok(())
+    }
+
+    /// A part that is not a single decode token: through the prefill engine, on the slot's region.
+    fn run_engine(&mut self, slot: usize, tokens: &[u32], logits: Logits) -> Result<()> {
+        let want = matches!(logits, Logits::Last);
+        let (kc, vc) = self.slot_cache(slot);
+        self.engine.use_cache(kc, vc, &mut self.tokens[slot]);
+        let r = self.engine.forward(tokens, logits);
+        self.engine.release_cache(&mut self.tokens[slot]);
+        r?;
+        if want {
+            let dev = &self.model.dev;
+            let v = self.model.config.vocab_size;
+            let (l, id) = self.engine.last_logits();
+            unsafe {
+                drv::memcpy_dtod_async(self.logits.at(4 * slot * v), l, 4 * v, dev.stream)
+                    .map_err(|e| err("copy on device", e))?;
+                drv::memcpy_dtod_async(self.ids.at(4 * slot), id, 4, dev.stream)
+                    .map_err(|e| err("copy on device", e))?;
+            }
+            self.ready[slot] = true;
+        }
+        Ok(())
+    }
+
+    /// Pick a slot's next token on the device (top-k and the rest): one 4-byte read-back.
+    fn sample_device(&mut self, slot: usize, d: DeviceSampling) -> Result<u32> {
+        let DeviceSampling::TopK {
+            k,
+            temp,
+            top_p,
+            min_p,
+            seed,
+        } = d
+        else {
+            unreachable!("top-k sampling")
+        };
+        let dev = self.model.dev.clone();
+        let v = self.model.config.vocab_size;
+        let slice = v.div_ceil(TOPK_BLOCKS) as i32;
+        let k = k as i32;
+        let row = self.logits.at(4 * slot * v);
+        let sc = &self.scratch;
+        launch!(dev, topk_partial, (TOPK_BLOCKS as u32, 1), 256;
+            row, v as i32, k, slice, self.cand.ptr)?;
+        launch!(dev, sample_final, (1, 1), 256;
+            self.cand.ptr, (TOPK_BLOCKS as i32) * k, k, temp, top_p, min_p, seed,
+            self.rng.at(8 * slot), sc.ptr, sc.at(4), sc.at(8), 0i32)?;
+        let at = 5 * self.slots + 1;
+        unsafe {
+            drv::memcpy_dtoh_async(
+                std::slice::from_raw_parts_mut(self.host.add(at), 1),
+                sc.at(4),
+                dev.stream,
+            )
+        }
+        .map_err(|e| err("copy from device", e))?;
+        dev.sync()?;
+        self.pending = false;
+        Ok(self.host()[at] as u32)
+    }
+}
+
+impl CudaBatch {
+    /// Switch the decode kernels (the graphs are captured again).
+    pub fn set_kernels(&mut self, k: BatchKernels) -> Result<()> {
+        if k == self.kernels {
+            return Ok(());
+        }
+        self.model.dev.bind()?;
+        self.model.dev.sync()?;
+        for (_, g) in self.graphs.drain(..) {
+            unsafe {
+                let _ = drv::graph::exec_destroy(g);
+            }
+        }
+        self.kernels = k;
+        for bp in buckets(self.slots) {
+            self.capture(bp)?;
+        }
+        Ok(())
+    }
+
+    /// A slot's last logits (what its next token is sampled from), copied to the host.
+    pub fn slot_logits(&mut self, slot: usize) -> Result<Vec<f32>> {
+        if slot >= self.slots || !self.ready[slot] {
+            return Err(Error::InvalidArgument(format!("slot {slot} has no logits")));
+        }
+        let v = self.model.config.vocab_size;
+        let mut l = vec![0f32; v];
+        self.model.dev.read(&self.logits, 4 * slot * v, &mut l)?;
+        Ok(l)
+    }
+}
+
+impl Drop for CudaBatch {
+    fn drop(&mut self) {
+        let _ = self.model.dev.bind();
+        let _ = self.model.dev.sync();
+        unsafe {
+            for (_, g) in self.graphs.drain(..) {
+                let _ = drv::graph::exec_destroy(g);
+            }
+            let _ = drv::free_host(self.host as *mut c_void);
+        }
+    }
+}
+
+impl Runner for CudaBatch {
+    fn slots(&self) -> usize {
+        self.slots
+    }
+    fn ctx(&self) -> usize {
+        self.ctx
+    }
+    fn max_step_tokens(&self) -> usize {
+        self.step_tokens
+    }
+    fn slot_tokens(&self, slot: usize) -> &[u32] {
+        &self.tokens[slot]
+    }
+    fn truncate_slot(&mut self, slot: usize, n: usize) {
+        self.tokens[slot].truncate(n);
+        self.ready[slot] = false;
+        // A new request on the slot: its device sampler's draws count from 0 again.
+        let _ = self.model.dev.write(&self.rng, 8 * slot, &[0u64]);
+    }
+    fn step(&mut self, parts: &mut [Part]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        let mut seen = vec![false; self.slots];
+        for p in parts.iter() {
+            if p.slot >= self.slots || std::mem::replace(&mut seen[p.slot], true) {
+                return Err(Error::InvalidArgument(format!(
+                    "a step takes at most one part per slot, for slots below {}",
+                    self.slots
+                )));
+            }
+            check_tokens(self.tokens[p.slot].len(), self.ctx, p.tokens, vocab)?;
+        }
+        self.model.dev.bind()?;
+        let mut rows = Vec::with_capacity(parts.len());
+        for p in parts.iter_mut() {
+            self.ready[p.slot] = false;
+            if p.tokens.len() == 1 && !matches!(p.logits, Logits::All { .. }) {
+                rows.push((p.slot, p.tokens[0]));
+                continue;
+            }
+            let logits = std::mem::replace(&mut p.logits, Logits::None);
+            self.run_engine(p.slot, p.tokens, logits)?;
+        }
+        if let ([(slot, t)], BatchKernels::Auto) = (&rows[..], self.kernels) {
+            let (slot, t) = (*slot, *t);
+            // One decode row alone: the single-sequence graph (matrix-vector kernels) is faster
+            // than a batch of one.
+            self.run_engine(slot, &[t], Logits::Last)?;
+        } else if !rows.is_empty() {
+            self.decode(&rows)?;
+            for p in parts.iter() {
+                if p.tokens.len() == 1 && matches!(p.logits, Logits::Last) {
+                    self.ready[p.slot] = true;
+                }
+            }
+        }
+        let dev = &self.model.dev;
+        let s = self.slots;
+        unsafe {
+            drv::memcpy_dtoh_async(
+                std::slice::from_raw_parts_mut(self.host.add(4 * s), s + 1),
+                self.ids.ptr,
+                dev.stream,
+            )
+        }
+        .map_err(|e| err("copy from device", e))?;
+        self.pending = true;
+        Ok(())
+    }
+    fn sample_slot(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32> {
+        if slot >= self.slots || !self.ready[slot] {
+            return Err(Error::InvalidArgument(format!(
+                "slot {slot} has no logits to sample (run a step with its last logits first)"
+            )));
+        }
+        match DeviceSampling::of(sampler) {
+            DeviceSampling::Greedy => {
+                if self.pending {
+                    self.model.dev.sync()?;
+                    self.pending = false;
+                }
+                let s = self.slots;
+                Ok(self.host()[4 * s + slot] as u32)
+            }
+            d @ DeviceSampling::TopK { .. } => self.sample_device(slot, d),
+            DeviceSampling::Host => {
+                let v = self.model.config.vocab_size;
+                self.model
+                    .dev
+                    .read(&self.logits, 4 * slot * v, &mut self.host_logits)?;
+                self.pending = false;
+                sampler.sample(&mut self.host_logits, &self.tokens[slot])
+            }
+        }
+    }
+    fn memory(&self) -> Memory {
+        let kv = self.kc.bytes + self.vc.bytes;
+        let all = batch_bytes(&self.model.config, self.slots, self.ctx, self.ubatch) as usize;
+        Memory {
+            kv_cache: kv,
+            buffers: all.saturating_sub(kv),
+        }
+    }
+    fn launches_per_token(&self) -> Option<(usize, usize)> {
+        Some((1, self.graph_kernels))
+    }
+    fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>> {
+        Ok(Box::new(CudaSession::new(
+            self.model.clone(),
+            ctx,
+            self.ubatch,
+        )?))
+    }
+    fn batch_sibling(&self, slots: usize, ctx: usize, step: usize) -> Result<Box<dyn Runner>> {
+        Ok(Box::new(CudaBatch::new(
+            self.model.clone(),
+            slots,
+            ctx,
+            self.ubatch,
+            step,
+        )?))
+    }
+}

@@ -1,0 +1,736 @@
+// ---------------------------------------------------------------------------------------------
+// Batched decode (the server's step): B sequences, one new token each, at their own positions and
+// in their own cache slots. The matrix kernels read each weight chunk once for all B activation
+// rows (in tiles of NB rows, the row's bytes staying in L1/L2 between tiles), so a step costs about
+// one pass over the weights whatever B is, until the dp4a arithmetic is the limit.
+// Rows of a batch: per-row arrays pos[b] (tokens before this one; -1 marks padding, which writes no
+// cache and whose outputs are ignored) and slot[b] (cache slot; slot_stride values apart).
+
+#define NB 8
+
+// A 32-value weight chunk unpacked once for all activation rows: its values as signed bytes in 8
+// words, and its scales (a, b: floats; s0, s1: integer sub-scales). finish() turns the chunk's two
+// 16-value dp4a sums into the float dot32 returns, with dot32's own expression, so that a batch row
+// gets the very bits the single-sequence kernels give. Formats without an integer form: false.
+struct W32 {
+  int q[8];
+  float a, b;
+  int s0, s1;
+};
+
+template <int T>
+__device__ __forceinline__ bool unpack32(const u8* row, int c, W32& w) { return false; }
+template <int T>
+__device__ __forceinline__ float finish(const W32& w, int lo, int hi, float d8, float s8) { return 0.f; }
+
+template <>
+__device__ __forceinline__ bool unpack32<T_Q8_0>(const u8* row, int c, W32& w) {
+  const u8* b = row + c * 34;
+#pragma unroll
+  for (int i = 0; i < 8; i++) w.q[i] = ld2(b + 2 + 4 * i);
+  w.a = h2f(*(const u16*)b);
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q8_0>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * d8 * (float)(lo + hi);
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q4_0>(const u8* row, int c, W32& w) {
+  const u8* b = row + c * 18;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int x = ld2(b + 2 + 4 * i);
+    w.q[i] = x & 0x0F0F0F0F;
+    w.q[4 + i] = (x >> 4) & 0x0F0F0F0F;
+  }
+  w.a = h2f(*(const u16*)b);
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q4_0>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * (d8 * (float)(lo + hi) - 8.f * s8);
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q4_1>(const u8* row, int c, W32& w) {
+  const u8* b = row + c * 20;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int x = ld4(b + 4 + 4 * i);
+    w.q[i] = x & 0x0F0F0F0F;
+    w.q[4 + i] = (x >> 4) & 0x0F0F0F0F;
+  }
+  w.a = h2f(*(const u16*)b);
+  w.b = h2f(*(const u16*)(b + 2));
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q4_1>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * d8 * (float)(lo + hi) + w.b * s8;
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q5_0>(const u8* row, int c, W32& w) {
+  const u8* b = row + c * 22;
+  u32 qh = (u32)ld2(b + 2);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int x = ld2(b + 6 + 4 * i);
+    w.q[i] = (x & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+    w.q[4 + i] = ((x >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
+  }
+  w.a = h2f(*(const u16*)b);
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q5_0>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * (d8 * (float)(lo + hi) - 16.f * s8);
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q5_1>(const u8* row, int c, W32& w) {
+  const u8* b = row + c * 24;
+  u32 qh = (u32)ld4(b + 4);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    int x = ld4(b + 8 + 4 * i);
+    w.q[i] = (x & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+    w.q[4 + i] = ((x >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
+  }
+  w.a = h2f(*(const u16*)b);
+  w.b = h2f(*(const u16*)(b + 2));
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q5_1>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * d8 * (float)(lo + hi) + w.b * s8;
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q4_K>(const u8* row, int c, W32& w) {
+  const u8* b = row + (c >> 3) * 144;
+  int sub = c & 7;
+  const int4* q4 = (const int4*)(b + 16 + (sub >> 1) * 32);
+  int4 h = *(const int4*)b;
+  int4 x0 = q4[0], x1 = q4[1];
+  int qs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  int shift = (sub & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; i++) w.q[i] = (qs[i] >> shift) & 0x0F0F0F0F;
+  int sh = 8 * (sub & 3);
+  u32 y = (u32)h.y >> sh, z = (u32)h.z >> sh, x = (u32)h.w >> sh;
+  if (sub < 4) {
+    w.s0 = y & 63;
+    w.s1 = z & 63;
+  } else {
+    w.s0 = (x & 0xF) | (((y >> 6) & 3) << 4);
+    w.s1 = ((x >> 4) & 0xF) | (((z >> 6) & 3) << 4);
+  }
+  w.a = h2f((u16)(h.x & 0xffff));
+  w.b = h2f((u16)((u32)h.x >> 16));
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q4_K>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * (float)w.s0 * d8 * (float)(lo + hi) - w.b * (float)w.s1 * s8;
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q5_K>(const u8* row, int c, W32& w) {
+  const u8* b = row + (c >> 3) * 176;
+  int sub = c & 7;
+  const int* qh = (const int*)(b + 16);
+  const int* qs = (const int*)(b + 48 + (sub >> 1) * 32);
+  int shift = (sub & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    w.q[i] = ((qs[i] >> shift) & 0x0F0F0F0F) | ((((u32)qh[i] >> sub) & 0x01010101u) << 4);
+  scale_min_k4(sub, b + 4, &w.s0, &w.s1);
+  w.a = h2f(*(const u16*)b);
+  w.b = h2f(*(const u16*)(b + 2));
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q5_K>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * (float)w.s0 * d8 * (float)(lo + hi) - w.b * (float)w.s1 * s8;
+}
+template <>
+__device__ __forceinline__ bool unpack32<T_Q6_K>(const u8* row, int c, W32& w) {
+  const u8* b = row + (c >> 3) * 210;
+  int sub = c & 7, n = sub >> 2, g = sub & 3;
+  const u8* ql = b + n * 64 + (g & 1) * 32;
+  const u8* qh = b + 128 + n * 32;
+  const i8* sc = (const i8*)(b + 192) + n * 8 + 2 * g;
+  int lsh = (g >> 1) * 4, hsh = 2 * g;
+  int l[8], h[8];
+  ld8_a2(ql, l);
+  ld8_a2(qh, h);
+#pragma unroll
+  for (int i = 0; i < 8; i++) w.q[i] = sub32(((l[i] >> lsh) & 0x0F0F0F0F) | (((h[i] >> hsh) & 0x03030303) << 4));
+  w.a = h2f(*(const u16*)(b + 208));
+  w.s0 = sc[0];
+  w.s1 = sc[1];
+  return true;
+}
+template <>
+__device__ __forceinline__ float finish<T_Q6_K>(const W32& w, int lo, int hi, float d8, float s8) {
+  return w.a * d8 * (float)(w.s0 * lo + w.s1 * hi);
+}
+
+// acc[j] += chunk c of the row . activation row b0 + j (j < NB, b0 + j < B).
+template <int T>
+__device__ __forceinline__ void dot_rows(const u8* __restrict__ row, int c, const i8* __restrict__ aq,
+                                         const float2* __restrict__ ad, int cols, int b0, int B, float* acc) {
+  W32 w;
+  int nchunks = cols / 32;
+  if (unpack32<T>(row, c, w)) {
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+      if (b0 + j < B) {
+        const int4* ap = (const int4*)(aq + (u64)(b0 + j) * cols + c * 32);
+        int4 a0 = ap[0], a1 = ap[1];
+        float2 ds = ad[(u64)(b0 + j) * nchunks + c];
+        int lo = dp4a(w.q[3], a0.w, dp4a(w.q[2], a0.z, dp4a(w.q[1], a0.y, dp4a(w.q[0], a0.x, 0))));
+        int hi = dp4a(w.q[7], a1.w, dp4a(w.q[6], a1.z, dp4a(w.q[5], a1.y, dp4a(w.q[4], a1.x, 0))));
+        acc[j] += finish<T>(w, lo, hi, ds.x, ds.y);
+      }
+    }
+  } else {
+    for (int j = 0; j < NB; j++) {
+      if (b0 + j < B) {
+        int a[8];
+        const int4* ap = (const int4*)(aq + (u64)(b0 + j) * cols + c * 32);
+        int4 a0 = ap[0], a1 = ap[1];
+        a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
+        a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+        float2 ds = ad[(u64)(b0 + j) * nchunks + c];
+        acc[j] += dot32<T>(row, c, a, ds.x, ds.y);
+      }
+    }
+  }
+}
+
+// One warp: the dots of one weight row with activation rows b0 .. b0 + NB, summed over the warp
+// (every lane gets them).
+template <int T>
+__device__ void row_dots_t(const u8* __restrict__ row, int cols, const i8* __restrict__ aq,
+                           const float2* __restrict__ ad, int b0, int B, float* acc) {
+#pragma unroll
+  for (int j = 0; j < NB; j++) acc[j] = 0.f;
+  int lane = threadIdx.x & 31;
+  for (int c = lane; c < cols / 32; c += 32) dot_rows<T>(row, c, aq, ad, cols, b0, B, acc);
+#pragma unroll
+  for (int j = 0; j < NB; j++) acc[j] = warp_sum(acc[j]);
+}
+__device__ void row_dots(int type, const u8* row, int cols, const i8* aq, const float2* ad, int b0, int B,
+                         float* acc) {
+  switch (type) {
+    case T_Q4_K: row_dots_t<T_Q4_K>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q6_K: row_dots_t<T_Q6_K>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_0: row_dots_t<T_Q5_0>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q8_0: row_dots_t<T_Q8_0>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_0: row_dots_t<T_Q4_0>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_1: row_dots_t<T_Q4_1>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_1: row_dots_t<T_Q5_1>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_K: row_dots_t<T_Q5_K>(row, cols, aq, ad, b0, B, acc); break;
+    case T_F16: row_dots_t<T_F16>(row, cols, aq, ad, b0, B, acc); break;
+    case T_BF16: row_dots_t<T_BF16>(row, cols, aq, ad, b0, B, acc); break;
+    default: row_dots_t<T_F32>(row, cols, aq, ad, b0, B, acc); break;
+  }
+}
+
+__device__ __forceinline__ float pick(const float* acc, int j) {
+  float v = 0.f;
+#pragma unroll
+  for (int k = 0; k < NB; k++)
+    if (k == j) v = acc[k];
+  return v;
+}
+
+// out[orow[b] * ldo + r] (+)= W[r] . a[b] (+ bias[r]) for the rows of up to three stacked matrices
+// and activation rows b < B (orow null: row b). One warp per weight row, 4 warps per block; mode 0
+// stores, 1 adds (the residual).
+extern "C" __global__ void matmul_q8(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
+                                     float* out, int ldo, const int* orow, const float* bias, int mode) {
+  int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+  int total = s0.rows + s1.rows + s2.rows;
+  if (r >= total) return;
+  Seg s = s0;
+  int rr = r;
+  if (rr >= s0.rows) {
+    rr -= s0.rows;
+    s = s1;
+    if (rr >= s1.rows) {
+      rr -= s1.rows;
+      s = s2;
+    }
+  }
+  const u8* row = s.w + (u64)rr * s.row_bytes;
+  int lane = threadIdx.x & 31;
+  float bv = bias ? bias[r] : 0.f;
+  for (int b0 = 0; b0 < B; b0 += NB) {
+    float acc[NB];
+    row_dots(s.type, row, cols, aq, ad, b0, B, acc);
+    // Lane j writes row b0 + j.
+    int b = b0 + lane;
+    if (lane < NB && b < B) {
+      float v = pick(acc, lane) + bv;
+      float* o = out + (u64)(orow ? orow[b] : b) * ldo + r;
+      *o = mode ? *o + v : v;
+    }
+  }
+}
+
+// h[b] = silu(gate . a[b]) * (up . a[b]), quantized to q8 (hq [B][f], hd [B][f / 32]): a block of
+// 32 warps makes 32 rows (one q8 block of every h[b]), one gate and one up row per warp.
+extern "C" __global__ void __launch_bounds__(1024) glu_q8_b(Seg gate, Seg up, int cols, const i8* aq,
+                                                            const float2* ad, int B, i8* hq, float2* hd) {
+  __shared__ float h[NB][32];
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int r = blockIdx.x * 32 + w;
+  int f = gate.rows;
+  for (int b0 = 0; b0 < B; b0 += NB) {
+    float g[NB], u[NB];
+    row_dots(gate.type, gate.w + (u64)r * gate.row_bytes, cols, aq, ad, b0, B, g);
+    row_dots(up.type, up.w + (u64)r * up.row_bytes, cols, aq, ad, b0, B, u);
+    if (lane < NB) {
+      float x = pick(g, lane), y = pick(u, lane);
+      h[lane][w] = x / (1.f + expf(-x)) * y;
+    }
+    __syncthreads();
+    if (w < NB && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
+    __syncthreads();
+  }
+}
+
+// Q/K/V for B rows: the three matrices stacked, bias, RoPE at pos[b], K and V into cache slot
+// slot[b], Q (rounded to f16) into q [B][n_head * hd]. One warp per pair of rows that RoPE rotates
+// together (see qkv_rope).
+extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
+                                      const float* bias, const float* cosv, const float* sinv, const int* pos,
+                                      const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
+                                      int neox, float* q, u16* kc, u16* vc) {
+  int half = hd / 2;
+  int p = blockIdx.x * 4 + (threadIdx.x >> 5);
+  int heads = n_head + 2 * n_kv_head;
+  if (p >= heads * half) return;
+  int h = p / half, k = p % half;
+  int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
+  Seg s = s0;
+  int base = 0;
+  if (ra >= s0.rows) {
+    base = s0.rows;
+    s = s1;
+    if (ra >= s0.rows + s1.rows) {
+      base = s0.rows + s1.rows;
+      s = s2;
+    }
+  }
+  int lane = threadIdx.x & 31, kvd = n_kv_head * hd, qd = n_head * hd;
+  float ba = bias ? bias[ra] : 0.f, bb = bias ? bias[rb] : 0.f;
+  for (int b0 = 0; b0 < B; b0 += NB) {
+    float xa[NB], xb[NB];
+    row_dots(s.type, s.w + (u64)(ra - base) * s.row_bytes, cols, aq, ad, b0, B, xa);
+    row_dots(s.type, s.w + (u64)(rb - base) * s.row_bytes, cols, aq, ad, b0, B, xb);
+    int b = b0 + lane;
+    if (lane >= NB || b >= B) continue;
+    int ps = pos[b];
+    if (ps < 0) continue;  // padding
+    float x0 = pick(xa, lane) + ba, x1 = pick(xb, lane) + bb;
+    u64 so = (u64)slot[b] * slot_stride;
+    if (h < n_head + n_kv_head) {
+      float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
+      float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+      if (h < n_head) {
+        q[(u64)b * qd + ra] = h2f(f2h(y0));
+        q[(u64)b * qd + rb] = h2f(f2h(y1));
+      } else {
+        u64 o = so + (u64)ps * kvd + (h - n_head) * hd;
+        kc[o + ra - h * hd] = f2h(y0);
+        kc[o + rb - h * hd] = f2h(y1);
+      }
+    } else {
+      u64 o = so + (u64)ps * kvd + (h - n_head - n_kv_head) * hd;
+      vc[o + ra - h * hd] = f2h(x0);
+      vc[o + rb - h * hd] = f2h(x1);
+    }
+  }
+}
+
+// Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
+// takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
+// The output goes to o16 [B][q_dim] in f16 when o16 is set, else to aq/ad in q8.
+template <int HD>
+__device__ void attn_decode_b(const float* q, const u16* kc, const u16* vc, const int* pos, const int* slot,
+                              u64 slot_stride, int n_head, int n_kv_head, float scale, int splits, float* part_o,
+                              float2* part_ml, u32* counters, i8* aq, float2* ad, u16* o16) {
+  int b = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head;
+  int p = pos[b];
+  if (p < 0) return;
+  int qd = n_head * HD;
+  u64 so = (u64)slot[b] * slot_stride;
+  attn_decode_t<HD>(q + (u64)b * qd, kc + so, vc + so, p + 1, n_head, n_kv_head, scale,
+                    part_o + (u64)b * splits * qd, part_ml + (u64)b * splits * n_head, counters + b * n_kv_head,
+                    aq + (u64)b * qd, ad + (u64)b * (qd / 32), kvh, blockIdx.y, gridDim.y,
+                    o16 ? o16 + (u64)b * qd : 0);
+}
+extern "C" __global__ void attn_decode64_b(const float* q, const u16* kc, const u16* vc, const int* pos,
+                                           const int* slot, u64 slot_stride, int n_head, int n_kv_head, float scale,
+                                           int splits, float* part_o, float2* part_ml, u32* counters, i8* aq,
+                                           float2* ad, u16* o16) {
+  attn_decode_b<64>(q, kc, vc, pos, slot, slot_stride, n_head, n_kv_head, scale, splits, part_o, part_ml,
+                    counters, aq, ad, o16);
+}
+extern "C" __global__ void attn_decode128_b(const float* q, const u16* kc, const u16* vc, const int* pos,
+                                            const int* slot, u64 slot_stride, int n_head, int n_kv_head,
+                                            float scale, int splits, float* part_o, float2* part_ml, u32* counters,
+                                            i8* aq, float2* ad, u16* o16) {
+  attn_decode_b<128>(q, kc, vc, pos, slot, slot_stride, n_head, n_kv_head, scale, splits, part_o, part_ml,
+                     counters, aq, ad, o16);
+}
+
+// Greedy for B rows: grid (blocks, B); row b's logits are rows[orow[b]] (row stride n), its
+// choice goes to ids[orow[b]] (padding rows too: their orow is a scratch row).
+extern "C" __global__ void argmax_b(const float* x, int n, const int* orow, float2* partial, u32* counter,
+                                    int* ids) {
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  __shared__ bool last;
+  int b = blockIdx.y, o = orow[b];
+  const float* xr = x + (u64)o * n;
+  float v = NEG_INF * 10.f;
+  int idx = 0x7fffffff;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    float y = xr[i];
+    if (y > v) { v = y; idx = i; }
+  }
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int s = 16; s > 0; s >>= 1) {
+    float v2 = __shfl_xor_sync(0xffffffff, v, s);
+    int i2 = __shfl_xor_sync(0xffffffff, idx, s);
+    if (v2 > v || (v2 == v && i2 < idx)) { v = v2; idx = i2; }
+  }
+  if (lane == 0) { bv[w] = v; bi[w] = idx; }
+  __syncthreads();
+  float2* pb = partial + (u64)b * gridDim.x;
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < nw; k++)
+      if (bv[k] > v || (bv[k] == v && bi[k] < idx)) { v = bv[k]; idx = bi[k]; }
+    pb[blockIdx.x] = make_float2(v, __int_as_float(idx));
+    __threadfence();
+    last = atomicAdd(&counter[b], 1) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    float2 best = __ldcg(&pb[0]);
+    for (int k = 1; k < gridDim.x; k++) {
+      float2 c = __ldcg(&pb[k]);
+      if (c.x > best.x || (c.x == best.x && __float_as_int(c.y) < __float_as_int(best.y))) best = c;
+    }
+    int r = __float_as_int(best.y);
+    if (r < 0 || r >= n) r = 0;  // only when every logit is NaN
+    ids[o] = r;
+    counter[b] = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core batched matmul (the server's decode step): weights dequantized in registers straight
+// into f16 MMA fragments (mma.m16n8k16, f32 accumulation), activations in f16. Each weight block is
+// read once per step for up to 64 activation rows, and no per-chunk scaling is left for after the
+// MMA. Block: MT = 16 weight rows, KW = 8 warps splitting the row's 32-value chunks; a warp holds
+// NT tiles of 8 activation rows. A row's result does not depend on the other rows in the batch,
+// so N requests decoded together give the bits each gives alone.
+
+#define MT 16
+#define KW 8
+
+__device__ __forceinline__ u32 pack2(float a, float b) { return (u32)f2h(a) | ((u32)f2h(b) << 16); }
+__device__ __forceinline__ u32 byte_of(u32 lo, u32 hi, int i) { return ((i < 4 ? lo >> (8 * i) : hi >> (8 * (i - 4)))) & 0xff; }
+
+// f in both halves of an f16 pair.
+__device__ __forceinline__ u32 dup_h(float f) {
+  u32 h = f2h(f);
+  return h | (h << 16);
+}
+
+// The 8 unsigned bytes of x0 (values 0-3) and x1 (4-7) as f16 pairs (x - off) * d + m, where off
+// holds 1024 + the zero point in both halves: a byte b placed under the f16 exponent of 1024 reads
+// 1024 + b exactly, so the unpacking is a byte permute and two f16x2 operations per pair (the
+// float path costs about three times as many instructions, and the matmul is bound by them).
+__device__ __forceinline__ void deq4_h(u32 x0, u32 x1, u32 off, u32 d, u32 m, u32* h) {
+  u32 p[4] = {__byte_perm(x0, 0x64646464u, 0x5140), __byte_perm(x0, 0x64646464u, 0x7362),
+              __byte_perm(x1, 0x64646464u, 0x5140), __byte_perm(x1, 0x64646464u, 0x7362)};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    u32 v;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(v) : "r"(p[i]), "r"(off));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(h[i]) : "r"(v), "r"(d), "r"(m));
+  }
+}
+
+// The 8 values 8t .. 8t+7 of chunk c of one weight row, as 4 f16 pairs, for thread t (0..3) of an
+// MMA quad. The MMA's k order is a permutation of the chunk's values (thread t's k = 2t, 2t+1,
+// 2t+8, 2t+9 of the lower MMA hold values 8t..8t+3, those of the upper one 8t+4..8t+7); the
+// activations use the same permutation, so each thread reads 8 contiguous weights and 16
+// contiguous activation bytes.
+__device__ __forceinline__ void deq_frag(int type, const u8* row, int c, int t, u32* h) {
+  float v[8];
+  switch (type) {
+    case T_Q4_K:
+    case T_Q5_K: {
+      bool k5 = type == T_Q5_K;
+      const u8* b = row + (c >> 3) * (k5 ? 176 : 144);
+      int sub = c & 7, shift = (sub & 1) * 4;
+      uint2 q = *(const uint2*)(b + (k5 ? 48 : 16) + (sub >> 1) * 32 + 8 * t);
+      int4 hd = *(const int4*)b;  // d, dmin, scales[12]
+      int sh = 8 * (sub & 3);
+      u32 y = (u32)hd.y >> sh, z = (u32)hd.z >> sh, w = (u32)hd.w >> sh;
+      int sc, mn;
+      if (sub < 4) {
+        sc = y & 63;
+        mn = z & 63;
+      } else {
+        sc = (w & 0xF) | (((y >> 6) & 3) << 4);
+        mn = ((w >> 4) & 0xF) | (((z >> 6) & 3) << 4);
+      }
+      u32 x0 = (q.x >> shift) & 0x0F0F0F0Fu, x1 = (q.y >> shift) & 0x0F0F0F0Fu;
+      if (k5) {
+        uint2 qh = *(const uint2*)(b + 16 + 8 * t);
+        x0 |= ((qh.x >> sub) & 0x01010101u) << 4;
+        x1 |= ((qh.y >> sub) & 0x01010101u) << 4;
+      }
+      deq4_h(x0, x1, 0x64006400u, dup_h(h2f((u16)(hd.x & 0xffff)) * (float)sc),
+             dup_h(-h2f((u16)((u32)hd.x >> 16)) * (float)mn), h);
+      return;
+    }
+    case T_Q6_K: {
+      const u8* b = row + (c >> 3) * 210;
+      int sub = c & 7, n = sub >> 2, g = sub & 3;
+      const u8* ql = b + n * 64 + (g & 1) * 32 + 8 * t;
+      const u8* qh = b + 128 + n * 32 + 8 * t;
+      u32 l0 = ld2(ql), l1 = ld2(ql + 4), h0 = ld2(qh), h1 = ld2(qh + 4);
+      int lsh = (g >> 1) * 4, hsh = 2 * g;
+      float d = h2f(*(const u16*)(b + 208)) * (float)((const i8*)(b + 192))[n * 8 + 2 * g + (t >> 1)];
+      u32 x0 = ((l0 >> lsh) & 0x0F0F0F0Fu) | (((h0 >> hsh) & 0x03030303u) << 4);
+      u32 x1 = ((l1 >> lsh) & 0x0F0F0F0Fu) | (((h1 >> hsh) & 0x03030303u) << 4);
+      deq4_h(x0, x1, 0x64206420u, dup_h(d), 0u, h);  // (1024 + x) - (1024 + 32)
+      return;
+    }
+    case T_Q8_0: {
+      const u8* b = row + c * 34;
+      u32 q0 = ld2(b + 2 + 8 * t), q1 = ld2(b + 6 + 8 * t);
+      float d = h2f(*(const u16*)b);
+#pragma unroll
+      for (int i = 0; i < 8; i++) v[i] = d * (float)(i8)byte_of(q0, q1, i);
+      break;
+    }
+    case T_Q4_0:
+    case T_Q4_1:
+    case T_Q5_0:
+    case T_Q5_1: {
+      // Value j < 16: low nibble of byte j; j >= 16: high nibble of byte j - 16; Q5: bit j of qh.
+      int bs = type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
+      int qo = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
+      const u8* b = row + c * bs;
+      float d = h2f(*(const u16*)b);
+      bool one = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+      float m = one ? h2f(*(const u16*)(b + 2)) : (five ? -16.f * d : -8.f * d);
+      u32 qh = five ? (type == T_Q5_0 ? (u32)ld2(b + 2) : (u32)ld4(b + 4)) : 0;
+      const u8* qs = b + qo + 8 * (t & 1);
+      u32 q0 = ld2(qs), q1 = ld2(qs + 4);
+      int sh = 4 * (t >> 1);
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        u32 x = (byte_of(q0, q1, i) >> sh) & 15;
+        if (five) x |= ((qh >> (8 * t + i)) & 1) << 4;
+        v[i] = d * (float)x + m;
+      }
+      break;
+    }
+    case T_F16:
+    case T_BF16: {
+      uint4 x = *(const uint4*)((const u16*)row + c * 32 + 8 * t);
+      u32 xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int p = 0; p < 4; p++)
+        h[p] = type == T_F16 ? xs[p]
+                             : pack2(__int_as_float((int)((xs[p] & 0xffff) << 16)), __int_as_float((int)(xs[p] & 0xffff0000u)));
+      return;
+    }
+    default: {
+      const float* w = (const float*)row + c * 32 + 8 * t;
+#pragma unroll
+      for (int i = 0; i < 8; i++) v[i] = w[i];
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < 4; p++) h[p] = pack2(v[2 * p], v[2 * p + 1]);
+}
+
+// D (16 x 8, f32) += A (16 x 16 f16) . B (16 x 8 f16).
+__device__ __forceinline__ void mma_f16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct RowRef {
+  const u8* p;  // null: past the last row
+  int type;
+};
+__device__ __forceinline__ RowRef row_ref(Seg s0, Seg s1, Seg s2, int r) {
+  RowRef x = {0, 0};
+  if (r < s0.rows) {
+    x.p = s0.w + (u64)r * s0.row_bytes;
+    x.type = s0.type;
+  } else if ((r -= s0.rows) < s1.rows) {
+    x.p = s1.w + (u64)r * s1.row_bytes;
+    x.type = s1.type;
+  } else if ((r -= s1.rows) < s2.rows) {
+    x.p = s2.w + (u64)r * s2.row_bytes;
+    x.type = s2.type;
+  }
+  return x;
+}
+
+// Partial sums of one 16-row tile for activation rows col0 .. col0 + 8 NT - 1 over chunks
+// [cb0, cb1): the KW warps take chunks in turn, and their sums are added in warp order through
+// shared memory; v[i][e] (for threads 0 .. 127 of the block, as `red` lays them out) gets the sum.
+template <int NT>
+__device__ __forceinline__ void mma_cols(RowRef ra, RowRef rb, int cols, const u16* __restrict__ x, int B, int col0,
+                                         int cb0, int cb1, float* red) {
+  // U chunks per warp per step: their loads are issued together, so a small batch (bound by memory
+  // latency, not by the tensor cores) keeps more bytes in flight.
+  constexpr int U = NT == 1 ? 4 : NT == 2 ? 2 : 1;
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int c0 = cb0 + w; c0 < cb1; c0 += KW * U) {
+    u32 ha[U][4], hb[U][4];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int c = c0 + u * KW;
+#pragma unroll
+      for (int p = 0; p < 4; p++) ha[u][p] = hb[u][p] = 0;
+      if (c < cb1 && ra.p) deq_frag(ra.type, ra.p, c, t, ha[u]);
+      if (c < cb1 && rb.p) deq_frag(rb.type, rb.p, c, t, hb[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int c = c0 + u * KW;
+      if (c >= cb1) break;
+#pragma unroll
+      for (int i = 0; i < NT; i++) {
+        int cb = col0 + i * 8 + g;  // this thread's activation row in the B fragment
+        uint4 xv = make_uint4(0, 0, 0, 0);
+        if (cb < B) xv = *(const uint4*)(x + (u64)cb * cols + c * 32 + 8 * t);
+        mma_f16(acc[i], ha[u][0], hb[u][0], ha[u][1], hb[u][1], xv.x, xv.y);
+        mma_f16(acc[i], ha[u][2], hb[u][2], ha[u][3], hb[u][3], xv.z, xv.w);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NT; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) red[((w * NT + i) * 4 + e) * 32 + lane] = acc[i][e];
+  __syncthreads();
+}
+
+// out[orow[b] * ldo + r] (+)= W[r] . x[b] (+ bias[r]) for the rows of up to three stacked matrices
+// and f16 activation rows b < B (orow null: row b); mode 0 stores, 1 adds. Grid: (rows / 16,
+// splits); block: 32 * KW. grid.y splits the columns when there are too few row tiles to fill the
+// GPU: each split writes partial sums to `part` ([split][B][rows]) and the last block of a row tile
+// to finish (a ticket in `counters`, reset after) adds them in split order, so the result does not
+// depend on timing. One kernel per tile count (B ≤ 8, 16, 32, any), each with its own registers.
+template <int NT>
+__device__ __forceinline__ void matmul_h16_t(Seg s0, Seg s1, Seg s2, int cols, const u16* x, int B, float* out,
+                                             int ldo, const int* orow, const float* bias, int mode, float* part,
+                                             u32* counters) {
+  __shared__ float red[KW * NT * 4 * 32];
+  __shared__ u32 last;
+  int r0 = blockIdx.x * MT, total = s0.rows + s1.rows + s2.rows, splits = gridDim.y;
+  int nchunks = cols / 32, per = (nchunks + splits - 1) / splits;
+  int cb0 = blockIdx.y * per, cb1 = min(nchunks, cb0 + per);
+  int g = (threadIdx.x & 31) >> 2;
+  RowRef ra = row_ref(s0, s1, s2, r0 + g), rb = row_ref(s0, s1, s2, r0 + g + 8);
+  for (int col0 = 0; col0 < B; col0 += 8 * NT) {
+    mma_cols<NT>(ra, rb, cols, x, B, col0, cb0, cb1, red);
+    for (int k = threadIdx.x; k < NT * 4 * 32; k += blockDim.x) {
+      int i = k / 128, e = (k / 32) % 4, l = k % 32;
+      float v = 0.f;
+#pragma unroll
+      for (int q = 0; q < KW; q++) v += red[((q * NT + i) * 4 + e) * 32 + l];
+      int r = r0 + (l >> 2) + (e >= 2 ? 8 : 0);
+      int col = col0 + i * 8 + (l & 3) * 2 + (e & 1);
+      if (r < total && col < B) {
+        if (splits > 1) {
+          part[((u64)blockIdx.y * B + col) * total + r] = v;
+        } else {
+          if (bias) v += bias[r];
+          float* o = out + (u64)(orow ? orow[col] : col) * ldo + r;
+          *o = mode ? *o + v : v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (splits == 1) return;
+  // Threadfence reduction, as in attn_decode_t.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == (u32)splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  int n = min(MT, total - r0);
+  for (int k = threadIdx.x; k < n * B; k += blockDim.x) {
+    int col = k / n, r = r0 + k % n;
+    float v = 0.f;
+    for (int y = 0; y < splits; y++) v += __ldcg(&part[((u64)y * B + col) * total + r]);
+    if (bias) v += bias[r];
+    float* o = out + (u64)(orow ? orow[col] : col) * ldo + r;
+    *o = mode ? *o + v : v;
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+#define MATMUL_H16(NT)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) matmul_h16_##NT(Seg s0, Seg s1, Seg s2, int cols,         \
+                                                                   const u16* x, int B, float* out, int ldo,  \
+                                                                   const int* orow, const float* bias,        \
+                                                                   int mode, float* part, u32* counters) {    \
+    matmul_h16_t<NT>(s0, s1, s2, cols, x, B, out, ldo, orow, bias, mode, part, counters);                     \
+  }
+MATMUL_H16(1)
+MATMUL_H16(2)
+MATMUL_H16(4)
+MATMUL_H16(8)
+
+// After the stacked Q/K/V matmul (bias added there), per row b: RoPE at pos[b] on Q and K, K and V
+// into cache slot slot[b], Q (rounded to f16) into q [B][n_head * hd]. Grid B; block 256.
+extern "C" __global__ void rope_store_b(const float* qkv, const float* cosv, const float* sinv, const int* pos,
+                                        const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
+                                        int neox, float* q, u16* kc, u16* vc) {
+  int b = blockIdx.x, ps = pos[b];
+  if (ps < 0) return;  // padding
+  int half = hd / 2, kvd = n_kv_head * hd, qd = n_head * hd, row = qd + 2 * kvd;
+  const float* x = qkv + (u64)b * row;
+  u64 so = (u64)slot[b] * slot_stride + (u64)ps * kvd;
+  for (int p = threadIdx.x; p < (n_head + 2 * n_kv_head) * half; p += blockDim.x) {
+    int h = p / half, k = p % half;
+    int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
+    float x0 = x[ra], x1 = x[rb];
+    if (h < n_head + n_kv_head) {
+      float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
+      float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+      if (h < n_head) {
+        q[(u64)b * qd + ra] = h2f(f2h(y0));
+        q[(u64)b * qd + rb] = h2f(f2h(y1));
+      } else {
+        kc[so + ra - qd] = f2h(y0);
+        kc[so + rb - qd] = f2h(y1);
+      }
+    } else {
+      vc[so + ra - qd - kvd] = f2h(x0);
+      vc[so + rb - qd - kvd] = f2h(x1);
+    }
+  }
+}
