@@ -265,4 +265,12 @@ pub(crate) struct BenchArgs {
     /// decode schedule) and print the table.
     #[arg(long)]
     pub(crate) profile: bool,
+    /// Many sequences decoding together (as `mens serve --parallel N` steps them): for each N,
+    /// N prompts of --concurrency-prompt tokens, then --gen tokens each, all N in every step
+    /// (comma-separated; at most 64 on the CPU, 1024 on a GPU).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) concurrency: Vec<usize>,
+    /// Prompt tokens of each sequence in the --concurrency test.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) concurrency_prompt: usize,
 }

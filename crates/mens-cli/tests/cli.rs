@@ -591,3 +591,67 @@ fn messages_name_the_right_thing() {
         "colour codes in a redirected log: {err:?}"
     );
 }
+
+/// `mens bench --concurrency`: N sequences decode together (the server's batched step), one row per
+/// N; bad values are refused with a clear error.
+#[test]
+fn bench_concurrency_decodes_many_sequences_together() {
+    let v = bench_json(
+        &tiny(),
+        &[
+            "--prompt",
+            "8",
+            "--steps",
+            "0",
+            "--reps",
+            "1",
+            "--concurrency",
+            "1,3,8",
+            "--concurrency-prompt",
+            "40",
+            "--gen",
+            "6",
+        ],
+        "concurrency",
+    );
+    let c = v["concurrency"].as_array().unwrap();
+    assert_eq!(c.len(), 3);
+    for (row, n) in c.iter().zip([1u64, 3, 8]) {
+        assert_eq!(row["sequences"], n);
+        assert_eq!(row["prompt"], 40);
+        assert_eq!(row["n_gen"], 6);
+        let (all, one) = (
+            row["tokens_per_s"].as_f64().unwrap(),
+            row["per_sequence_tokens_per_s"].as_f64().unwrap(),
+        );
+        assert!(
+            one > 0.0 && (all / one - n as f64).abs() < 1e-6 * n as f64,
+            "{row}"
+        );
+    }
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    fails_with(
+        &["bench", "-m", m, "--concurrency", "0"],
+        "--concurrency takes 1 to 1024 sequences",
+    );
+    fails_with(
+        &["bench", "-m", m, "--concurrency", "2000"],
+        "--concurrency takes 1 to 1024 sequences",
+    );
+    // The CPU batch holds at most 64 sequences: a clear error, not a panic.
+    fails_with(
+        &[
+            "bench",
+            "-m",
+            m,
+            "--prompt",
+            "8",
+            "--steps",
+            "0",
+            "--concurrency",
+            "65",
+        ],
+        "1..=64 slots",
+    );
+}

@@ -662,6 +662,9 @@ impl Runner for Session {
         };
         Ok(Box::new(Session::new(self.model.clone(), options)?))
     }
+    fn batch_sibling(&self, slots: usize, ctx: usize, step: usize) -> Result<Box<dyn Runner>> {
+        Ok(Box::new(Batch::new(self.model.clone(), slots, ctx, step)?))
+    }
     fn max_step_tokens(&self) -> usize {
         self.options.ctx
     }
@@ -710,6 +713,9 @@ impl Runner for Batch {
             ctx,
             self.batch,
         )?))
+    }
+    fn batch_sibling(&self, slots: usize, ctx: usize, step: usize) -> Result<Box<dyn Runner>> {
+        Ok(Box::new(Batch::new(self.model.clone(), slots, ctx, step)?))
     }
     fn ctx(&self) -> usize {
         self.slots[0].ctx

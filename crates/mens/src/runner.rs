@@ -85,6 +85,22 @@ pub trait Runner {
     /// Another single sequence of `ctx` tokens on the same device, weights and stream (so that a
     /// sync waits for both: the benchmark's paired test).
     fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>>;
+    /// `slots` sequences of `ctx` tokens stepped together (at most `step_tokens` tokens a step) on
+    /// the same device and weights: the benchmark's --concurrency test. One slot: a sibling.
+    fn batch_sibling(
+        &self,
+        slots: usize,
+        ctx: usize,
+        step_tokens: usize,
+    ) -> Result<Box<dyn Runner>> {
+        let _ = step_tokens;
+        if slots == 1 {
+            return self.sibling(ctx);
+        }
+        Err(Error::InvalidArgument(
+            "this backend steps one sequence at a time".into(),
+        ))
+    }
 
     // One sequence: slot 0.
 

@@ -90,6 +90,14 @@ impl Plan {
         if args.steps > 1 << 16 || args.gen > 1 << 16 {
             bail!("invalid argument: --steps and --gen must be at most 65536");
         }
+        if !args.concurrency.is_empty()
+            && (args.concurrency.iter().any(|&n| n == 0 || n > 1024)
+                || args.concurrency_prompt == 0
+                || args.concurrency_prompt > 1 << 16
+                || args.gen == 0)
+        {
+            bail!("invalid argument: --concurrency takes 1 to 1024 sequences, --concurrency-prompt 1 to 65536 tokens, and --gen must be > 0");
+        }
         let max_depth = args.depth.iter().copied().max().unwrap_or(0);
         let max_prompt = args.prompt.iter().copied().max().unwrap_or(0);
         let last_point = args
@@ -129,7 +137,8 @@ impl Plan {
                 .iter()
                 .map(|&c| if c { args.steps } else { uncached_steps.len() })
                 .sum::<usize>()
-            + args.reps * args.depth.len();
+            + args.reps * args.depth.len()
+            + args.concurrency.len();
         Ok(Plan {
             ctx,
             last_point,
@@ -148,6 +157,13 @@ struct Results {
     profile: Vec<(&'static str, usize, f64)>,
     paired: Option<(Vec<f64>, Vec<f64>)>,
     depth_rows: Vec<Value>,
+    concurrency: Vec<Value>,
+}
+
+/// Tokens a step of the --concurrency test takes (as `mens serve` defaults: 128 on the CPU, 512 on
+/// a GPU, at least one per sequence).
+fn concurrency_step(cpu: bool, n: usize) -> usize {
+    n.max(if cpu { 128 } else { 512 })
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
@@ -171,6 +187,26 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     } else {
         runner(&l)?
     };
+    if let (true, Some(&n)) = (cpu, args.concurrency.iter().max()) {
+        // The --concurrency sequences come on top of the admitted session: admit them too.
+        let options = SessionOptions {
+            ctx: args.concurrency_prompt + args.gen + 1,
+            batch: concurrency_step(true, n),
+            logit_rows: n,
+        };
+        let e = mens::memory::estimate_slots(&l.model, &options, n);
+        let budget = mens::memory::budget(&mens::memory::probe(), Backend::Cpu)?;
+        let need = l.estimate.total() + e.kv_cache + e.buffers;
+        if need > budget.bytes {
+            bail!(
+                "{n} sequences of {} tokens need {} MiB with the model and the bench session, more than the {} MiB budget ({}); use smaller --concurrency, --concurrency-prompt or --gen",
+                options.ctx,
+                need >> 20,
+                budget.bytes >> 20,
+                budget.how
+            );
+        }
+    }
     // The paired test's second sequence: on the same device, weights and stream (a sibling), so
     // that each step's sync waits for that step alone.
     let far = if args.paired > 0 && args.steps > 0 && plan.last_point > 1 {
@@ -199,6 +235,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let mut m = Measure {
         s,
         greedy: Sampler::new(SamplerConfig::greedy(), vocab)?,
+        vocab,
         rng: rand::rngs::StdRng::seed_from_u64(42),
         hi,
         bar,
@@ -215,6 +252,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 struct Measure<'a> {
     s: Box<dyn Runner>,
     greedy: Sampler,
+    vocab: usize,
     rng: rand::rngs::StdRng,
     hi: usize,
     bar: ProgressBar,
@@ -246,13 +284,78 @@ impl Measure<'_> {
             None => None,
         };
         let depth_rows = self.depth()?;
+        let concurrency = self.concurrency()?;
         Ok(Results {
             prefill,
             schedules,
             profile,
             paired,
             depth_rows,
+            concurrency,
         })
+    }
+
+    /// Many sequences decoding together: for each N, N random prompts (each prefilled on its own,
+    /// untimed), then `gen` steps in which all N take their next greedy token; the clock stops after
+    /// the last step's tokens are read back.
+    fn concurrency(&mut self) -> Result<Vec<Value>> {
+        let Some(&max) = self.args.concurrency.iter().max() else {
+            return Ok(Vec::new());
+        };
+        let (gen, p) = (self.args.gen, self.args.concurrency_prompt);
+        let cpu = self.s.launches_per_token().is_none();
+        let mut b = self
+            .s
+            .batch_sibling(max, p + gen + 1, concurrency_step(cpu, max))?;
+        let chunk = b.max_step_tokens();
+        let mut greedy = Sampler::new(SamplerConfig::greedy(), self.vocab)?;
+        let mut rows = Vec::new();
+        for &n in &self.args.concurrency {
+            self.bar.set_message(format!("{n} sequences together"));
+            let mut next: Vec<[u32; 1]> = Vec::with_capacity(n);
+            for slot in 0..n {
+                b.truncate_slot(slot, 0);
+                let prompt = self.random(p);
+                let mut done = 0;
+                for c in prompt.chunks(chunk) {
+                    done += c.len();
+                    let logits = if done == p {
+                        Logits::Last
+                    } else {
+                        Logits::None
+                    };
+                    b.step(&mut [mens::runner::Part {
+                        slot,
+                        tokens: c,
+                        logits,
+                    }])?;
+                }
+                next.push([b.sample_slot(slot, &mut greedy)?]);
+            }
+            let t0 = Instant::now();
+            for _ in 0..gen {
+                let mut parts: Vec<mens::runner::Part> = next
+                    .iter()
+                    .enumerate()
+                    .map(|(slot, t)| mens::runner::Part {
+                        slot,
+                        tokens: t,
+                        logits: Logits::Last,
+                    })
+                    .collect();
+                b.step(&mut parts)?;
+                drop(parts);
+                for (slot, t) in next.iter_mut().enumerate() {
+                    t[0] = b.sample_slot(slot, &mut greedy)?;
+                }
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            self.bar.inc(1);
+            rows.push(json!({"sequences": n, "prompt": p, "n_gen": gen,
+                "tokens_per_s": (n * gen) as f64 / dt, "per_sequence_tokens_per_s": gen as f64 / dt,
+                "step_ms": dt * 1e3 / gen as f64}));
+        }
+        Ok(rows)
     }
 
     /// Time to first token: prompt of n tokens → first sampled token.

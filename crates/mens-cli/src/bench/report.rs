@@ -197,6 +197,20 @@ fn footer(
         }
         md.push('\n');
     };
+    for c in &r.concurrency {
+        shared(
+            md,
+            &format!(
+                "{} sequences together: tokens/s in all (per sequence), {} tokens after {}",
+                c["sequences"], c["n_gen"], c["prompt"]
+            ),
+            format!(
+                "{:.1} ({:.1})",
+                c["tokens_per_s"].as_f64().unwrap_or(0.0),
+                c["per_sequence_tokens_per_s"].as_f64().unwrap_or(0.0)
+            ),
+        );
+    }
     shared(md, "peak RSS (MiB)", format!("{:.0}", mib(peak as f64)));
     shared(
         md,
@@ -274,6 +288,7 @@ fn to_json(
             "ratio": median(near.clone()) / median(far.clone()),
         })),
         "results": r.depth_rows,
+        "concurrency": r.concurrency,
         "memory": {
             "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),
             "file_bytes": l.model.gguf.file_len(), "kv_cache_bytes": s.kv_cache_bytes(),
