@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 mod args;
 mod bench;
+mod chat_input;
 mod perplexity;
 mod probe;
 mod run;

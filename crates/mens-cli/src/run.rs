@@ -1,6 +1,7 @@
 //! `mens run` (one prompt) and `mens chat` (a conversation in the terminal, its KV cache kept).
 
 use crate::args::{ChatArgs, RunArgs};
+use crate::chat_input::{self, Entry, Input, HELP};
 use crate::{load, print_memory, runner};
 use anyhow::Result;
 use mens::chat::Message;
@@ -8,7 +9,7 @@ use mens::fim::{fim_prompt, FimInput};
 use mens::generate::{generate_with_draft, Stats};
 use mens::sample::Sampler;
 use mens::stream::reusable_prefix;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 fn print_stats(s: &Stats, seed: u64) {
@@ -52,6 +53,51 @@ fn handle_ctrl_c() {
             std::process::exit(130);
         }
     });
+}
+
+/// Prompt tokens per prefill chunk when a long prompt is prefilled with a progress line.
+const PREFILL_CHUNK: usize = 512;
+
+/// Prefill all but the last token of a long prompt in chunks (the last is left for `generate`,
+/// which samples after it), with a progress line (tokens, rate, time left) on a terminal once it
+/// has taken a second. Stops between chunks at Ctrl-C. Returns the tokens done and their time.
+fn prefill_with_progress(
+    sess: &mut dyn mens::Runner,
+    prompt: &[u32],
+    no_kv_cache: bool,
+) -> Result<(usize, std::time::Duration)> {
+    let t0 = std::time::Instant::now();
+    // Short prompts, the uncached baseline and prompts that do not fit (generate says so) go whole.
+    if no_kv_cache
+        || prompt.len() <= PREFILL_CHUNK
+        || sess.tokens().len() + prompt.len() >= sess.ctx()
+    {
+        return Ok((0, t0.elapsed()));
+    }
+    let head = &prompt[..prompt.len() - 1];
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(head.len() as u64),
+        indicatif::ProgressDrawTarget::hidden(),
+    );
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("prompt {pos}/{len} tokens, {per_sec}, {eta} left")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut done = 0;
+    for c in head.chunks(PREFILL_CHUNK) {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            break;
+        }
+        sess.forward(c, mens::Logits::None)?;
+        done += c.len();
+        if bar.is_hidden() && t0.elapsed().as_secs_f64() > 1.0 {
+            // stderr only: hidden again by indicatif when stderr is not a terminal.
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        bar.set_position(done as u64);
+    }
+    bar.finish_and_clear();
+    Ok((done, t0.elapsed()))
 }
 
 fn read_file(p: &std::path::Path) -> Result<String> {
@@ -151,19 +197,30 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
     let mut open = args.chat || fim || write!(out, "{prompt}").is_ok();
     handle_ctrl_c();
     GENERATING.store(true, Ordering::SeqCst);
-    let stats = generate_with_draft(
+    let opts = args.sample.generate_options();
+    let (pre, pre_time) = prefill_with_progress(&mut *sess, &tokens, opts.no_kv_cache)?;
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        eprintln!(
+            "\nmens: stopped during the prompt ({pre} of {} tokens)",
+            tokens.len()
+        );
+        std::process::exit(130);
+    }
+    let mut stats = generate_with_draft(
         &mut *sess,
         draft.as_deref_mut(),
         &l.tokenizer,
         &mut sampler,
-        &tokens,
-        &args.sample.generate_options(),
+        &tokens[pre..],
+        &opts,
         |t| {
             // A closed pipe (`| head`) stops generation at once, quietly.
             open = open && write!(out, "{t}").and_then(|_| out.flush()).is_ok();
             open && !INTERRUPTED.load(Ordering::SeqCst)
         },
     )?;
+    stats.prompt_tokens += pre;
+    stats.prefill += pre_time;
     GENERATING.store(false, Ordering::SeqCst);
     if open {
         let _ = writeln!(out);
@@ -189,23 +246,52 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
         messages.push(Message::new("system", s));
     }
     handle_ctrl_c();
-    eprintln!("mens: chat; an empty line, end of input or Ctrl-C at the prompt quits, Ctrl-C during an answer stops it, /reset forgets the conversation");
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    loop {
-        eprint!("> ");
-        let Some(line) = lines.next() else { break };
-        let line = line?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if line == "/reset" {
-            messages.retain(|m: &Message| m.role == "system");
-            sess.truncate(0);
-            continue;
-        }
-        messages.push(Message::new("user", line));
+    eprintln!("mens: chat; Ctrl-C during an answer stops it; Ctrl-D, end of input or Ctrl-C at the prompt leaves; /help lists the commands and how to enter several lines");
+    let mut input = Input::new();
+    while let Some(entry) = input.next()? {
+        let line = match entry {
+            Entry::Turn(t) => t,
+            Entry::Quit => break,
+            Entry::Help => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            Entry::Unknown(c) => {
+                eprintln!("mens: unknown command {c} (/help lists them); nothing was sent");
+                continue;
+            }
+            Entry::Reset => {
+                messages.retain(|m: &Message| m.role == "system");
+                sess.truncate(0);
+                eprintln!(
+                    "mens: conversation forgotten{}",
+                    if messages.is_empty() {
+                        ""
+                    } else {
+                        " (system prompt kept)"
+                    }
+                );
+                continue;
+            }
+            Entry::Save(path) => {
+                match chat_input::save(&path, &messages) {
+                    Ok(()) => eprintln!("mens: saved {} messages to {path}", messages.len()),
+                    Err(e) => eprintln!("mens: {e:#}"),
+                }
+                continue;
+            }
+            Entry::Load(path) => {
+                match chat_input::load(&path) {
+                    Ok(m) => {
+                        eprintln!("mens: loaded {} messages from {path}; they are read again with the next turn", m.len());
+                        messages = m;
+                    }
+                    Err(e) => eprintln!("mens: {e:#}; the conversation is unchanged"),
+                }
+                continue;
+            }
+        };
+        messages.push(Message::new("user", &line));
         let all = l
             .template
             .tokens(&l.tokenizer, &messages, true, usize::MAX)?;
@@ -216,13 +302,32 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
         let mut out = std::io::stdout().lock();
         INTERRUPTED.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
+        let opts = args.sample.generate_options();
+        let new = &all[common..];
+        let pre = match prefill_with_progress(&mut *sess, new, opts.no_kv_cache) {
+            Ok((pre, _)) => pre,
+            Err(e) => {
+                GENERATING.store(false, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            // Stopped in the prompt: the turn is dropped; the cache keeps what was done.
+            GENERATING.store(false, Ordering::SeqCst);
+            messages.pop();
+            eprintln!(
+                "\nmens: stopped during the prompt ({pre} of {} tokens); the turn is dropped",
+                new.len()
+            );
+            continue;
+        }
         let stats = generate_with_draft(
             &mut *sess,
             draft.as_deref_mut(),
             &l.tokenizer,
             &mut sampler,
-            &all[common..],
-            &args.sample.generate_options(),
+            &new[pre..],
+            &opts,
             |t| {
                 answer.push_str(t);
                 let _ = write!(out, "{t}");
@@ -245,11 +350,57 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
         writeln!(out)?;
         eprintln!(
             "mens: [{} new prompt tokens ({} reused), {:.1} tokens/s decode]",
-            stats.prompt_tokens,
+            stats.prompt_tokens + pre,
             common,
             stats.decode_tps()
         );
         messages.push(Message::new("assistant", &answer));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mens::cpu::{Session, SessionOptions};
+    use mens::gguf::Gguf;
+    use mens::model::Model;
+    use mens::synth::{synth_model, SynthSpec};
+    use mens::Runner;
+
+    /// Chunked prefill leaves the cache and the last logits a one-pass prefill leaves, bit for bit.
+    #[test]
+    fn chunked_prefill_equals_one_pass() {
+        let model = std::sync::Arc::new(
+            Model::from_gguf(Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap())
+                .unwrap(),
+        );
+        let options = SessionOptions {
+            ctx: 2048,
+            batch: 256,
+            logit_rows: 1,
+        };
+        let prompt: Vec<u32> = (0..1300u32).map(|i| (i * 37 + i / 5) % 250 + 3).collect();
+        let mut a = Session::new(model.clone(), options.clone()).unwrap();
+        let (pre, _) = prefill_with_progress(&mut a, &prompt, false).unwrap();
+        assert_eq!(pre, prompt.len() - 1);
+        a.forward(&prompt[pre..], mens::Logits::Last).unwrap();
+        let mut b = Session::new(model.clone(), options.clone()).unwrap();
+        b.forward(&prompt, mens::Logits::Last).unwrap();
+        assert_eq!(Runner::tokens(&a), &prompt[..]);
+        assert!(a
+            .logits()
+            .iter()
+            .zip(b.logits())
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        // Short prompts and the uncached baseline are left whole.
+        let mut c = Session::new(model, options).unwrap();
+        assert_eq!(
+            prefill_with_progress(&mut c, &prompt[..400], false)
+                .unwrap()
+                .0,
+            0
+        );
+        assert_eq!(prefill_with_progress(&mut c, &prompt, true).unwrap().0, 0);
+    }
 }

@@ -655,3 +655,125 @@ fn bench_concurrency_decodes_many_sequences_together() {
         "1..=64 slots",
     );
 }
+
+/// `mens chat` through a pipe: a `"""` block with blank lines is one turn, blank lines never end
+/// the chat, a line ending in `\` continues, and /help, /save, /reset, /load and unknown commands
+/// each say what they did.
+#[test]
+fn chat_reads_multi_line_turns_and_commands() {
+    use std::io::Write;
+    let m = tiny();
+    let dir = std::env::temp_dir().join(format!("mens-chat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("conv.json");
+    let script = format!(
+        "/help\n\nhello\n\"\"\"\ndef f():\n\n    return 1\n\"\"\"\n\nfirst \\\nsecond\n/nope\n/save {s}\n/reset\n/load {s}\n/load {missing}\nagain\n",
+        s = saved.display(),
+        missing = dir.join("missing.json").display()
+    );
+    let mut child = mens()
+        .args(["chat", "-m", m.to_str().unwrap(), "-n", "3", "--temp", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // Four turns: hello, the block, the continued line, again.
+    assert_eq!(err.matches("new prompt tokens").count(), 4, "{err}");
+    assert!(err.contains("/save FILE"), "help missing: {err}");
+    assert!(err.contains("unknown command /nope"), "{err}");
+    assert!(err.contains("saved 6 messages"), "{err}");
+    assert!(err.contains("conversation forgotten"), "{err}");
+    assert!(err.contains("loaded 6 messages"), "{err}");
+    assert!(
+        err.contains("missing.json") && err.contains("the conversation is unchanged"),
+        "{err}"
+    );
+    let conv: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    let users: Vec<&str> = conv
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        users,
+        ["hello", "def f():\n\n    return 1", "first \nsecond"]
+    );
+    // A reloaded conversation is prefilled again with the next turn (nothing reused after /reset).
+    let last = err
+        .lines()
+        .filter(|l| l.contains("new prompt tokens"))
+        .last()
+        .unwrap();
+    assert!(last.contains("(0 reused)"), "{last}");
+    // A file that is not a conversation is refused, the conversation unchanged.
+    std::fs::write(&saved, "[{\"role\": \"tool\", \"content\": \"x\"}]").unwrap();
+    let out = mens()
+        .args(["chat", "-m", m.to_str().unwrap(), "-n", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(format!("/load {}\n", saved.display()).as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("role \"tool\""),
+        "{err}"
+    );
+}
+
+/// A prompt longer than one prefill chunk (512 tokens) is prefilled chunk by chunk (with a
+/// progress line on a terminal): the same text as the uncached baseline, which prefills it whole,
+/// and the timing line counts the whole prompt. (That the cache and logits are bit for bit those
+/// of one pass is `run::tests::chunked_prefill_equals_one_pass`.)
+#[test]
+fn a_long_prompt_gives_the_same_text_in_chunks() {
+    let m = tiny();
+    let words = ["alpha", "beta", "gamma", "delta", "the", "of", "code", "fn"];
+    let text: String = (0..300)
+        .map(|i| words[(i * 7 + i / 3) % 8])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let f = tmp("long-prompt.txt", text.as_bytes());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", m.to_str().unwrap(), "-f", f.to_str().unwrap()];
+        args.extend_from_slice(&["-n", "8", "--temp", "0", "-c", "4096"]);
+        args.extend_from_slice(extra);
+        let out = mens().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        (String::from_utf8_lossy(&out.stdout).to_string(), err)
+    };
+    let (chunked, err) = run(&[]);
+    let (whole, err_whole) = run(&["--no-kv-cache"]);
+    assert_eq!(chunked, whole);
+    let prompt_line = |e: &str| {
+        e.lines()
+            .find(|l| l.starts_with("mens: prompt "))
+            .map(|l| l.split(" tokens").next().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(prompt_line(&err), prompt_line(&err_whole));
+    let n: usize = prompt_line(&err)
+        .trim_start_matches("mens: prompt ")
+        .parse()
+        .unwrap();
+    assert!(n > 1024, "the prompt is {n} tokens: not several chunks");
+}

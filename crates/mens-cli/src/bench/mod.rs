@@ -220,9 +220,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         ProgressBar::new(plan.total as u64)
     };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg:24} [{bar:30}] {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} {msg:24} [{bar:30}] {pos}/{len} {elapsed}, about {eta} left",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     let vocab = l.model.config.vocab_size;
     // Real ids from the ordinary part of the vocabulary (special tokens sit at its end).
