@@ -76,8 +76,8 @@ pub(crate) struct SampleArgs {
     #[arg(long = "temp", default_value_t = DEFAULTS.temperature, allow_negative_numbers = true)]
     pub(crate) temperature: f32,
     /// Top-k (0 disables).
-    #[arg(long, default_value_t = DEFAULTS.top_k)]
-    pub(crate) top_k: usize,
+    #[arg(long, default_value_t = DEFAULTS.top_k as i64, allow_negative_numbers = true)]
+    pub(crate) top_k: i64,
     /// Top-p (1 disables).
     #[arg(long, default_value_t = DEFAULTS.top_p, allow_negative_numbers = true)]
     pub(crate) top_p: f32,
@@ -97,9 +97,14 @@ pub(crate) struct SampleArgs {
     /// Stop when this string is generated (repeatable).
     #[arg(long)]
     pub(crate) stop: Vec<String>,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
-    pub(crate) n_predict: usize,
+    /// Tokens to generate at most (-1: until the context is full, as llama.cpp).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
+    n_predict: i64,
     /// Re-run the whole sequence for every token instead of using the KV cache (a baseline).
     #[arg(long)]
     pub(crate) no_kv_cache: bool,
@@ -130,10 +135,32 @@ pub(crate) enum SpecKind {
 }
 
 impl SampleArgs {
+    /// The values clap cannot check: one clear line each.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        if self.n_predict < -1 {
+            anyhow::bail!(
+                "invalid argument: -n takes a number of tokens, or -1 for as many as the context holds (got {})",
+                self.n_predict
+            );
+        }
+        if self.top_k < 0 {
+            anyhow::bail!(
+                "invalid argument: --top-k must be 0 (off) or more (got {})",
+                self.top_k
+            );
+        }
+        Ok(())
+    }
+
+    /// Tokens to generate at most (-1: unbounded, the context stops it).
+    pub(crate) fn n_predict(&self) -> usize {
+        usize::try_from(self.n_predict).unwrap_or(usize::MAX)
+    }
+
     pub(crate) fn config(&self) -> SamplerConfig {
         SamplerConfig {
             temperature: self.temperature,
-            top_k: self.top_k,
+            top_k: self.top_k.max(0) as usize,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
@@ -145,7 +172,7 @@ impl SampleArgs {
 
     pub(crate) fn generate_options(&self) -> GenerateOptions {
         GenerateOptions {
-            max_tokens: self.n_predict,
+            max_tokens: self.n_predict(),
             stop: self.stop.clone(),
             no_kv_cache: self.no_kv_cache,
             spec: self.spec.map(|_| mens::spec::SpecOptions {

@@ -146,6 +146,7 @@ fn prompt_text(args: &RunArgs) -> Result<String> {
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<()> {
+    args.sample.check()?;
     let config = args.sample.config();
     config.validate()?;
     let prompt = prompt_text(&args)?;
@@ -171,7 +172,7 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
             &f,
             &input,
             2048.min(ctx / 2),
-            args.sample.n_predict,
+            args.sample.n_predict(),
             ctx,
         )?
     } else if args.chat {
@@ -235,6 +236,7 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
 }
 
 pub(crate) fn chat(args: ChatArgs) -> Result<()> {
+    args.sample.check()?;
     let config = args.sample.config();
     config.validate()?;
     let l = load(&args.model, 1)?;

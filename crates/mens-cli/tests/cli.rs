@@ -777,3 +777,35 @@ fn a_long_prompt_gives_the_same_text_in_chunks() {
         .unwrap();
     assert!(n > 1024, "the prompt is {n} tokens: not several chunks");
 }
+
+/// Flags out of range name themselves in one line (exit 2): -n below -1, a negative --top-k, a
+/// bench prompt larger than any context; -n -1 generates until the context is full.
+#[test]
+fn out_of_range_flags_name_themselves() {
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    fails_with(
+        &["run", "-m", m, "-p", "hi", "-n", "-2"],
+        "-n takes a number of tokens",
+    );
+    fails_with(
+        &["run", "-m", m, "-p", "hi", "--top-k", "-5"],
+        "--top-k must be 0 (off) or more",
+    );
+    fails_with(
+        &["bench", "-m", m, "--prompt", "100000000"],
+        "--prompt 100000000 is more than",
+    );
+    let out = mens()
+        .args([
+            "run", "-m", m, "-p", "hi", "-n", "-1", "-c", "48", "--temp", "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("stop: ContextFull") || err.contains("stop: Eos"),
+        "{err}"
+    );
+}

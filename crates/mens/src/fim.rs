@@ -125,7 +125,7 @@ pub fn fim_prompt(
         .len()
         .min((n_batch / 4).saturating_sub(2 + prompt.len()));
     let n_extra = n_ctx
-        .saturating_sub(n_batch + 2 * n_predict)
+        .saturating_sub(n_batch.saturating_add(n_predict.saturating_mul(2)))
         .min(extra.len());
     let mut out = Vec::with_capacity(n_extra + n_prefix + n_suffix + prompt.len() + 4);
     if let (true, Some(b)) = (tok.add_bos, tok.bos) {

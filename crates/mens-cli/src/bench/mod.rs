@@ -90,6 +90,13 @@ impl Plan {
         if args.steps > 1 << 16 || args.gen > 1 << 16 {
             bail!("invalid argument: --steps and --gen must be at most 65536");
         }
+        // The context limit (2^20 tokens), named by the flags that set it.
+        if let Some(p) = args.prompt.iter().find(|&&p| p >= 1 << 20) {
+            bail!("invalid argument: --prompt {p} is more than the 1048575 tokens a context holds");
+        }
+        if let Some(d) = args.depth.iter().find(|&&d| d >= (1 << 20) - (1 << 16) - 1) {
+            bail!("invalid argument: --depth {d} with --gen is more than the 1048575 tokens a context holds");
+        }
         if !args.concurrency.is_empty()
             && (args.concurrency.iter().any(|&n| n == 0 || n > 1024)
                 || args.concurrency_prompt == 0
