@@ -367,8 +367,10 @@ fn the_kv_cache_keeps_decode_flat() {
         uncached_ratio < 0.4,
         "uncached decode should slow down with the step: {uncached_ratio}"
     );
+    // CLAIM-06: the paired ratio on this synthetic model (measured 0.94–0.95 alone; the bound
+    // leaves room for the other tests running beside it).
     assert!(
-        cached_ratio > 0.6,
+        cached_ratio >= 0.85,
         "cached decode should stay nearly flat: {cached_ratio}"
     );
 }

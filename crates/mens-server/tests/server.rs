@@ -502,7 +502,9 @@ fn real_model_batching_disconnect_and_greedy_text() {
         "disconnect: slot freed after {after} more tokens, {:?}",
         t0.elapsed()
     );
-    assert!(after < 50, "{after} tokens generated after the client left");
+    // CLAIM-14: freed within 8 tokens (measured 1–3: the first write after the close still
+    // succeeds into the socket buffer; the next one fails).
+    assert!(after <= 8, "{after} tokens generated after the client left");
 }
 
 /// A connection that sends no request header within the timeout is closed (slow or idle clients

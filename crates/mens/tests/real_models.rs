@@ -37,8 +37,9 @@ fn tokenizer_matches_llama_cpp() {
 /// A free-running divergence counts as a near-tie when the reference token is our second choice and
 /// our top logit is less than this far above it: there a different summation order flips the greedy
 /// choice (llama.cpp's reference notes say so). Measured gaps on the 1.5B moved between 0.0008 and
-/// 0.23 with harmless changes in summation order, so this is a bound on "close", not a fitted value.
-const NEAR_TIE: f32 = 0.5;
+/// 0.23 with harmless changes in summation order (0.022 and 0.053 on 2026-11-30); the bound is
+/// just above the largest seen.
+const NEAR_TIE: f32 = 0.25;
 
 /// Teacher-forced agreement with llama.cpp's greedy continuations (≥ 98% of positions), and
 /// free-running greedy equal to the reference for at least the first 16 tokens of every prompt,
