@@ -61,11 +61,15 @@ pub struct ServeArgs {
     /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. CPU only for now.
     #[arg(long, default_value_t = 0, value_name = "N")]
     cache_reuse: usize,
-    /// Speculative decoding by prompt lookup for greedy requests (temperature 0, no penalties,
-    /// grammar or logprobs): each such slot proposes up to --spec-max tokens per step, checked in
-    /// the same batched step; the output is unchanged. CPU only for now.
+    /// Speculative decoding for greedy requests (temperature 0, no penalties, grammar or
+    /// logprobs): each such slot proposes up to --spec-max tokens per step (`ngram`: prompt
+    /// lookup; `draft`: a small model of the same vocabulary, --model-draft), checked in the same
+    /// batched step; the output is unchanged. CPU only for now.
     #[arg(long, value_enum)]
     spec: Option<crate::args::SpecKind>,
+    /// The draft model for `--spec draft` (also `-md`), with its own cache for every slot.
+    #[arg(long = "model-draft", value_name = "GGUF")]
+    model_draft: Option<PathBuf>,
     /// Most tokens proposed per step.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     spec_max: u32,
@@ -150,9 +154,47 @@ pub fn run(a: ServeArgs) -> Result<()> {
     });
     let target = l.target();
     let tokenizer = Arc::new(l.tokenizer);
-    if a.spec == Some(crate::args::SpecKind::Draft) {
-        bail!("invalid argument: the server speculates with --spec ngram only (a draft model is not supported there yet)");
-    }
+    let draft = match (a.spec, &a.model_draft) {
+        (Some(crate::args::SpecKind::Draft), Some(path)) => {
+            if backend != Backend::Cpu {
+                bail!("invalid argument: --spec draft in the server runs on the CPU only for now");
+            }
+            let args = crate::args::ModelArgs {
+                model: Some(path.clone()),
+                ctx_size: Some(l.options.ctx),
+                ..a.model.clone()
+            };
+            let d = load(&args, a.parallel)?;
+            mens::spec::check_vocab(&tokenizer, &d.tokenizer)?;
+            // Both models and both sets of caches must fit the one budget.
+            let budget = match &a.model.memory_budget {
+                Some(s) => mens::memory::parse_size(s)?,
+                None => mens::memory::budget(&mens::memory::probe(), Backend::Cpu)?.bytes,
+            };
+            let need = l.estimate.total() + d.estimate.total();
+            if need > budget {
+                bail!(
+                    "out of memory: the model and the draft model with {} slots of {} tokens need {} MiB, more than the {} MiB budget; use fewer --parallel slots or a smaller --ctx-size",
+                    a.parallel,
+                    l.options.ctx,
+                    need >> 20,
+                    budget >> 20
+                );
+            }
+            eprintln!(
+                "mens: draft model {} ({} slots of {} tokens)",
+                path.display(),
+                a.parallel,
+                l.options.ctx
+            );
+            Some(d.model)
+        }
+        (Some(crate::args::SpecKind::Draft), None) => {
+            bail!("invalid argument: --spec draft needs --model-draft FILE (-md FILE)")
+        }
+        (_, Some(_)) => bail!("invalid argument: --model-draft needs --spec draft"),
+        _ => None,
+    };
     let options = SchedulerOptions {
         slots: a.parallel,
         ctx: l.options.ctx,
@@ -164,7 +206,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ngram: a.spec_ngram as usize,
         }),
     };
-    let scheduler = if backend == Backend::Cpu {
+    let scheduler = if let Some(d) = draft {
+        Scheduler::cpu_with_draft(l.model.clone(), d, tokenizer.clone(), options)?
+    } else if backend == Backend::Cpu {
         Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
     } else {
         // The GPU runner is made (and its weights uploaded) on the scheduler's thread.

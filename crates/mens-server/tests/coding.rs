@@ -285,3 +285,70 @@ fn server_speculation_keeps_greedy_text() {
     eprintln!("server speculation: {a} of {p} proposals accepted");
     assert!(a > 10 && a <= p, "{a} of {p}");
 }
+
+/// A draft model in the server: two greedy requests speculate together (their draft caches
+/// caught up and drafted in shared draft steps), the texts equal a server without speculation.
+/// The draft is the target itself, so every proposal must be accepted: a draft cache out of step
+/// with the target's would propose other tokens.
+#[test]
+fn server_draft_model_keeps_greedy_text() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let serve = |spec: Option<mens::spec::SpecOptions>| {
+        let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+        let opts = SchedulerOptions {
+            slots: 2,
+            ctx: 2048,
+            batch: 256,
+            queue: 8,
+            cache_reuse: 0,
+            spec,
+        };
+        let draft = spec.map(|_| l.model.clone());
+        support::start_with_draft(l.model.clone(), draft, tok, opts, ServerConfig::default())
+    };
+    let asks = [
+        "Rename the variable `total` to `acc` and return the whole function:\n\n```python\ndef summarize(items):\n    total = 0\n    for item in items:\n        total += item.value\n    return total\n```",
+        "Write a Python function that checks whether a string is a palindrome.",
+    ];
+    let body = |q: &str| {
+        let mut b = ask(q);
+        b["temperature"] = json!(0);
+        b["max_tokens"] = json!(60);
+        b
+    };
+    let plain = serve(None);
+    let want: Vec<Value> = asks
+        .iter()
+        .map(|q| post(plain.addr, "/v1/chat/completions", body(q)).json())
+        .collect();
+    let s = serve(Some(mens::spec::SpecOptions { max: 8, ngram: 3 }));
+    let addr = s.addr;
+    let got: Vec<Value> = asks
+        .iter()
+        .map(|q| {
+            let b = body(q);
+            std::thread::spawn(move || post(addr, "/v1/chat/completions", b).json())
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(
+            g["choices"][0]["message"]["content"], w["choices"][0]["message"]["content"],
+            "the draft changed the greedy text"
+        );
+        // (cached_tokens differ: the plain server ran the requests one after the other.)
+        assert_eq!(
+            g["usage"]["completion_tokens"],
+            w["usage"]["completion_tokens"]
+        );
+    }
+    let st = s.state.scheduler.status();
+    let (p, a) = (
+        st.spec_proposed.load(std::sync::atomic::Ordering::Relaxed),
+        st.spec_accepted.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    eprintln!("server draft model (the target itself): {a} of {p} proposals accepted");
+    assert!(p >= 40 && a == p, "{a} of {p}");
+}

@@ -171,10 +171,48 @@ impl Scheduler {
         Self::start(factory, vocab, tokenizer, options)
     }
 
+    /// The CPU server with a draft model proposing for greedy requests (`options.spec` must be
+    /// set): a second [`Batch`] of the same slots and context holds the draft's caches.
+    pub fn cpu_with_draft(
+        model: Arc<Model>,
+        draft: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        options: SchedulerOptions,
+    ) -> Result<Self> {
+        if options.spec.is_none() {
+            return Err(Error::InvalidArgument(
+                "a draft model needs speculation options".into(),
+            ));
+        }
+        let (slots, ctx, batch) = (options.slots, options.ctx, options.batch);
+        let vocab = model.config.vocab_size;
+        let factory: RunnerFactory =
+            Box::new(
+                move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>),
+            );
+        let draft: RunnerFactory =
+            Box::new(
+                move || Ok(Box::new(Batch::new(draft, slots, ctx, batch)?) as Box<dyn Runner>),
+            );
+        Self::start_with(factory, Some(draft), vocab, tokenizer, options)
+    }
+
     /// Start the thread, build the runner on it, and take its slots, context and step size (those
     /// of `options` are replaced by the runner's).
     pub fn start(
         runner: RunnerFactory,
+        vocab: usize,
+        tokenizer: Arc<Tokenizer>,
+        options: SchedulerOptions,
+    ) -> Result<Self> {
+        Self::start_with(runner, None, vocab, tokenizer, options)
+    }
+
+    /// [`Scheduler::start`] with a draft runner (same slots and context) proposing for
+    /// speculating slots instead of prompt lookup.
+    pub fn start_with(
+        runner: RunnerFactory,
+        draft: Option<RunnerFactory>,
         vocab: usize,
         tokenizer: Arc<Tokenizer>,
         options: SchedulerOptions,
@@ -197,13 +235,27 @@ impl Scheduler {
         let st = status.clone();
         let thread = std::thread::Builder::new()
             .name("mens-scheduler".into())
-            .spawn(move || match runner() {
-                Ok(r) => {
-                    let _ = ready_tx.send(Ok((r.slots(), r.ctx(), r.max_step_tokens())));
-                    run(r, &tokenizer, rx, &st, cache_reuse, spec)
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+            .spawn(move || {
+                let made = runner().and_then(|r| match draft {
+                    Some(d) => {
+                        let d = d()?;
+                        if d.slots() != r.slots() || d.ctx() != r.ctx() {
+                            return Err(Error::InvalidArgument(
+                                "the draft runner must have the target's slots and context".into(),
+                            ));
+                        }
+                        Ok((r, Some(d)))
+                    }
+                    None => Ok((r, None)),
+                });
+                match made {
+                    Ok((r, d)) => {
+                        let _ = ready_tx.send(Ok((r.slots(), r.ctx(), r.max_step_tokens())));
+                        run(r, d, &tokenizer, rx, &st, cache_reuse, spec)
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
                 }
             })
             .map_err(|e| {
@@ -411,10 +463,18 @@ struct Loop<'t> {
     picks: Vec<Vec<u32>>,
     /// Scratch for a slot's history (its cache and next token) while proposing.
     history: Vec<u32>,
+    /// A draft model's runner (same slots), proposing instead of prompt lookup, and each slot's
+    /// number of draft tokens (adaptive: grows while all are accepted, else the accepted + 1).
+    draft: Option<Box<dyn Runner>>,
+    draft_k: Vec<usize>,
 }
+
+/// Draft tokens a slot starts with.
+const DRAFT_K0: usize = 4;
 
 fn run(
     runner: Box<dyn Runner>,
+    draft: Option<Box<dyn Runner>>,
     tok: &Tokenizer,
     rx: Receiver<Job>,
     status: &Status,
@@ -428,6 +488,8 @@ fn run(
         feed: vec![Vec::new(); n],
         picks: vec![Vec::new(); n],
         history: Vec::new(),
+        draft,
+        draft_k: vec![DRAFT_K0; n],
         vocab: tok.vocab_size(),
         runner,
         tok,
@@ -533,6 +595,13 @@ impl Loop<'_> {
                     continue;
                 }
             };
+            self.draft_k[slot] = DRAFT_K0;
+            if let Some(d) = self.draft.as_mut() {
+                // The draft keeps no more of the old request than the target does (the same
+                // tenant's prefix): proposals' speed must not tell one tenant another's text.
+                let n = d.slot_tokens(slot).len().min(keep);
+                d.truncate_slot(slot, n);
+            }
             self.slots[slot] = Some(Active {
                 submitted: job.submitted,
                 admitted: Instant::now(),
@@ -576,6 +645,7 @@ impl Loop<'_> {
     /// that followed the latest earlier occurrence of its last tokens.
     fn propose(&mut self) {
         let ctx = self.runner.ctx();
+        let mut drafting: Vec<(usize, usize)> = Vec::new();
         for slot in 0..self.slots.len() {
             let f = &mut self.feed[slot];
             f.clear();
@@ -596,11 +666,99 @@ impl Loop<'_> {
             if max == 0 {
                 continue;
             }
+            if self.draft.is_some() {
+                drafting.push((slot, max.min(self.draft_k[slot])));
+                continue;
+            }
             self.history.clear();
             self.history.extend_from_slice(held);
             self.history.push(next);
             crate::spec::ngram_append(&self.history, sp.ngram, max, f);
         }
+        if !drafting.is_empty() {
+            if let Err(e) = self.draft_proposals(&drafting) {
+                // The draft model failed: these slots go on without proposals.
+                tracing::warn!("draft model: {e}");
+                for &(slot, _) in &drafting {
+                    self.feed[slot].truncate(1);
+                    if let Some(d) = self.draft.as_mut() {
+                        d.truncate_slot(slot, 0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Greedy proposals of the draft model for `slots` ((slot, most tokens)): each slot's draft
+    /// cache is brought to its history (what it shares is kept; long catch-ups in chunks alone),
+    /// then every slot drafts one token per batched draft step.
+    fn draft_proposals(&mut self, slots: &[(usize, usize)]) -> Result<()> {
+        let d = self.draft.as_mut().expect("a draft runner");
+        let step = d.max_step_tokens();
+        let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
+        // Catch up: what each draft cache lacks of (target cache + next token).
+        let mut rest: Vec<(usize, Vec<u32>)> = Vec::with_capacity(slots.len());
+        for &(slot, _) in slots {
+            self.history.clear();
+            self.history
+                .extend_from_slice(self.runner.slot_tokens(slot));
+            self.history.extend_from_slice(&self.feed[slot][..1]);
+            let keep = crate::stream::reusable_prefix(d.slot_tokens(slot), &self.history);
+            d.truncate_slot(slot, keep);
+            let mut missing = &self.history[keep..];
+            // All but the last `step / slots` tokens alone, so the batched part below fits a step.
+            let share = (step / slots.len()).max(1);
+            while missing.len() > share {
+                let n = (missing.len() - share).min(step);
+                d.step(&mut [Part {
+                    slot,
+                    tokens: &missing[..n],
+                    logits: Logits::None,
+                }])?;
+                missing = &missing[n..];
+            }
+            rest.push((slot, missing.to_vec()));
+        }
+        let mut parts: Vec<Part> = rest
+            .iter()
+            .map(|(slot, t)| Part {
+                slot: *slot,
+                tokens: t,
+                logits: Logits::Last,
+            })
+            .collect();
+        d.step(&mut parts)?;
+        drop(parts);
+        // Draft: one token per slot per step; a slot stops at its own count.
+        let most = slots.iter().map(|s| s.1).max().unwrap_or(0);
+        let mut last: Vec<[u32; 1]> = vec![[0]; slots.len()];
+        for i in 0..most {
+            for (j, &(slot, k)) in slots.iter().enumerate() {
+                if i < k {
+                    let t = d.sample_slot(slot, &mut greedy)?;
+                    self.feed[slot].push(t);
+                    last[j] = [t];
+                }
+            }
+            if i + 1 == most {
+                break;
+            }
+            let mut parts: Vec<Part> = slots
+                .iter()
+                .zip(&last)
+                .filter(|(&(_, k), _)| i + 1 < k)
+                .map(|(&(slot, _), t)| Part {
+                    slot,
+                    tokens: t,
+                    logits: Logits::Last,
+                })
+                .collect();
+            if parts.is_empty() {
+                break;
+            }
+            d.step(&mut parts)?;
+        }
+        Ok(())
     }
 
     /// Run the planned step and apply its results.
@@ -694,6 +852,13 @@ impl Loop<'_> {
         self.status
             .spec_accepted
             .fetch_add(agree as u64, Ordering::Relaxed);
+        if let Some(sp) = self.spec {
+            self.draft_k[slot] = if agree == len - 1 {
+                (self.draft_k[slot] + 2).min(sp.max)
+            } else {
+                agree + 1
+            };
+        }
         for t in out {
             if !self.take(slot, t) {
                 break;

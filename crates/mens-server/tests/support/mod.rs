@@ -28,10 +28,24 @@ pub fn start_with(
     opts: SchedulerOptions,
     config: ServerConfig,
 ) -> Server {
+    start_with_draft(model, None, tok, opts, config)
+}
+
+/// [`start_with`], with a draft model proposing for speculating slots.
+pub fn start_with_draft(
+    model: Arc<Model>,
+    draft: Option<Arc<Model>>,
+    tok: Tokenizer,
+    opts: SchedulerOptions,
+    config: ServerConfig,
+) -> Server {
     // The template exactly as the shipped binary builds it.
     let template = ChatTemplate::from_gguf(&model.gguf, &tok).unwrap();
     let tokenizer = Arc::new(tok);
-    let scheduler = Scheduler::cpu(model, tokenizer.clone(), opts).unwrap();
+    let scheduler = match draft {
+        Some(d) => Scheduler::cpu_with_draft(model, d, tokenizer.clone(), opts).unwrap(),
+        None => Scheduler::cpu(model, tokenizer.clone(), opts).unwrap(),
+    };
     let state = Arc::new(AppState::new(scheduler, tokenizer, template, config));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
