@@ -178,6 +178,7 @@ impl SampleArgs {
             spec: self.spec.map(|_| mens::spec::SpecOptions {
                 max: self.spec_max as usize,
                 ngram: self.spec_ngram as usize,
+                gate: false,
             }),
         }
     }

@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// Most tokens proposed per step.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     spec_max: u32,
+    /// Speculate even in steps where it measures slower than plain decoding (by default the
+    /// server switches it off there for 64 steps, then tries again): for benchmarks.
+    #[arg(long)]
+    spec_always: bool,
     /// Longest run of last tokens looked up.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
     spec_ngram: u32,
@@ -204,6 +208,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         spec: a.spec.map(|_| mens::spec::SpecOptions {
             max: a.spec_max as usize,
             ngram: a.spec_ngram as usize,
+            gate: !a.spec_always,
         }),
     };
     let scheduler = if let Some(d) = draft {

@@ -811,3 +811,19 @@ fn out_of_range_flags_name_themselves() {
         "{err}"
     );
 }
+
+/// `mens serve --spec draft` needs a draft model (its vocabulary is checked as in `mens run`:
+/// `spec::check_vocab`); a draft without `--spec draft` is refused too.
+#[test]
+fn serve_draft_flags_are_checked() {
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    fails_with(
+        &["serve", "-m", m, "--spec", "draft", "--port", "0"],
+        "--spec draft needs --model-draft",
+    );
+    fails_with(
+        &["serve", "-m", m, "-md", m, "--port", "0"],
+        "--model-draft needs --spec draft",
+    );
+}

@@ -262,7 +262,11 @@ fn server_speculation_keeps_greedy_text() {
     b["temperature"] = json!(0);
     b["max_tokens"] = json!(80);
     let plain = post(serve(None).addr, "/v1/chat/completions", b.clone()).json();
-    let s = serve(Some(mens::spec::SpecOptions { max: 8, ngram: 3 }));
+    let s = serve(Some(mens::spec::SpecOptions {
+        max: 8,
+        ngram: 3,
+        gate: false,
+    }));
     let addr = s.addr;
     let sampled = std::thread::spawn(move || {
         let mut o = ask("Write a haiku about Rust.");
@@ -321,7 +325,11 @@ fn server_draft_model_keeps_greedy_text() {
         .iter()
         .map(|q| post(plain.addr, "/v1/chat/completions", body(q)).json())
         .collect();
-    let s = serve(Some(mens::spec::SpecOptions { max: 8, ngram: 3 }));
+    let s = serve(Some(mens::spec::SpecOptions {
+        max: 8,
+        ngram: 3,
+        gate: false,
+    }));
     let addr = s.addr;
     let got: Vec<Value> = asks
         .iter()

@@ -467,6 +467,10 @@ struct Loop<'t> {
     /// number of draft tokens (adaptive: grows while all are accepted, else the accepted + 1).
     draft: Option<Box<dyn Runner>>,
     draft_k: Vec<usize>,
+    /// Speculation only where it measures faster than plain decoding.
+    gate: crate::spec::Gate,
+    /// Tokens the last step gave (verified proposals included).
+    emitted: usize,
 }
 
 /// Draft tokens a slot starts with.
@@ -490,6 +494,8 @@ fn run(
         history: Vec::new(),
         draft,
         draft_k: vec![DRAFT_K0; n],
+        gate: Default::default(),
+        emitted: 0,
         vocab: tok.vocab_size(),
         runner,
         tok,
@@ -513,6 +519,7 @@ fn run(
         }
         l.waiting.extend(rx.try_iter());
         l.admit();
+        let t0 = Instant::now();
         l.propose();
         for ((st, s), f) in states.iter_mut().zip(&l.slots).zip(&l.feed) {
             *st = s.as_ref().map(|a| SlotState {
@@ -528,6 +535,13 @@ fn run(
             continue;
         }
         l.step(&work);
+        if l.spec.is_some() && work.iter().all(|w| matches!(w, Work::Decode { .. })) {
+            let speculated = work
+                .iter()
+                .any(|w| matches!(w, Work::Decode { len, .. } if *len > 1));
+            let secs = t0.elapsed().as_secs_f64();
+            l.gate.record(work.len(), speculated, l.emitted, secs);
+        }
         l.status.active.store(l.busy(), Ordering::SeqCst);
         let held = (0..n).map(|i| l.runner.slot_tokens(i).len()).sum();
         l.status.kv_tokens.store(held, Ordering::Relaxed);
@@ -646,6 +660,16 @@ impl Loop<'_> {
     fn propose(&mut self) {
         let ctx = self.runner.ctx();
         let mut drafting: Vec<(usize, usize)> = Vec::new();
+        let decoding = self
+            .slots
+            .iter()
+            .filter(|s| s.as_ref().is_some_and(|a| a.next.is_some()))
+            .count();
+        let allowed = match self.spec {
+            Some(sp) if sp.gate => self.gate.allow(decoding),
+            Some(_) => true,
+            None => false,
+        };
         for slot in 0..self.slots.len() {
             let f = &mut self.feed[slot];
             f.clear();
@@ -655,7 +679,7 @@ impl Loop<'_> {
             let Some(next) = a.next else { continue };
             f.push(next);
             let Some(sp) = self.spec else { continue };
-            if !a.sampler.is_greedy() || a.sampler.needs_logits() {
+            if !allowed || !a.sampler.is_greedy() || a.sampler.needs_logits() {
                 continue;
             }
             let held = self.runner.slot_tokens(slot);
@@ -763,6 +787,7 @@ impl Loop<'_> {
 
     /// Run the planned step and apply its results.
     fn step(&mut self, work: &[Work]) {
+        self.emitted = 0;
         // One callback per speculating slot, collecting the greedy pick at each position.
         let mut pick_refs: Vec<Option<&mut Vec<u32>>> = self.picks.iter_mut().map(Some).collect();
         let mut fs: Vec<Box<dyn FnMut(usize, &[f32]) + '_>> = Vec::new();
@@ -831,7 +856,7 @@ impl Loop<'_> {
                     self.verify(slot, len);
                     continue;
                 }
-                Work::Decode { .. } => {}
+                Work::Decode { .. } => self.emitted += 1,
             }
             self.sample(slot);
         }
@@ -844,6 +869,7 @@ impl Loop<'_> {
         let agree = crate::spec::agreeing(draft, &self.picks[slot]);
         let mut out: Vec<u32> = draft[..agree].to_vec();
         out.push(self.picks[slot][agree]);
+        self.emitted += out.len();
         let held = self.runner.slot_tokens(slot).len();
         self.runner.truncate_slot(slot, held - len + 1 + agree);
         self.status

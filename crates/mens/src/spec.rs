@@ -14,11 +14,17 @@ pub struct SpecOptions {
     pub max: usize,
     /// Longest suffix looked up (shorter ones are tried after it, down to 1).
     pub ngram: usize,
+    /// The server: speculate only while it measures faster than plain decoding ([`Gate`]).
+    pub gate: bool,
 }
 
 impl Default for SpecOptions {
     fn default() -> Self {
-        SpecOptions { max: 8, ngram: 3 }
+        SpecOptions {
+            max: 8,
+            ngram: 3,
+            gate: true,
+        }
     }
 }
 
@@ -90,9 +96,105 @@ pub fn ngram_append(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) {
     }
 }
 
+/// Steps speculation stays off after it measured slower than plain decoding.
+pub const GATE_OFF_STEPS: u64 = 64;
+/// Decoding-sequence counts the gate keeps apart (more share the last entry).
+const GATE_SIZES: usize = 65;
+
+/// Whether speculating pays here and now: decode throughput of steps with proposals against
+/// steps without, kept per number of decoding sequences (a batch of 8 costs differently from one).
+/// Where proposals are verified slowly (a CPU whose prefill is not much faster per token than its
+/// decode) or mostly rejected, speculating is slower than plain decoding: the gate then switches it
+/// off for [`GATE_OFF_STEPS`] steps and tries again after, so a change of workload is noticed.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    /// Exponential averages of tokens/s, and samples since the last reset, by sequence count.
+    plain: Vec<(f64, u32)>,
+    spec: Vec<(f64, u32)>,
+    step: u64,
+    off_until: u64,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            plain: vec![(0.0, 0); GATE_SIZES],
+            spec: vec![(0.0, 0); GATE_SIZES],
+            step: 0,
+            off_until: 0,
+        }
+    }
+}
+
+impl Gate {
+    /// Whether a step decoding `n` sequences may propose: once a plain step of that size has been
+    /// measured, and not while switched off. Counts the step.
+    pub fn allow(&mut self, n: usize) -> bool {
+        self.step += 1;
+        self.plain[n.min(GATE_SIZES - 1)].1 > 0 && self.step >= self.off_until
+    }
+
+    /// A decode step of `n` sequences (no prompt in it) gave `tokens` in `secs`, `speculated` if
+    /// it verified proposals (their drafting included in `secs`).
+    pub fn record(&mut self, n: usize, speculated: bool, tokens: usize, secs: f64) {
+        if secs <= 0.0 || tokens == 0 {
+            return;
+        }
+        let i = n.min(GATE_SIZES - 1);
+        let rate = tokens as f64 / secs;
+        let e = if speculated {
+            &mut self.spec[i]
+        } else {
+            &mut self.plain[i]
+        };
+        e.0 = if e.1 == 0 {
+            rate
+        } else {
+            0.7 * e.0 + 0.3 * rate
+        };
+        e.1 += 1;
+        let (plain, spec) = (self.plain[i], self.spec[i]);
+        // Two speculating steps at least, so that one slow step does not decide.
+        if speculated && plain.1 > 0 && spec.1 >= 2 && spec.0 < plain.0 {
+            self.off_until = self.step + GATE_OFF_STEPS;
+            self.spec[i] = (0.0, 0);
+        }
+    }
+
+    /// Whether speculation is switched off now.
+    pub fn is_off(&self) -> bool {
+        self.step < self.off_until
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gate_switches_slow_speculation_off_and_tries_again() {
+        let mut g = Gate::default();
+        // Nothing measured: plain first.
+        assert!(!g.allow(1));
+        g.record(1, false, 1, 0.1); // 10 tokens/s plain
+        assert!(g.allow(1));
+        // Speculation at 8 tokens/s: one step does not decide, two do.
+        g.record(1, true, 4, 0.5);
+        assert!(g.allow(1));
+        g.record(1, true, 4, 0.5);
+        assert!(g.is_off());
+        for _ in 1..GATE_OFF_STEPS {
+            assert!(!g.allow(1));
+        }
+        assert!(g.allow(1), "tried again after the pause");
+        // Faster now (a repetitive answer): it stays on.
+        for _ in 0..10 {
+            g.record(1, true, 6, 0.2);
+            assert!(g.allow(1));
+        }
+        // Another batch size has its own figures: not measured plain yet.
+        assert!(!g.allow(3));
+    }
 
     #[test]
     fn proposes_the_continuation_of_the_latest_match() {

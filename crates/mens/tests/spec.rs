@@ -39,7 +39,11 @@ fn speculation_gives_exactly_the_plain_greedy_output() {
         };
         let (plain, ps, plain_cache) = run(None);
         for max in [1, 4, 8] {
-            let (spec, ss, spec_cache) = run(Some(SpecOptions { max, ngram: 3 }));
+            let (spec, ss, spec_cache) = run(Some(SpecOptions {
+                max,
+                ngram: 3,
+                gate: false,
+            }));
             assert_eq!(spec, plain, "max {max}: the text differs");
             assert_eq!(ss.generated, ps.generated);
             assert_eq!(ss.stop, ps.stop);
@@ -89,7 +93,11 @@ fn a_draft_model_proposes_and_the_output_is_unchanged() {
             Sampler::new(SamplerConfig::greedy(), target.model.config.vocab_size).unwrap();
         let gen = GenerateOptions {
             max_tokens: 48,
-            spec: draft.then_some(SpecOptions { max: 8, ngram: 3 }),
+            spec: draft.then_some(SpecOptions {
+                max: 8,
+                ngram: 3,
+                gate: false,
+            }),
             ..Default::default()
         };
         let mut text = String::new();
@@ -147,7 +155,11 @@ fn sampled_speculation_accepts_and_keeps_deterministic_draws() {
         .unwrap();
         (text, st)
     };
-    let spec = Some(SpecOptions { max: 8, ngram: 3 });
+    let spec = Some(SpecOptions {
+        max: 8,
+        ngram: 3,
+        gate: false,
+    });
     let (greedy, _) = run(SamplerConfig::greedy(), None);
     let top1 = SamplerConfig {
         temperature: 0.8,
