@@ -292,6 +292,35 @@ impl Target {
         }
     }
 
+    /// The context a CUDA runner gets (the requested one, or the largest that fits), where
+    /// `bytes(ctx)` is what `runner` allocates beside the weights: the budget is the device's free
+    /// memory less a margin for the context and cuBLAS workspace. A clear error when it cannot fit.
+    #[cfg(feature = "cuda")]
+    fn cuda_ctx(
+        &self,
+        device: &str,
+        free: u64,
+        runner: &str,
+        bytes: impl Fn(usize) -> u64,
+        advice: &str,
+    ) -> Result<usize> {
+        let budget = free.saturating_sub(memory::CUDA_MARGIN);
+        let weights = self.model.weight_bytes();
+        let need = |ctx: usize| weights + bytes(ctx);
+        let ctx = self.gpu_ctx(|ctx| need(ctx) <= budget);
+        if need(ctx) > budget {
+            return Err(Error::Memory(format!(
+                "the model ({} MiB) and {runner} of {ctx} tokens ({} MiB) do not fit the {} MiB budget of {device} ({} MiB free − {} MiB margin); {advice}",
+                weights >> 20,
+                (need(ctx) - weights) >> 20,
+                budget >> 20,
+                free >> 20,
+                memory::CUDA_MARGIN >> 20
+            )));
+        }
+        Ok(ctx)
+    }
+
     #[cfg(feature = "cuda")]
     fn cuda_batch(
         &self,
@@ -314,28 +343,20 @@ impl Target {
             free >> 20,
             total >> 20
         ));
-        let budget = free.saturating_sub(memory::CUDA_MARGIN);
-        let weights = self.model.weight_bytes();
-        let need = |ctx: usize| weights + batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx));
-        let ctx = self.gpu_ctx(|ctx| need(ctx) <= budget);
-        if need(ctx) > budget {
-            return Err(Error::Memory(format!(
-                "the model ({} MiB) and {slots} CUDA sequences of {ctx} tokens ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use fewer --parallel slots, a smaller --ctx-size or a smaller model",
-                weights >> 20,
-                (need(ctx) - weights) >> 20,
-                budget >> 20,
-                dev.name,
-                free >> 20,
-                memory::CUDA_MARGIN >> 20
-            )));
-        }
+        let ctx = self.cuda_ctx(
+            &dev.name,
+            free,
+            &format!("{slots} CUDA sequences"),
+            |ctx| batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx)),
+            "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
+        )?;
         let n = c.n_layer;
         let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
         let b = CudaBatch::new(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens)?;
         let m = b.memory();
         log(format!(
             "memory plan: weights {} MiB, KV pool {} MiB ({slots} slots × {ctx} tokens), buffers {} MiB on the GPU; in {:.2} s",
-            weights >> 20,
+            self.model.weight_bytes() >> 20,
             m.kv_cache >> 20,
             m.buffers >> 20,
             t0.elapsed().as_secs_f64()
@@ -373,30 +394,21 @@ impl Target {
             free >> 20,
             total >> 20
         ));
-        // Budget: the free device memory less a margin for the context and cuBLAS workspace.
-        let budget = free.saturating_sub(memory::CUDA_MARGIN);
-        let weights = self.model.weight_bytes();
-        let need = |ctx: usize| weights + session_bytes(c, ctx, CUDA_UBATCH.min(ctx));
-        let ctx = self.gpu_ctx(|ctx| need(ctx) <= budget);
-        if need(ctx) > budget {
-            return Err(Error::Memory(format!(
-                "the model ({} MiB) and a {ctx}-token CUDA session ({} MiB) do not fit the {} MiB budget of {} ({} MiB free − {} MiB margin); use a smaller --ctx-size or model",
-                weights >> 20,
-                (need(ctx) - weights) >> 20,
-                budget >> 20,
-                dev.name,
-                free >> 20,
-                memory::CUDA_MARGIN >> 20
-            )));
-        }
+        let ctx = self.cuda_ctx(
+            &dev.name,
+            free,
+            "a CUDA session",
+            |ctx| session_bytes(c, ctx, CUDA_UBATCH.min(ctx)),
+            "use a smaller --ctx-size or model",
+        )?;
         let n = c.n_layer;
         let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
         let s = CudaSession::new(Arc::new(model), ctx, CUDA_UBATCH)?;
         log(format!(
             "memory plan: weights {} MiB, KV cache {} MiB, buffers {} MiB on the GPU; context {ctx} tokens; in {:.2} s",
-            weights >> 20,
+            self.model.weight_bytes() >> 20,
             s.kv_cache_bytes() >> 20,
-            (need(ctx) - weights - s.kv_cache_bytes() as u64) >> 20,
+            (session_bytes(c, ctx, CUDA_UBATCH.min(ctx)) - s.kv_cache_bytes() as u64) >> 20,
             t0.elapsed().as_secs_f64()
         ));
         Ok(Box::new(s))

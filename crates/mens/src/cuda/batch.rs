@@ -262,38 +262,8 @@ impl CudaBatch {
         }
         let meta = unsafe { std::slice::from_raw_parts(self.host, 4 * s) }.to_vec();
         dev.write(&self.meta, 0, &meta)?;
-        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
-        let steps = 5;
-        for _ in 0..steps {
-            let start = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-                .map_err(|e| err("event", e))?;
-            unsafe { drv::event::record(start, dev.stream) }.map_err(|e| err("event", e))?;
-            *dev.prof.lock().unwrap() = Some(Vec::new());
-            let r = self.decode_kernels(bp);
-            let events = dev.prof.lock().unwrap().take().unwrap_or_default();
-            r?;
-            dev.sync()?;
-            let mut prev = start;
-            for (name, e) in &events {
-                let ms = unsafe { drv::event::elapsed(prev, *e) }.map_err(|e| err("event", e))?;
-                match totals.iter_mut().find(|t| t.0 == *name) {
-                    Some(t) => {
-                        t.1 += 1;
-                        t.2 += ms as f64 * 1e3;
-                    }
-                    None => totals.push((name, 1, ms as f64 * 1e3)),
-                }
-                prev = *e;
-            }
-            unsafe {
-                let _ = drv::event::destroy(start);
-                for (_, e) in events {
-                    let _ = drv::event::destroy(e);
-                }
-            }
-        }
-        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
-        let all: f64 = totals.iter().map(|t| t.2).sum::<f64>() / steps as f64;
+        let totals = dev.time_kernels(5, || self.decode_kernels(bp))?;
+        let all: f64 = totals.iter().map(|t| t.2).sum::<f64>();
         eprintln!(
             "mens: profile, {:?} kernels, batch of {bp} at position {at}: {:.0} µs per step ({:.0} tokens/s)",
             self.kernels,
@@ -301,11 +271,7 @@ impl CudaBatch {
             bp as f64 * 1e6 / all
         );
         for (name, calls, us) in totals {
-            eprintln!(
-                "mens:   {name:<40} {:>4} calls {:>9.1} µs",
-                calls / steps,
-                us / steps as f64
-            );
+            eprintln!("mens:   {name:<40} {calls:>4} calls {us:>9.1} µs");
         }
         Ok(())
     }

@@ -366,6 +366,54 @@ impl Device {
         (tiles as u32, splits as u32)
     }
 
+    /// Run `launch` (which launches kernels one by one) `steps` times with an event after every
+    /// launch: (kernel, calls per run, microseconds per run), slowest first.
+    fn time_kernels(
+        &self,
+        steps: usize,
+        mut launch: impl FnMut() -> Result<usize>,
+    ) -> Result<Vec<(&'static str, usize, f64)>> {
+        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
+        let n = steps.max(1);
+        for _ in 0..n {
+            let start = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(|e| err("event", e))?;
+            unsafe { drv::event::record(start, self.stream) }.map_err(|e| err("event", e))?;
+            *self.prof.lock().unwrap() = Some(Vec::new());
+            let r = launch();
+            let events = self.prof.lock().unwrap().take().unwrap_or_default();
+            let r = r.and_then(|_| self.sync());
+            let mut prev = start;
+            for (name, e) in &events {
+                if r.is_err() {
+                    break;
+                }
+                let ms = unsafe { drv::event::elapsed(prev, *e) }.map_err(|e| err("event", e))?;
+                match totals.iter_mut().find(|t| t.0 == *name) {
+                    Some(t) => {
+                        t.1 += 1;
+                        t.2 += ms as f64 * 1e3;
+                    }
+                    None => totals.push((name, 1, ms as f64 * 1e3)),
+                }
+                prev = *e;
+            }
+            unsafe {
+                let _ = drv::event::destroy(start);
+                for (_, e) in events {
+                    let _ = drv::event::destroy(e);
+                }
+            }
+            r?;
+        }
+        for t in totals.iter_mut() {
+            t.1 /= n;
+            t.2 /= n as f64;
+        }
+        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(totals)
+    }
+
     /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
     fn matmul_h16(&self, b: usize) -> sys::CUfunction {
         match b {

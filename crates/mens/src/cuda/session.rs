@@ -762,41 +762,7 @@ impl CudaSession {
         let dev = self.model.dev.clone();
         dev.bind()?;
         dev.write(&self.pos, 0, &[self.tokens.len() as i32])?;
-        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
-        for _ in 0..steps.max(1) {
-            let start = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-                .map_err(|e| err("event", e))?;
-            unsafe { drv::event::record(start, dev.stream) }.map_err(|e| err("event", e))?;
-            *dev.prof.lock().unwrap() = Some(Vec::new());
-            let r = self.decode_kernels();
-            let events = dev.prof.lock().unwrap().take().unwrap_or_default();
-            r?;
-            dev.sync()?;
-            let mut prev = start;
-            for (name, e) in &events {
-                let ms = unsafe { drv::event::elapsed(prev, *e) }.map_err(|e| err("event", e))?;
-                match totals.iter_mut().find(|t| t.0 == *name) {
-                    Some(t) => {
-                        t.1 += 1;
-                        t.2 += ms as f64 * 1e3;
-                    }
-                    None => totals.push((name, 1, ms as f64 * 1e3)),
-                }
-                prev = *e;
-            }
-            unsafe {
-                let _ = drv::event::destroy(start);
-                for (_, e) in events {
-                    let _ = drv::event::destroy(e);
-                }
-            }
-        }
-        let n = steps.max(1);
-        for t in totals.iter_mut() {
-            t.1 /= n;
-            t.2 /= n as f64;
-        }
-        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let totals = dev.time_kernels(steps, || self.decode_kernels())?;
         // The profiled steps advanced the device's position: put it back.
         self.pos_synced = false;
         self.dev_tok = None;
