@@ -13,7 +13,7 @@ use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::scheduler::{Event, Finish, Usage};
-use mens::tools::{CallSplitter, Piece, ToolCall};
+use mens::tools::{CallSplitter, ToolCall};
 use serde_json::{json, Map, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -278,13 +278,10 @@ pub(crate) async fn whole(
 
 struct Stream {
     meta: Meta,
-    rx: mpsc::UnboundedReceiver<Event>,
     pending: VecDeque<Bytes>,
-    done: bool,
     /// Index of the next content block; whether a text block is open.
     block: usize,
     text_open: bool,
-    calls: Option<CallSplitter>,
     n_calls: usize,
 }
 
@@ -324,72 +321,57 @@ impl Stream {
             self.block += 1;
         }
     }
+}
 
-    fn pieces(&mut self, pieces: Vec<Piece>) {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => self.text(&t),
-                Piece::Call(c) => {
-                    self.close_text();
-                    let i = self.block;
-                    let mut start = tool_use(&self.meta, &c, self.n_calls);
-                    let input = std::mem::replace(&mut start["input"], json!({}));
-                    self.event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": i, "content_block": start}),
-                    );
-                    self.event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": i,
-                               "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
-                    );
-                    self.event(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": i}),
-                    );
-                    self.block += 1;
-                    self.n_calls += 1;
-                }
-            }
-        }
+impl crate::sse::EventSink for Stream {
+    fn pending(&mut self) -> &mut VecDeque<Bytes> {
+        &mut self.pending
     }
 
-    fn on(&mut self, e: Option<Event>) {
-        match e {
-            Some(Event::Logprobs(_)) => {}
-            Some(Event::Text(t)) => match self.calls.as_mut() {
-                Some(s) => {
-                    let p = s.push(&t);
-                    self.pieces(p);
-                }
-                None => self.text(&t),
-            },
-            Some(Event::Done(u)) => {
-                self.meta.metrics.finished(&u);
-                if let Some(mut s) = self.calls.take() {
-                    let p = s.finish();
-                    self.pieces(p);
-                }
-                self.close_text();
-                let reason = stop_reason(&u, self.n_calls);
-                self.event(
-                    "message_delta",
-                    json!({"type": "message_delta",
-                           "delta": {"stop_reason": reason, "stop_sequence": u.stop_sequence},
-                           "usage": {"output_tokens": u.completion_tokens}}),
-                );
-                self.event("message_stop", json!({"type": "message_stop"}));
-                self.done = true;
-            }
-            Some(Event::Error(m)) => {
-                self.event(
-                    "error",
-                    json!({"type": "error", "error": {"type": "api_error", "message": m}}),
-                );
-                self.done = true;
-            }
-            None => self.done = true,
-        }
+    fn text(&mut self, t: &str) {
+        Stream::text(self, t)
+    }
+
+    fn call(&mut self, c: ToolCall) {
+        self.close_text();
+        let i = self.block;
+        let mut start = tool_use(&self.meta, &c, self.n_calls);
+        let input = std::mem::replace(&mut start["input"], json!({}));
+        self.event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": start}),
+        );
+        self.event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i,
+                   "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        );
+        self.event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        );
+        self.block += 1;
+        self.n_calls += 1;
+    }
+
+    fn finish(&mut self, u: Usage) {
+        self.meta.metrics.finished(&u);
+        self.close_text();
+        let reason = stop_reason(&u, self.n_calls);
+        self.event(
+            "message_delta",
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": reason, "stop_sequence": u.stop_sequence},
+                   "usage": {"output_tokens": u.completion_tokens}}),
+        );
+        self.event("message_stop", json!({"type": "message_stop"}));
+    }
+
+    fn error(&mut self, m: String) {
+        self.event(
+            "error",
+            json!({"type": "error", "error": {"type": "api_error", "message": m}}),
+        );
     }
 }
 
@@ -402,12 +384,9 @@ pub(crate) fn stream(
     let calls = meta.tools.clone().map(CallSplitter::new);
     let mut st = Stream {
         meta,
-        rx,
         pending: VecDeque::new(),
-        done: false,
         block: 0,
         text_open: false,
-        calls,
         n_calls: 0,
     };
     let m = &st.meta;
@@ -417,20 +396,5 @@ pub(crate) fn stream(
         "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
     st.event("message_start", start);
     st.event("ping", json!({"type": "ping"}));
-    crate::sse::event_stream(st)
-}
-
-impl crate::sse::EventSink for Stream {
-    fn pending(&mut self) -> &mut VecDeque<Bytes> {
-        &mut self.pending
-    }
-    fn done(&self) -> bool {
-        self.done
-    }
-    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event> {
-        &mut self.rx
-    }
-    fn on(&mut self, e: Option<Event>) {
-        Stream::on(self, e)
-    }
+    crate::sse::event_stream(st, rx, calls)
 }

@@ -14,7 +14,7 @@ use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use mens::scheduler::{Event, Finish, Usage};
-use mens::tools::{CallSplitter, Piece, ToolCall};
+use mens::tools::{CallSplitter, ToolCall};
 use serde_json::{json, Map, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -261,14 +261,11 @@ pub(crate) async fn whole(
 
 struct Stream {
     meta: Meta,
-    rx: mpsc::UnboundedReceiver<Event>,
     pending: VecDeque<Bytes>,
-    done: bool,
     seq: u64,
     /// The open message item: its output index and text so far.
     msg: Option<(usize, String)>,
     items: Vec<Value>,
-    calls: Option<CallSplitter>,
     n_calls: usize,
 }
 
@@ -326,70 +323,55 @@ impl Stream {
             self.items.push(item);
         }
     }
+}
 
-    fn pieces(&mut self, pieces: Vec<Piece>) {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => self.text(&t),
-                Piece::Call(c) => {
-                    self.close_text();
-                    let i = self.items.len();
-                    let n = self.n_calls;
-                    self.n_calls += 1;
-                    let started = call_item(&self.meta, &c, n, "in_progress");
-                    let id = started["id"].clone();
-                    self.event(json!({"type": "response.output_item.added", "output_index": i, "item": started}));
-                    self.event(
-                        json!({"type": "response.function_call_arguments.delta", "item_id": id,
-                        "output_index": i, "delta": c.arguments}),
-                    );
-                    self.event(
-                        json!({"type": "response.function_call_arguments.done", "item_id": id,
-                        "output_index": i, "arguments": c.arguments, "name": c.name}),
-                    );
-                    let item = call_item(&self.meta, &c, n, "completed");
-                    self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
-                    self.items.push(item);
-                }
-            }
-        }
+impl crate::sse::EventSink for Stream {
+    fn pending(&mut self) -> &mut VecDeque<Bytes> {
+        &mut self.pending
     }
 
-    fn on(&mut self, e: Option<Event>) {
-        match e {
-            Some(Event::Logprobs(_)) => {}
-            Some(Event::Text(t)) => match self.calls.as_mut() {
-                Some(s) => {
-                    let p = s.push(&t);
-                    self.pieces(p);
-                }
-                None => self.text(&t),
-            },
-            Some(Event::Done(u)) => {
-                self.meta.metrics.finished(&u);
-                if let Some(mut s) = self.calls.take() {
-                    let p = s.finish();
-                    self.pieces(p);
-                }
-                self.close_text();
-                if self.items.is_empty() {
-                    self.open_message();
-                    self.close_text();
-                }
-                let r = response_json(&self.meta, &self.meta.echo, self.items.clone(), Some(&u));
-                // `response.completed` also when the status is incomplete: the SDKs' stream
-                // helpers wait for it (vLLM does the same).
-                self.event(json!({"type": "response.completed", "response": r}));
-                self.done = true;
-            }
-            Some(Event::Error(m)) => {
-                self.event(
-                    json!({"type": "error", "code": "server_error", "message": m, "param": null}),
-                );
-                self.done = true;
-            }
-            None => self.done = true,
+    fn text(&mut self, t: &str) {
+        Stream::text(self, t)
+    }
+
+    fn call(&mut self, c: ToolCall) {
+        self.close_text();
+        let i = self.items.len();
+        let n = self.n_calls;
+        self.n_calls += 1;
+        let started = call_item(&self.meta, &c, n, "in_progress");
+        let id = started["id"].clone();
+        self.event(
+            json!({"type": "response.output_item.added", "output_index": i, "item": started}),
+        );
+        self.event(
+            json!({"type": "response.function_call_arguments.delta", "item_id": id,
+            "output_index": i, "delta": c.arguments}),
+        );
+        self.event(
+            json!({"type": "response.function_call_arguments.done", "item_id": id,
+            "output_index": i, "arguments": c.arguments, "name": c.name}),
+        );
+        let item = call_item(&self.meta, &c, n, "completed");
+        self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
+        self.items.push(item);
+    }
+
+    fn finish(&mut self, u: Usage) {
+        self.meta.metrics.finished(&u);
+        self.close_text();
+        if self.items.is_empty() {
+            self.open_message();
+            self.close_text();
         }
+        let r = response_json(&self.meta, &self.meta.echo, self.items.clone(), Some(&u));
+        // `response.completed` also when the status is incomplete: the SDKs' stream
+        // helpers wait for it (vLLM does the same).
+        self.event(json!({"type": "response.completed", "response": r}));
+    }
+
+    fn error(&mut self, m: String) {
+        self.event(json!({"type": "error", "code": "server_error", "message": m, "param": null}));
     }
 }
 
@@ -397,33 +379,15 @@ pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>) -> Response
     let calls = meta.tools.clone().map(CallSplitter::new);
     let mut st = Stream {
         meta,
-        rx,
         pending: VecDeque::new(),
-        done: false,
         seq: 0,
         msg: None,
         items: Vec::new(),
-        calls,
         n_calls: 0,
     };
     let r = response_json(&st.meta, &st.meta.echo, vec![], None);
     st.event(json!({"type": "response.created", "response": r}));
     let r = response_json(&st.meta, &st.meta.echo, vec![], None);
     st.event(json!({"type": "response.in_progress", "response": r}));
-    crate::sse::event_stream(st)
-}
-
-impl crate::sse::EventSink for Stream {
-    fn pending(&mut self) -> &mut VecDeque<Bytes> {
-        &mut self.pending
-    }
-    fn done(&self) -> bool {
-        self.done
-    }
-    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event> {
-        &mut self.rx
-    }
-    fn on(&mut self, e: Option<Event>) {
-        Stream::on(self, e)
-    }
+    crate::sse::event_stream(st, rx, calls)
 }

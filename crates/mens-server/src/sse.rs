@@ -166,26 +166,92 @@ pub(crate) async fn collect(
     }
 }
 
-/// A stream of server-sent events: bytes ready to send, and what turns engine events into more.
+/// One API's shape of a streamed answer (OpenAI chunks, Anthropic events, Responses events): what
+/// each part of the answer becomes, queued as bytes to send. [`event_stream`] drives it.
 pub(crate) trait EventSink: Send + 'static {
+    /// Events ready to send.
     fn pending(&mut self) -> &mut VecDeque<Bytes>;
-    fn done(&self) -> bool;
-    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event>;
-    fn on(&mut self, e: Option<Event>);
+    /// Answer text (tool calls already split off).
+    fn text(&mut self, t: &str);
+    /// A whole tool call.
+    fn call(&mut self, c: ToolCall);
+    /// The log-probabilities of the text that comes next.
+    fn logprobs(&mut self, _l: TokenLogprobs) {}
+    /// The end of the answer (the last events).
+    fn finish(&mut self, u: Usage);
+    /// The request failed: the error event.
+    fn error(&mut self, m: String);
 }
 
-/// The HTTP response that sends `sink`'s events as they come.
-pub(crate) fn event_stream(sink: impl EventSink) -> Response {
-    let body = futures_util::stream::unfold(sink, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending().pop_front() {
-                return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
+/// What every stream does with engine events, whatever the API: text through the tool-call
+/// splitter when the request has tools, the splitter's rest at the end, then the API's last events.
+struct Pipe<S> {
+    sink: S,
+    rx: mpsc::UnboundedReceiver<Event>,
+    calls: Option<CallSplitter>,
+    done: bool,
+}
+
+impl<S: EventSink> Pipe<S> {
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.sink.text(&t),
+                Piece::Call(c) => self.sink.call(c),
             }
-            if st.done() {
+        }
+    }
+
+    fn on(&mut self, e: Option<Event>) {
+        match e {
+            Some(Event::Logprobs(l)) => self.sink.logprobs(l),
+            Some(Event::Text(t)) => match self.calls.as_mut() {
+                Some(s) => {
+                    let p = s.push(&t);
+                    self.pieces(p);
+                }
+                None => self.sink.text(&t),
+            },
+            Some(Event::Done(u)) => {
+                if let Some(mut s) = self.calls.take() {
+                    let p = s.finish();
+                    self.pieces(p);
+                }
+                self.sink.finish(u);
+                self.done = true;
+            }
+            Some(Event::Error(m)) => {
+                self.sink.error(m);
+                self.done = true;
+            }
+            None => self.done = true,
+        }
+    }
+}
+
+/// The HTTP response that sends `sink`'s events as the engine's come (`calls`: split tool calls
+/// from the text).
+pub(crate) fn event_stream(
+    sink: impl EventSink,
+    rx: mpsc::UnboundedReceiver<Event>,
+    calls: Option<CallSplitter>,
+) -> Response {
+    let pipe = Pipe {
+        sink,
+        rx,
+        calls,
+        done: false,
+    };
+    let body = futures_util::stream::unfold(pipe, |mut p| async move {
+        loop {
+            if let Some(b) = p.sink.pending().pop_front() {
+                return Some((Ok::<Bytes, std::convert::Infallible>(b), p));
+            }
+            if p.done {
                 return None;
             }
-            let e = st.rx().recv().await;
-            st.on(e);
+            let e = p.rx.recv().await;
+            p.on(e);
         }
     });
     let mut r = Response::new(Body::from_stream(body));
@@ -250,16 +316,12 @@ pub(crate) async fn whole(
 
 pub(crate) struct Sse {
     pub(crate) meta: Meta,
-    pub(crate) rx: mpsc::UnboundedReceiver<Event>,
     pub(crate) include_usage: bool,
     pub(crate) pending: VecDeque<Bytes>,
-    pub(crate) done: bool,
     /// Log-probabilities not yet sent (they go with the next text).
     pub(crate) lps: Vec<TokenLogprobs>,
     /// Text bytes sent so far (legacy `text_offset`).
     pub(crate) sent: usize,
-    /// Splits content from tool calls (chat with tools).
-    pub(crate) calls: Option<CallSplitter>,
     pub(crate) n_calls: usize,
 }
 
@@ -296,84 +358,73 @@ impl Sse {
         self.push(&c);
     }
 
-    fn pieces(&mut self, pieces: Vec<Piece>) {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => self.text(&t),
-                Piece::Call(call) => {
-                    let calls = calls_json(&self.meta, &[call], self.n_calls, true);
-                    self.n_calls += 1;
-                    let mut c = self.chunk(None, None, false);
-                    c["choices"][0]["delta"] = json!({ "tool_calls": calls });
-                    self.push(&c);
-                }
-            }
-        }
-    }
-
     pub(crate) fn push(&mut self, v: &Value) {
         self.pending
             .push_back(Bytes::from(format!("data: {v}\n\n")));
     }
+}
 
-    fn on(&mut self, e: Option<Event>) {
-        match e {
-            Some(Event::Logprobs(l)) => self.lps.push(l),
-            Some(Event::Text(t)) => {
-                if let Some(s) = self.calls.as_mut() {
-                    let p = s.push(&t);
-                    self.pieces(p);
-                } else if self.meta.kind != (Kind::Infill { quiet: true }) {
-                    self.text(&t);
-                }
-            }
-            Some(Event::Done(u)) if matches!(self.meta.kind, Kind::Infill { .. }) => {
-                self.meta.metrics.finished(&u);
-                let v = infill_json(&self.meta, "", &u);
-                self.push(&v);
-                self.done = true;
-            }
-            Some(Event::Done(u)) => {
-                self.meta.metrics.finished(&u);
-                if let Some(mut s) = self.calls.take() {
-                    let p = s.finish();
-                    self.pieces(p);
-                }
-                let reason = if self.n_calls > 0 && u.finish == Finish::Stop {
-                    "tool_calls"
-                } else {
-                    finish_reason(u.finish)
-                };
-                let mut c = self.chunk(None, Some(reason), false);
-                if self.meta.logprobs && !self.lps.is_empty() {
-                    let lps = std::mem::take(&mut self.lps);
-                    c["choices"][0]["logprobs"] = self.meta.logprobs_json(&lps, self.sent);
-                }
-                if self.include_usage {
-                    c["usage"] = Value::Null;
-                }
-                self.push(&c);
-                if self.include_usage {
-                    let m = &self.meta;
-                    let object = match m.kind {
-                        Kind::Chat | Kind::Messages | Kind::Responses => "chat.completion.chunk",
-                        Kind::Text | Kind::Infill { .. } => "text_completion",
-                    };
-                    let v = json!({"id": m.id, "object": object, "created": m.created,
-                                   "model": m.model, "choices": [], "usage": usage_json(&u)});
-                    self.push(&v);
-                }
-                self.pending
-                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                self.done = true;
-            }
-            Some(Event::Error(m)) => {
-                let v = engine_error(m).body();
-                self.push(&v);
-                self.done = true;
-            }
-            None => self.done = true,
+impl EventSink for Sse {
+    fn pending(&mut self) -> &mut VecDeque<Bytes> {
+        &mut self.pending
+    }
+
+    fn text(&mut self, t: &str) {
+        if self.meta.kind != (Kind::Infill { quiet: true }) {
+            Sse::text(self, t);
         }
+    }
+
+    fn call(&mut self, call: ToolCall) {
+        let calls = calls_json(&self.meta, &[call], self.n_calls, true);
+        self.n_calls += 1;
+        let mut c = self.chunk(None, None, false);
+        c["choices"][0]["delta"] = json!({ "tool_calls": calls });
+        self.push(&c);
+    }
+
+    fn logprobs(&mut self, l: TokenLogprobs) {
+        self.lps.push(l);
+    }
+
+    fn finish(&mut self, u: Usage) {
+        self.meta.metrics.finished(&u);
+        if matches!(self.meta.kind, Kind::Infill { .. }) {
+            let v = infill_json(&self.meta, "", &u);
+            self.push(&v);
+            return;
+        }
+        let reason = if self.n_calls > 0 && u.finish == Finish::Stop {
+            "tool_calls"
+        } else {
+            finish_reason(u.finish)
+        };
+        let mut c = self.chunk(None, Some(reason), false);
+        if self.meta.logprobs && !self.lps.is_empty() {
+            let lps = std::mem::take(&mut self.lps);
+            c["choices"][0]["logprobs"] = self.meta.logprobs_json(&lps, self.sent);
+        }
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        self.push(&c);
+        if self.include_usage {
+            let m = &self.meta;
+            let object = match m.kind {
+                Kind::Chat | Kind::Messages | Kind::Responses => "chat.completion.chunk",
+                Kind::Text | Kind::Infill { .. } => "text_completion",
+            };
+            let v = json!({"id": m.id, "object": object, "created": m.created,
+                           "model": m.model, "choices": [], "usage": usage_json(&u)});
+            self.push(&v);
+        }
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+    }
+
+    fn error(&mut self, m: String) {
+        let v = engine_error(m).body();
+        self.push(&v);
     }
 }
 
@@ -388,33 +439,15 @@ pub(crate) fn stream(
     };
     let mut sse = Sse {
         meta,
-        rx,
         include_usage,
         pending: VecDeque::new(),
-        done: false,
         lps: Vec::new(),
         sent: 0,
-        calls,
         n_calls: 0,
     };
     if sse.meta.kind == Kind::Chat {
         let c = sse.chunk(None, None, true);
         sse.push(&c);
     }
-    event_stream(sse)
-}
-
-impl EventSink for Sse {
-    fn pending(&mut self) -> &mut VecDeque<Bytes> {
-        &mut self.pending
-    }
-    fn done(&self) -> bool {
-        self.done
-    }
-    fn rx(&mut self) -> &mut mpsc::UnboundedReceiver<Event> {
-        &mut self.rx
-    }
-    fn on(&mut self, e: Option<Event>) {
-        Sse::on(self, e)
-    }
+    event_stream(sse, rx, calls)
 }
