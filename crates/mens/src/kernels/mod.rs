@@ -600,12 +600,20 @@ mod tests {
                             "{kind:?} {level:?} x4 row {r} act {ti}: {} vs {want}",
                             four[ti]
                         );
+                        // Two different rows at once (this one and the next): each gives the bits of
+                        // the one-row kernel (decode and a verify pass must agree bit for bit).
+                        let r2 = (r + 1) % 3;
+                        let other = &w.data()[r2 * w.row_bytes()..(r2 + 1) * w.row_bytes()];
                         let two = unsafe {
-                            simd::dot_2rows(level, kind, nb, row.as_ptr(), row.as_ptr(), &act(ti))
+                            simd::dot_2rows(level, kind, nb, row.as_ptr(), other.as_ptr(), &act(ti))
                         };
+                        let one_other =
+                            unsafe { simd::dot::<1>(level, kind, nb, other.as_ptr(), &[act(ti)]) }
+                                [0];
                         assert!(
-                            (two[0] - want).abs() <= tol && (two[1] - want).abs() <= tol,
-                            "{kind:?} {level:?} 2 rows: {two:?} vs {want}"
+                            two[0].to_bits() == one.to_bits()
+                                && two[1].to_bits() == one_other.to_bits(),
+                            "{kind:?} {level:?} 2 rows: {two:?} vs one row at a time {one}, {one_other}"
                         );
                     }
                 }
