@@ -37,8 +37,9 @@ pub fn level() -> Level {
             let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c");
-            let vnni =
-                is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
+            let vnni = is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw");
             match (avx2, vnni, std::env::var_os("MENS_NO_VNNI").is_some()) {
                 (true, true, false) => Level::Vnni,
                 (true, _, _) => Level::Avx2,
@@ -240,7 +241,7 @@ macro_rules! signed_body_2rows {
 /// Generates one ISA's kernels; `$dot!(a_u8, b_i8)` sums groups of four u8·i8 products into i32 lanes.
 #[cfg(target_arch = "x86_64")]
 macro_rules! isa_kernels {
-    ($feat:literal, $dot:ident) => {
+    ($feat:literal, $dot:ident, $q5_0_block:path) => {
         use super::common::*;
         use super::ActRow;
 
@@ -254,7 +255,7 @@ macro_rules! isa_kernels {
         }
         #[target_feature(enable = $feat)]
         pub unsafe fn q5_0<const R: usize>(nb: usize, x: *const u8, ys: &[ActRow; R]) -> [f32; R] {
-            signed_body!($dot, R, nb, x, ys, 22, q5_0_block)
+            signed_body!($dot, R, nb, x, ys, 22, $q5_0_block)
         }
 
         #[target_feature(enable = $feat)]
@@ -266,7 +267,7 @@ macro_rules! isa_kernels {
             y: &ActRow,
         ) -> [f32; 2] {
             match kind {
-                super::Kind::Q5_0 => signed_body_2rows!($dot, nb, x0, x1, y, 22, q5_0_block),
+                super::Kind::Q5_0 => signed_body_2rows!($dot, nb, x0, x1, y, 22, $q5_0_block),
                 super::Kind::Q8_0 => signed_body_2rows!($dot, nb, x0, x1, y, 34, q8_0_block),
                 super::Kind::Q4_0 => signed_body_2rows!($dot, nb, x0, x1, y, 18, q4_0_block),
                 super::Kind::Q4_1 => [q4_1::<1>(nb, x0, &[*y])[0], q4_1::<1>(nb, x1, &[*y])[0]],
@@ -308,7 +309,7 @@ mod avx2 {
             _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16($a, $b))
         };
     }
-    isa_kernels!("avx2,fma,f16c", dot_u8i8);
+    isa_kernels!("avx2,fma,f16c", dot_u8i8, q5_0_block);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -318,5 +319,19 @@ mod vnni {
             _mm256_dpbusd_epi32(_mm256_setzero_si256(), $a, $b)
         };
     }
-    isa_kernels!("avx2,fma,f16c,avx512vnni,avx512vl", dot_u8i8);
+    /// Q5_0 block decoded with AVX-512BW masks: the 32 high bits, as a mask register, pick the
+    /// bytes whose value is nibble − 16 (one masked subtract instead of a shuffle, an OR, a
+    /// compare and an AND-NOT). The same bytes as `common::q5_0_block`, so every result keeps
+    /// its bits.
+    #[inline(always)]
+    unsafe fn q5_0_block_bw(xb: *const u8) -> __m256i {
+        let qx = bytes_from_nibbles_32(xb.add(6));
+        let qh = (xb.add(2) as *const u32).read_unaligned();
+        _mm256_mask_sub_epi8(qx, !qh, qx, _mm256_set1_epi8(16))
+    }
+    isa_kernels!(
+        "avx2,fma,f16c,avx512vnni,avx512vl,avx512bw",
+        dot_u8i8,
+        q5_0_block_bw
+    );
 }
