@@ -239,11 +239,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             ahead = agree;
             stats.proposed += draft.len();
             stats.accepted += agree;
-            k = if agree == draft.len() {
-                (k + 2).min(sp.max)
-            } else {
-                agree + 1
-            };
+            k = crate::spec::next_k(k, draft.len(), agree, sp.max);
         } else {
             if opts.no_kv_cache {
                 session.rerun(&[next], &mut all)?;

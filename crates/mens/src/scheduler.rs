@@ -150,6 +150,12 @@ pub struct Scheduler {
 /// Builds the runner on the scheduler's thread (a GPU context belongs to the thread that made it).
 pub type RunnerFactory = Box<dyn FnOnce() -> Result<Box<dyn Runner>> + Send>;
 
+/// A factory of one CPU [`Batch`] of `options`' slots, context and step size.
+fn cpu_batch(model: Arc<Model>, options: &SchedulerOptions) -> RunnerFactory {
+    let (slots, ctx, batch) = (options.slots, options.ctx, options.batch);
+    Box::new(move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>))
+}
+
 struct Job {
     req: Request,
     submitted: Instant,
@@ -162,12 +168,8 @@ impl Scheduler {
         tokenizer: Arc<Tokenizer>,
         options: SchedulerOptions,
     ) -> Result<Self> {
-        let (slots, ctx, batch) = (options.slots, options.ctx, options.batch);
         let vocab = model.config.vocab_size;
-        let factory: RunnerFactory =
-            Box::new(
-                move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>),
-            );
+        let factory = cpu_batch(model, &options);
         Self::start(factory, vocab, tokenizer, options)
     }
 
@@ -184,16 +186,9 @@ impl Scheduler {
                 "a draft model needs speculation options".into(),
             ));
         }
-        let (slots, ctx, batch) = (options.slots, options.ctx, options.batch);
         let vocab = model.config.vocab_size;
-        let factory: RunnerFactory =
-            Box::new(
-                move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>),
-            );
-        let draft: RunnerFactory =
-            Box::new(
-                move || Ok(Box::new(Batch::new(draft, slots, ctx, batch)?) as Box<dyn Runner>),
-            );
+        let factory = cpu_batch(model, &options);
+        let draft = cpu_batch(draft, &options);
         Self::start_with(factory, Some(draft), vocab, tokenizer, options)
     }
 
@@ -879,11 +874,7 @@ impl Loop<'_> {
             .spec_accepted
             .fetch_add(agree as u64, Ordering::Relaxed);
         if let Some(sp) = self.spec {
-            self.draft_k[slot] = if agree == len - 1 {
-                (self.draft_k[slot] + 2).min(sp.max)
-            } else {
-                agree + 1
-            };
+            self.draft_k[slot] = crate::spec::next_k(self.draft_k[slot], len - 1, agree, sp.max);
         }
         for t in out {
             if !self.take(slot, t) {

@@ -34,6 +34,16 @@ pub fn agreeing(draft: &[u32], picks: &[u32]) -> usize {
     draft.iter().zip(picks).take_while(|(d, p)| d == p).count()
 }
 
+/// A draft model's next proposal count: two more after all `proposed` were accepted (at most
+/// `max`), else what was accepted plus one.
+pub fn next_k(k: usize, proposed: usize, agree: usize, max: usize) -> usize {
+    if agree == proposed {
+        (k + 2).min(max)
+    } else {
+        agree + 1
+    }
+}
+
 /// A draft model can propose for a target when their token texts agree wherever both define a
 /// token (a larger vocabulary may only add padding or extra tokens at the end).
 pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
