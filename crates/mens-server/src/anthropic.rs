@@ -291,25 +291,6 @@ impl Stream {
             .push_back(Bytes::from(format!("event: {name}\ndata: {v}\n\n")));
     }
 
-    fn text(&mut self, t: &str) {
-        if t.is_empty() {
-            return;
-        }
-        if !self.text_open {
-            self.text_open = true;
-            let i = self.block;
-            self.event(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}),
-            );
-        }
-        let i = self.block;
-        self.event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}}),
-        );
-    }
-
     fn close_text(&mut self) {
         if self.text_open {
             self.text_open = false;
@@ -329,7 +310,22 @@ impl crate::sse::EventSink for Stream {
     }
 
     fn text(&mut self, t: &str) {
-        Stream::text(self, t)
+        if t.is_empty() {
+            return;
+        }
+        if !self.text_open {
+            self.text_open = true;
+            let i = self.block;
+            self.event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}),
+            );
+        }
+        let i = self.block;
+        self.event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}}),
+        );
     }
 
     fn call(&mut self, c: ToolCall) {

@@ -278,21 +278,6 @@ impl Stream {
             .push_back(Bytes::from(format!("event: {name}\ndata: {v}\n\n")));
     }
 
-    fn text(&mut self, t: &str) {
-        if t.is_empty() {
-            return;
-        }
-        self.open_message();
-        let id = format!("msg_{}", self.meta.id);
-        let (i, acc) = self.msg.as_mut().expect("open message");
-        acc.push_str(t);
-        let i = *i;
-        self.event(
-            json!({"type": "response.output_text.delta", "item_id": id, "output_index": i,
-            "content_index": 0, "delta": t, "logprobs": []}),
-        );
-    }
-
     fn open_message(&mut self) {
         let id = format!("msg_{}", self.meta.id);
         if self.msg.is_none() {
@@ -331,7 +316,18 @@ impl crate::sse::EventSink for Stream {
     }
 
     fn text(&mut self, t: &str) {
-        Stream::text(self, t)
+        if t.is_empty() {
+            return;
+        }
+        self.open_message();
+        let id = format!("msg_{}", self.meta.id);
+        let (i, acc) = self.msg.as_mut().expect("open message");
+        acc.push_str(t);
+        let i = *i;
+        self.event(
+            json!({"type": "response.output_text.delta", "item_id": id, "output_index": i,
+            "content_index": 0, "delta": t, "logprobs": []}),
+        );
     }
 
     fn call(&mut self, c: ToolCall) {

@@ -11,17 +11,7 @@ use serde_json::{json, Value};
 use support::*;
 
 fn server() -> Server {
-    let l = common::load("qwen2.5-coder-0.5b");
-    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-    let opts = SchedulerOptions {
-        slots: 2,
-        ctx: 2048,
-        batch: 256,
-        queue: 8,
-        cache_reuse: 0,
-        spec: None,
-    };
-    start_with(l.model.clone(), tok, opts, ServerConfig::default())
+    two_slots(&common::load("qwen2.5-coder-0.5b").model, None, false)
 }
 
 fn ask(content: &str) -> Value {
@@ -239,24 +229,33 @@ fn logprobs_whole_and_streamed_agree() {
     assert_eq!(streamed, content);
 }
 
+/// A server of `model` with two slots of 2048 tokens, speculating with `spec` (by prompt lookup,
+/// or with the model itself as its draft when `draft`).
+fn two_slots(
+    model: &std::sync::Arc<mens::model::Model>,
+    spec: Option<mens::spec::SpecOptions>,
+    draft: bool,
+) -> Server {
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&model.gguf).unwrap();
+    let opts = SchedulerOptions {
+        slots: 2,
+        ctx: 2048,
+        batch: 256,
+        queue: 8,
+        cache_reuse: 0,
+        spec,
+    };
+    let draft = spec.filter(|_| draft).map(|_| model.clone());
+    support::start_with_draft(model.clone(), draft, tok, opts, ServerConfig::default())
+}
+
 /// Speculation in the server: greedy requests propose by prompt lookup and are checked in the same
 /// batched step as other slots (here a sampled request beside it); the text equals a server
 /// without speculation, and proposals are accepted.
 #[test]
 fn server_speculation_keeps_greedy_text() {
     let l = common::load("qwen2.5-coder-0.5b");
-    let serve = |spec: Option<mens::spec::SpecOptions>| {
-        let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-        let opts = SchedulerOptions {
-            slots: 2,
-            ctx: 2048,
-            batch: 256,
-            queue: 8,
-            cache_reuse: 0,
-            spec,
-        };
-        start_with(l.model.clone(), tok, opts, ServerConfig::default())
-    };
+    let serve = |spec| two_slots(&l.model, spec, false);
     let rename = "Rename the variable `total` to `acc` and return the whole function:\n\n```python\ndef summarize(items):\n    total = 0\n    for item in items:\n        total += item.value\n    return total\n```";
     let mut b = ask(rename);
     b["temperature"] = json!(0);
@@ -297,19 +296,7 @@ fn server_speculation_keeps_greedy_text() {
 #[test]
 fn server_draft_model_keeps_greedy_text() {
     let l = common::load("qwen2.5-coder-0.5b");
-    let serve = |spec: Option<mens::spec::SpecOptions>| {
-        let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-        let opts = SchedulerOptions {
-            slots: 2,
-            ctx: 2048,
-            batch: 256,
-            queue: 8,
-            cache_reuse: 0,
-            spec,
-        };
-        let draft = spec.map(|_| l.model.clone());
-        support::start_with_draft(l.model.clone(), draft, tok, opts, ServerConfig::default())
-    };
+    let serve = |spec| two_slots(&l.model, spec, true);
     let asks = [
         "Rename the variable `total` to `acc` and return the whole function:\n\n```python\ndef summarize(items):\n    total = 0\n    for item in items:\n        total += item.value\n    return total\n```",
         "Write a Python function that checks whether a string is a palindrome.",

@@ -329,20 +329,10 @@ impl Target {
         log: &mut dyn FnMut(String),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
-        use crate::cuda::{batch_bytes, CudaBatch, Device, GpuModel};
+        use crate::cuda::{batch_bytes, CudaBatch, GpuModel};
         let t0 = Instant::now();
-        let dev = Device::open(0)?;
-        let (free, total) = dev.mem_info()?;
+        let (dev, free) = open_cuda(log)?;
         let c = &self.model.config;
-        log(format!(
-            "CUDA device {} (sm_{}{}, {} SMs), {} MiB free of {} MiB",
-            dev.name,
-            dev.arch.0,
-            dev.arch.1,
-            dev.sms,
-            free >> 20,
-            total >> 20
-        ));
         let ctx = self.cuda_ctx(
             &dev.name,
             free,
@@ -381,19 +371,10 @@ impl Target {
         log: &mut dyn FnMut(String),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
-        use crate::cuda::{session_bytes, CudaSession, Device, GpuModel};
+        use crate::cuda::{session_bytes, CudaSession, GpuModel};
         let t0 = Instant::now();
-        let dev = Device::open(0)?;
-        let (free, total) = dev.mem_info()?;
+        let (dev, free) = open_cuda(log)?;
         let c = &self.model.config;
-        log(format!(
-            "CUDA device {} (sm_{}{}), {} MiB free of {} MiB",
-            dev.name,
-            dev.arch.0,
-            dev.arch.1,
-            free >> 20,
-            total >> 20
-        ));
         let ctx = self.cuda_ctx(
             &dev.name,
             free,
@@ -451,4 +432,21 @@ mod tests {
         assert_eq!(largest_fit(16, 4096, |_| true), Some(4096));
         assert_eq!(largest_fit(256, 256, |_| true), Some(256));
     }
+}
+
+/// The first CUDA device and its free memory, said in the load log.
+#[cfg(feature = "cuda")]
+fn open_cuda(log: &mut dyn FnMut(String)) -> Result<(Arc<crate::cuda::Device>, u64)> {
+    let dev = crate::cuda::Device::open(0)?;
+    let (free, total) = dev.mem_info()?;
+    log(format!(
+        "CUDA device {} (sm_{}{}, {} SMs), {} MiB free of {} MiB",
+        dev.name,
+        dev.arch.0,
+        dev.arch.1,
+        dev.sms,
+        free >> 20,
+        total >> 20
+    ));
+    Ok((dev, free))
 }
