@@ -148,7 +148,10 @@ pub(crate) fn load(args: &ModelArgs, slots: usize) -> Result<Loaded> {
         c.n_head,
         c.n_kv_head,
         c.vocab_size,
-        l.backend.name(),
+        match l.backend {
+            mens::load::Backend::Cpu => format!("cpu ({})", mens::kernels::cpu_kernels()),
+            b => b.name().to_string(),
+        },
         l.model.weight_bytes() as f64 / (1 << 20) as f64,
         l.load_time.as_secs_f64()
     );

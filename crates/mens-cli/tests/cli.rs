@@ -827,3 +827,57 @@ fn serve_draft_flags_are_checked() {
         "--model-draft needs --spec draft",
     );
 }
+
+/// mens is built for the x86-64 baseline and picks its CPU kernels at run time: on a CPU without
+/// AVX2 (qemu's Nehalem model, which raises SIGILL on AVX) it runs, says so, and writes what the same
+/// binary writes natively when told to use the portable kernels. Needs `qemu-x86_64` (qemu-user);
+/// without it the test says SKIP, and fails where `MENS_REQUIRE_QEMU` is set (CI sets it).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn runs_on_a_cpu_without_avx2() {
+    let qemu = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("qemu-x86_64"))
+            .find(|q| q.is_file())
+    });
+    let Some(qemu) = qemu else {
+        assert!(
+            std::env::var_os("MENS_REQUIRE_QEMU").is_none(),
+            "MENS_REQUIRE_QEMU is set but qemu-x86_64 is not on PATH"
+        );
+        eprintln!("SKIP (not run, not passed): runs_on_a_cpu_without_avx2 needs qemu-x86_64");
+        return;
+    };
+    let model = tiny();
+    let args = [
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "def add(a, b):",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+    ];
+    let emulated = Command::new(qemu)
+        .args(["-cpu", "Nehalem", env!("CARGO_BIN_EXE_mens")])
+        .args(args)
+        .env_remove("MENS_CPU")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&emulated.stderr);
+    assert!(emulated.status.success(), "under qemu -cpu Nehalem: {err}");
+    assert!(err.contains("portable kernels"), "{err}");
+    assert!(err.contains("generated 16 tokens"), "{err}");
+    let native = mens()
+        .args(args)
+        .env("MENS_CPU", "portable")
+        .output()
+        .unwrap();
+    assert!(native.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&emulated.stdout),
+        String::from_utf8_lossy(&native.stdout)
+    );
+}

@@ -1,15 +1,21 @@
-//! AVX2 dot products of Q4_K and Q6_K weight rows with Q8_K activation rows, each weight block
-//! decoded once and dotted with up to R activation rows.
+//! AVX2 dot products of Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weight rows with Q8_K activation rows, each weight
+//! block decoded once and dotted with up to R activation rows.
 //!
 //! Hand-written because candle's K-quant dots take one activation row at a time: in a prefill (or a
 //! batched server step) every 256-value block is unpacked again for each token. Here the unpacked
-//! nibbles and scales of a block are reused for R = 4 tokens. The arithmetic is ggml's
-//! (`ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`); candle's `vec_dot` is the reference in the
-//! tests.
+//! nibbles and scales of a block are reused for R = 4 tokens. And because mens is built for the
+//! x86-64 baseline, candle's AVX2 K-quant dots (chosen at compile time) are not in the binary: these
+//! are chosen at run time. The arithmetic is ggml's (`ggml_vec_dot_q2_K_q8_K` … `..._q6_K_q8_K`); candle's `vec_dot` is the reference in the tests.
 
 /// Bytes of one block.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub const Q2K_BYTES: usize = 84;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub const Q3K_BYTES: usize = 110;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const Q4K_BYTES: usize = 144;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub const Q5K_BYTES: usize = 176;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const Q6K_BYTES: usize = 210;
 pub const Q8K_BYTES: usize = 292;
@@ -22,7 +28,10 @@ pub fn enabled() -> bool {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum KKind {
+    Q2K,
+    Q3K,
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -62,9 +71,15 @@ pub unsafe fn dot_isa<const R: usize>(
     {
         // With AVX-512VL the same code gets 32 vector registers instead of 16 (no spills at R = 4).
         match (wide, kind) {
-            (true, KKind::Q4K) => avx512::q4k(nb, x, ys),
+            (true, KKind::Q2K) => avx512::q2k(nb, x, ys),
+            (true, KKind::Q3K) => avx512::q3k(nb, x, ys),
+            (false, KKind::Q2K) => avx2::q2k(nb, x, ys),
+            (false, KKind::Q3K) => avx2::q3k(nb, x, ys),
+            (true, KKind::Q4K) => avx512::q4k::<R, false>(nb, x, ys),
+            (true, KKind::Q5K) => avx512::q4k::<R, true>(nb, x, ys),
             (true, KKind::Q6K) => avx512::q6k(nb, x, ys),
-            (false, KKind::Q4K) => avx2::q4k(nb, x, ys),
+            (false, KKind::Q4K) => avx2::q4k::<R, false>(nb, x, ys),
+            (false, KKind::Q5K) => avx2::q4k::<R, true>(nb, x, ys),
             (false, KKind::Q6K) => avx2::q6k(nb, x, ys),
         }
     }
@@ -127,6 +142,163 @@ macro_rules! kquant_kernels {
             t
         };
 
+        /// `Q3_SHUF[k]`: 16-bit lane 2k to the low 128 bits, lane 2k + 1 to the high 128 bits (the
+        /// scales of the two 16-value groups that 32 bytes of Q2_K / Q3_K values cover).
+        const Q3_SHUF: [[u8; 32]; 4] = {
+            let mut t = [[0u8; 32]; 4];
+            let mut k = 0;
+            while k < 4 {
+                let mut l = 0;
+                while l < 8 {
+                    t[k][2 * l] = (4 * k) as u8;
+                    t[k][2 * l + 1] = (4 * k + 1) as u8;
+                    t[k][16 + 2 * l] = (4 * k + 2) as u8;
+                    t[k][16 + 2 * l + 1] = (4 * k + 3) as u8;
+                    l += 1;
+                }
+                k += 1;
+            }
+            t
+        };
+
+        /// 16 signed 16-bit scales as the two halves broadcast, then shuffled for the 4 shifts.
+        #[inline(always)]
+        unsafe fn q3_scales(all: __m256i) -> [[__m256i; 4]; 2] {
+            let half = [
+                _mm256_broadcastsi128_si256(_mm256_castsi256_si128(all)),
+                _mm256_broadcastsi128_si256(_mm256_extracti128_si256(all, 1)),
+            ];
+            std::array::from_fn(|j| {
+                std::array::from_fn(|k| {
+                    let m = _mm256_loadu_si256(Q3_SHUF[k].as_ptr() as *const __m256i);
+                    _mm256_shuffle_epi8(half[j], m)
+                })
+            })
+        }
+
+        /// Q2_K: 2-bit values, a 4-bit scale and a 4-bit min per 16 values.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q2k<const R: usize>(
+            nb: usize,
+            x: *const u8,
+            ys: &[*const u8; R],
+        ) -> [f32; R] {
+            let m3 = _mm256_set1_epi8(3);
+            let m4 = _mm_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = x.add(i * Q2K_BYTES);
+                let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+                let ms = _mm_loadu_si128(b as *const __m128i);
+                let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
+                let sc = q3_scales(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for j in 0..2 {
+                    let bits = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
+                    let q = [
+                        _mm256_and_si256(bits, m3),
+                        _mm256_and_si256(_mm256_srli_epi16(bits, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(bits, 4), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(bits, 6), m3),
+                    ];
+                    for r in 0..R {
+                        let y = ys[r].add(i * Q8K_BYTES + 4 + 128 * j);
+                        for k in 0..4 {
+                            let q8 = _mm256_loadu_si256(y.add(32 * k) as *const __m256i);
+                            sumi[r] = $acc16!(sumi[r], sc[j][k], _mm256_maddubs_epi16(q[k], q8));
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let yb = ys[r].add(i * Q8K_BYTES);
+                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
+                    let prod = _mm256_madd_epi16(mins, bsums);
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(-yd * dmin),
+                        _mm256_cvtepi32_ps(prod),
+                        acc[r],
+                    );
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(yd * d),
+                        _mm256_cvtepi32_ps(sumi[r]),
+                        acc[r],
+                    );
+                }
+            }
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]);
+            }
+            out
+        }
+
+        /// Q3_K: 2 low bits, a high bit (clear = minus 4), a 6-bit signed scale per 16 values.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q3k<const R: usize>(
+            nb: usize,
+            x: *const u8,
+            ys: &[*const u8; R],
+        ) -> [f32; R] {
+            const KM1: u32 = 0x03030303;
+            const KM2: u32 = 0x0f0f0f0f;
+            let m3 = _mm256_set1_epi8(3);
+            let one = _mm256_set1_epi8(1);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = x.add(i * Q3K_BYTES);
+                let d = f16_at(b.add(108));
+                let mut a = [0u32; 3];
+                std::ptr::copy_nonoverlapping(b.add(96), a.as_mut_ptr() as *mut u8, 12);
+                let sc8 = _mm_set_epi32(
+                    (((a[1] >> 4) & KM2) | (((a[2] >> 6) & KM1) << 4)) as i32,
+                    (((a[0] >> 4) & KM2) | (((a[2] >> 4) & KM1) << 4)) as i32,
+                    ((a[1] & KM2) | (((a[2] >> 2) & KM1) << 4)) as i32,
+                    ((a[0] & KM2) | ((a[2] & KM1) << 4)) as i32,
+                );
+                let sc = q3_scales(_mm256_cvtepi8_epi16(_mm_sub_epi8(sc8, _mm_set1_epi8(32))));
+                let hbits = _mm256_loadu_si256(b as *const __m256i);
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for j in 0..2 {
+                    let bits = _mm256_loadu_si256(b.add(32 + 32 * j) as *const __m256i);
+                    let (mut q, mut h) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+                    for k in 0..4 {
+                        let shift = _mm_cvtsi32_si128(2 * k as i32);
+                        q[k] = _mm256_and_si256(_mm256_srl_epi16(bits, shift), m3);
+                        // 4 where the value's high bit is clear.
+                        let bit = _mm_cvtsi32_si128((4 * j + k) as i32);
+                        let clear = _mm256_andnot_si256(hbits, _mm256_sll_epi16(one, bit));
+                        h[k] = _mm256_slli_epi16(_mm256_srl_epi16(clear, bit), 2);
+                    }
+                    for r in 0..R {
+                        let y = ys[r].add(i * Q8K_BYTES + 4 + 128 * j);
+                        for k in 0..4 {
+                            let q8 = _mm256_loadu_si256(y.add(32 * k) as *const __m256i);
+                            let p = _mm256_sub_epi16(
+                                _mm256_maddubs_epi16(q[k], q8),
+                                _mm256_maddubs_epi16(h[k], q8),
+                            );
+                            sumi[r] = $acc16!(sumi[r], sc[j][k], p);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let yb = ys[r].add(i * Q8K_BYTES);
+                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(yd * d),
+                        _mm256_cvtepi32_ps(sumi[r]),
+                        acc[r],
+                    );
+                }
+            }
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]);
+            }
+            out
+        }
+
         /// The 8 six-bit scales and 8 mins of a Q4_K block, as bytes (ggml's `utmp` unpacking).
         #[inline(always)]
         unsafe fn q4k_scales(p: *const u8) -> [u32; 4] {
@@ -143,16 +315,19 @@ macro_rules! kquant_kernels {
             u
         }
 
+        /// Q4_K, or with `Q5` Q5_K: the same scales and mins, plus a fifth bit per value from `qh`.
         #[target_feature(enable = $feat)]
-        pub unsafe fn q4k<const R: usize>(
+        pub unsafe fn q4k<const R: usize, const Q5: bool>(
             nb: usize,
             x: *const u8,
             ys: &[*const u8; R],
         ) -> [f32; R] {
             let m4 = _mm256_set1_epi8(0x0F);
+            let m1 = _mm256_set1_epi8(0x01);
             let mut acc = [_mm256_setzero_ps(); R];
+            let block = if Q5 { Q5K_BYTES } else { Q4K_BYTES };
             for i in 0..nb {
-                let b = x.add(i * Q4K_BYTES);
+                let b = x.add(i * block);
                 let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
                 let u = q4k_scales(b.add(4));
                 let mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
@@ -164,7 +339,12 @@ macro_rules! kquant_kernels {
                 let mins = _mm256_extracti128_si256(mins_scales, 1);
                 let sc128 = _mm256_castsi256_si128(mins_scales);
                 let scales = _mm256_set_m128i(sc128, sc128);
-                let qs = b.add(16);
+                let qs = b.add(if Q5 { 48 } else { 16 });
+                let hbits = if Q5 {
+                    _mm256_loadu_si256(b.add(16) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                };
                 let mut sumi = [_mm256_setzero_si256(); R];
                 for j in 0..4 {
                     let sl = _mm256_loadu_si256(K4_SHUF[2 * j].as_ptr() as *const __m256i);
@@ -172,8 +352,21 @@ macro_rules! kquant_kernels {
                     let scale_l = _mm256_shuffle_epi8(scales, sl);
                     let scale_h = _mm256_shuffle_epi8(scales, sh);
                     let bits = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                    let q4l = _mm256_and_si256(bits, m4);
-                    let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    let mut q4l = _mm256_and_si256(bits, m4);
+                    let mut q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    if Q5 {
+                        // Bit 2j of each qh byte tops the low nibbles, bit 2j + 1 the high ones.
+                        let hl = _mm256_and_si256(
+                            _mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j as i32)),
+                            m1,
+                        );
+                        let hh = _mm256_and_si256(
+                            _mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j as i32 + 1)),
+                            m1,
+                        );
+                        q4l = _mm256_add_epi8(q4l, _mm256_slli_epi16(hl, 4));
+                        q4h = _mm256_add_epi8(q4h, _mm256_slli_epi16(hh, 4));
+                    }
                     for r in 0..R {
                         let y = ys[r].add(i * Q8K_BYTES + 4 + 64 * j);
                         let q8l = _mm256_loadu_si256(y as *const __m256i);

@@ -5,11 +5,14 @@
 //! carry llama.cpp's AVX2 kernels for Q4_0, Q8_0 and the K-quants. Candle's Q5_0 and Q4_1 dots are
 //! scalar, so `simd.rs` has AVX2 versions (checked against candle's scalar code in the tests).
 
+mod act_quant;
 pub mod attention;
 mod kquant;
 pub mod ops;
 pub mod pool;
 mod simd;
+
+pub use simd::describe as cpu_kernels;
 
 use crate::gguf::TensorType;
 use crate::weights::{by_type, cast};
@@ -150,9 +153,9 @@ impl QuantizedInput {
                     ActType::F32 => q::<f32>(src, dst),
                     ActType::F16 => q::<f16>(src, dst),
                     ActType::BF16 => q::<bf16>(src, dst),
-                    ActType::Q8_0 => q::<BlockQ8_0>(src, dst),
+                    ActType::Q8_0 => act_quant::q8_0(src, dst),
                     ActType::Q8_1 => q::<BlockQ8_1>(src, dst),
-                    ActType::Q8K => q::<BlockQ8K>(src, dst),
+                    ActType::Q8K => act_quant::q8k(src, dst),
                 }
             };
             if rows < 8 {
@@ -292,7 +295,10 @@ fn rows(
             return rows_simd(level, kind, w, input, out, stride, off, r0, r1);
         }
         let kkind = match w.ttype {
+            TensorType::Q2K if kquant::enabled() => Some(kquant::KKind::Q2K),
+            TensorType::Q3K if kquant::enabled() => Some(kquant::KKind::Q3K),
             TensorType::Q4K if kquant::enabled() => Some(kquant::KKind::Q4K),
+            TensorType::Q5K if kquant::enabled() => Some(kquant::KKind::Q5K),
             TensorType::Q6K if kquant::enabled() => Some(kquant::KKind::Q6K),
             _ => None,
         };
@@ -408,7 +414,7 @@ fn rows_simd(
     }
 }
 
-/// Rows `r0..r1` of a Q4_K / Q6_K matrix: each weight block unpacked once for four activation rows.
+/// Rows `r0..r1` of a K-quant matrix: each weight block unpacked once for four activation rows.
 #[allow(clippy::too_many_arguments)]
 fn rows_kquant(
     kind: kquant::KKind,
@@ -697,8 +703,47 @@ mod tests {
                 }
             }
         }
+        check::<BlockQ2K>(kquant::KKind::Q2K, TensorType::Q2K, &ys, cols);
+        check::<BlockQ3K>(kquant::KKind::Q3K, TensorType::Q3K, &ys, cols);
         check::<BlockQ4K>(kquant::KKind::Q4K, TensorType::Q4K, &ys, cols);
+        check::<BlockQ5K>(kquant::KKind::Q5K, TensorType::Q5K, &ys, cols);
         check::<BlockQ6K>(kquant::KKind::Q6K, TensorType::Q6K, &ys, cols);
+    }
+
+    /// The activation quantizers write the bytes candle's `from_float` writes, on every kernel level
+    /// (values on rounding ties, zeros and a zero block included).
+    #[test]
+    fn activation_quantizers_equal_candles() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let cols = 1024;
+        let mut x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        x[..256].fill(0.0);
+        // Ties: with amax 127 in a block, q = x exactly; x.5 rounds away from zero.
+        for (i, v) in x[256..288].iter_mut().enumerate() {
+            *v = i as f32 - 15.5;
+        }
+        x[300] = 127.0;
+        for (i, v) in x[512..768].iter_mut().enumerate() {
+            *v = (i as f32 - 127.5) * 0.5;
+        }
+        let want8 = quantize(TensorType::Q8_0, &x);
+        let want_k = {
+            let mut b = vec![BlockQ8K::zeros(); cols / 256];
+            BlockQ8K::from_float(&x, &mut b);
+            // SAFETY: plain-old-data blocks viewed as bytes.
+            unsafe {
+                std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(&b[..]))
+                    .to_vec()
+            }
+        };
+        for portable in [false, true] {
+            let mut got8 = vec![0u8; want8.len()];
+            let mut got_k = vec![0u8; want_k.len()];
+            act_quant::q8_0_isa(portable, &x, &mut got8);
+            act_quant::q8k_isa(portable, &x, &mut got_k);
+            assert_eq!(got8, want8, "Q8_0, portable = {portable}");
+            assert_eq!(got_k, want_k, "Q8_K, portable = {portable}");
+        }
     }
 
     /// The allocation-free K-quant dequantizers equal candle's.

@@ -29,28 +29,60 @@ pub enum Level {
     Vnni,
 }
 
+/// The kernel level this CPU supports, chosen once at run time (the binary is built for the x86-64
+/// baseline). `MENS_CPU=avx2` or `MENS_CPU=portable` asks for a lower level (A/B measurements, and the
+/// test that the portable path gives the same output as a CPU without AVX2); `MENS_NO_VNNI` is the
+/// older spelling of `MENS_CPU=avx2`.
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            let vnni = is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512bw");
-            match (avx2, vnni, std::env::var_os("MENS_NO_VNNI").is_some()) {
-                (true, true, false) => Level::Vnni,
-                (true, _, _) => Level::Avx2,
-                _ => Level::None,
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            Level::None
+        let best = detect();
+        let asked = match std::env::var("MENS_CPU").as_deref() {
+            Ok("portable") => Level::None,
+            Ok("avx2") => Level::Avx2,
+            _ if std::env::var_os("MENS_NO_VNNI").is_some() => Level::Avx2,
+            _ => Level::Vnni,
+        };
+        let rank = |l: Level| l as u8;
+        if rank(asked) < rank(best) {
+            asked
+        } else {
+            best
         }
     })
+}
+
+fn detect() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        let vnni = is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bw");
+        match (avx2, vnni) {
+            (true, true) => Level::Vnni,
+            (true, false) => Level::Avx2,
+            _ => Level::None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Level::None
+    }
+}
+
+/// What the CPU kernels run on, for the load line.
+pub fn describe() -> &'static str {
+    match level() {
+        Level::Vnni => "AVX-512 VNNI kernels",
+        Level::Avx2 => "AVX2 kernels",
+        #[cfg(target_arch = "x86_64")]
+        Level::None => "portable kernels: no AVX2/FMA/F16C, several times slower",
+        #[cfg(not(target_arch = "x86_64"))]
+        Level::None => "portable kernels",
+    }
 }
 
 /// The weight block types with kernels here.

@@ -1,0 +1,100 @@
+//! Activation rows quantized for the dot products: Q8_0 (for Q4_0/Q5_0/Q8_0 weights) and Q8_K (for
+//! the K-quants), byte for byte what candle's `from_float` writes.
+//!
+//! Written here because mens is built for the x86-64 baseline: candle's versions are compiled
+//! without SSE4.1, so each rounding is a libm call (measured: 3% of a 0.5B prefill). The same scalar
+//! code is compiled twice, once with AVX2 enabled (vectorised) and once for the baseline, and chosen
+//! at run time.
+
+use super::simd::{level, Level};
+use half::f16;
+
+/// Quantize `src` (a multiple of 32 values) into Q8_0 blocks (34 bytes each) in `dst`.
+pub fn q8_0(src: &[f32], dst: &mut [u8]) {
+    q8_0_isa(level() == Level::None, src, dst)
+}
+
+/// Quantize `src` (a multiple of 256 values) into Q8_K blocks (292 bytes each) in `dst`.
+pub fn q8k(src: &[f32], dst: &mut [u8]) {
+    q8k_isa(level() == Level::None, src, dst)
+}
+
+/// As [`q8_0`], with the build chosen (`portable`: the baseline one; the tests run both).
+pub fn q8_0_isa(portable: bool, src: &[f32], dst: &mut [u8]) {
+    assert_eq!(dst.len(), src.len() / 32 * 34);
+    #[cfg(target_arch = "x86_64")]
+    if !portable {
+        // SAFETY: not `portable` means the caller saw AVX2 + FMA + F16C (or is the test on such a CPU).
+        return unsafe { q8_0_avx2(src, dst) };
+    }
+    let _ = portable;
+    q8_0_body(src, dst)
+}
+
+/// As [`q8k`], with the build chosen.
+pub fn q8k_isa(portable: bool, src: &[f32], dst: &mut [u8]) {
+    assert_eq!(dst.len(), src.len() / 256 * 292);
+    #[cfg(target_arch = "x86_64")]
+    if !portable {
+        // SAFETY: as above.
+        return unsafe { q8k_avx2(src, dst) };
+    }
+    let _ = portable;
+    q8k_body(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_avx2(src: &[f32], dst: &mut [u8]) {
+    q8_0_body(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8k_avx2(src: &[f32], dst: &mut [u8]) {
+    q8k_body(src, dst)
+}
+
+/// Per block of 32: d = max|x| / 127 (stored f16), q = round(x / d).
+#[inline(always)]
+fn q8_0_body(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        for (q, &v) in b[2..].iter_mut().zip(x) {
+            *q = (v * id).round() as i8 as u8;
+        }
+    }
+}
+
+/// Per block of 256: the value of largest magnitude maps to -127, d = 1 / scale (f32), then the
+/// 16 sums of 16 quantized values (i16).
+#[inline(always)]
+fn q8k_body(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
+        let (mut max, mut amax) = (0f32, 0f32);
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            b.fill(0);
+            continue;
+        }
+        let iscale = -127f32 / max;
+        let (d, rest) = b.split_at_mut(4);
+        let (qs, sums) = rest.split_at_mut(256);
+        for (q, &v) in qs.iter_mut().zip(x) {
+            *q = (iscale * v).round().clamp(-128.0, 127.0) as i8 as u8;
+        }
+        for (s, g) in sums.chunks_exact_mut(2).zip(qs.chunks_exact(16)) {
+            let sum: i32 = g.iter().map(|&q| q as i8 as i32).sum();
+            s.copy_from_slice(&(sum as i16).to_le_bytes());
+        }
+        d.copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
