@@ -1,5 +1,7 @@
 // llama.cpp's top logits after a prompt of token ids, then greedy decoding printing each step's
 // top 5 and the gap between the first two. Built and run by scripts/llamacpp-logits.sh.
+// With ALL=FILE in the environment: one pass over the prompt, every position's full logits written
+// to FILE as JSON ({"ids": [...], "logits": [[...], ...]}), for scripts/arch-reference.sh.
 #include "llama.h"
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,27 @@ int main(int argc, char **argv) {
     if (getenv("FA")) cp.flash_attn_type = (llama_flash_attn_type) atoi(getenv("FA"));
     llama_context *c = llama_init_from_model(m, cp);
     int nv = llama_vocab_n_tokens(llama_model_get_vocab(m));
+    if (const char *all = getenv("ALL")) {
+        llama_batch b = llama_batch_init(toks.size(), 0, 1);
+        for (size_t i = 0; i < toks.size(); i++) {
+            b.token[i] = toks[i]; b.pos[i] = i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = 1;
+        }
+        b.n_tokens = toks.size();
+        if (llama_decode(c, b) != 0) { fprintf(stderr, "llama_decode failed\n"); return 1; }
+        FILE *f = fopen(all, "w");
+        fprintf(f, "{\"ids\": [");
+        for (size_t i = 0; i < toks.size(); i++) fprintf(f, "%s%d", i ? ", " : "", toks[i]);
+        fprintf(f, "],\n\"logits\": [\n");
+        for (size_t i = 0; i < toks.size(); i++) {
+            const float *lg = llama_get_logits_ith(c, i);
+            fprintf(f, "[");
+            for (int j = 0; j < nv; j++) fprintf(f, "%s%.8g", j ? "," : "", lg[j]);
+            fprintf(f, "]%s\n", i + 1 < toks.size() ? "," : "");
+        }
+        fprintf(f, "]}\n");
+        fclose(f);
+        return 0;
+    }
     llama_decode(c, llama_batch_get_one(toks.data(), toks.size()));
     for (int i = 0; i < n; i++) {
         const float *lg = llama_get_logits_ith(c, -1);

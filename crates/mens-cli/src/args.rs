@@ -39,13 +39,18 @@ impl BackendArg {
 #[derive(Args)]
 pub(crate) struct SynthArgs {
     /// 0.5b, 1.5b or 7b.
+    #[arg(long, required_unless_present = "tiny", conflicts_with = "tiny")]
+    pub(crate) shape: Option<String>,
+    /// Instead: the tiny test model of an architecture (qwen2, qwen3, llama, llama3), as the tests
+    /// build it (for checking an architecture against llama.cpp on the same file).
     #[arg(long)]
-    pub(crate) shape: String,
+    pub(crate) tiny: Option<String>,
     /// Output GGUF file.
     #[arg(short, long)]
     pub(crate) output: PathBuf,
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
+    /// Random seed (default: 1, or the tiny model's own).
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
 }
 
 #[derive(Args, Clone)]

@@ -79,14 +79,30 @@ pub(crate) fn probe(args: ProbeArgs) -> Result<()> {
 }
 
 pub(crate) fn synth(a: SynthArgs) -> Result<()> {
-    use mens::synth::{synth_q4_k_m, QwenShape};
-    let shape = QwenShape::by_name(&a.shape).ok_or_else(|| {
-        anyhow::anyhow!(
-            "invalid argument: unknown shape {:?} (0.5b, 1.5b or 7b)",
-            a.shape
-        )
+    use mens::synth::{synth_model, synth_q4_k_m, QwenShape, SynthSpec};
+    if let Some(arch) = &a.tiny {
+        let spec = SynthSpec::tiny(arch).ok_or_else(|| {
+            anyhow::anyhow!(
+                "invalid argument: unknown architecture {arch:?} for --tiny (qwen2, qwen3, llama, llama3)"
+            )
+        })?;
+        let spec = SynthSpec {
+            seed: a.seed.unwrap_or(spec.seed),
+            ..spec
+        };
+        std::fs::write(&a.output, synth_model(&spec))
+            .with_context(|| format!("cannot write {}", a.output.display()))?;
+        eprintln!(
+            "mens: wrote {} (tiny {arch} test model)",
+            a.output.display()
+        );
+        return Ok(());
+    }
+    let name = a.shape.as_deref().unwrap_or_default();
+    let shape = QwenShape::by_name(name).ok_or_else(|| {
+        anyhow::anyhow!("invalid argument: unknown shape {name:?} (0.5b, 1.5b or 7b)")
     })?;
-    let w = synth_q4_k_m(&shape, a.seed);
+    let w = synth_q4_k_m(&shape, a.seed.unwrap_or(1));
     let file = std::fs::File::create(&a.output)
         .with_context(|| format!("cannot create {}", a.output.display()))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);

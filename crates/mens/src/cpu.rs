@@ -114,7 +114,7 @@ impl RunState {
             in_ffn: QuantizedInput::new(b, c.ffn_dim, &ffn_types),
             in_head: QuantizedInput::new(o.logit_rows, c.dim, &[act_type(m.output.ttype)]),
             logits: vec![0f32; o.logit_rows * c.vocab_size],
-            rope: RopeTable::new(o.ctx, c.head_dim, c.rope_base),
+            rope: RopeTable::new(o.ctx, c.head_dim, c.rope_base, m.rope_freqs.as_deref()),
         }
     }
 
@@ -303,6 +303,10 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 n,
                 &l,
                 layer.qkv_bias.as_deref(),
+                layer
+                    .qk_norm
+                    .as_ref()
+                    .map(|(q, k)| (&q[..], &k[..], c.rms_eps)),
                 &r.rope,
                 c.rope_style,
                 pos0,

@@ -85,6 +85,12 @@ impl MetalModel {
 
     pub fn upload(device: Device, m: Arc<Model>) -> Result<Self> {
         let c = &m.config;
+        if m.layers.iter().any(|l| l.qk_norm.is_some()) {
+            return Err(Error::Model(format!(
+                "{:?} (per-head Q/K norms) runs on the CPU backend only so far: use --backend cpu",
+                c.arch
+            )));
+        }
         let (qd, kd) = (c.q_dim(), c.kv_dim());
         let mut layers = Vec::with_capacity(c.n_layer);
         for l in &m.layers {
@@ -159,7 +165,12 @@ impl MetalSession {
         let v = (0..c.n_layer)
             .map(|_| zeros())
             .collect::<Result<Vec<_>>>()?;
-        let rope = RopeTable::new(ctx, c.head_dim, c.rope_base);
+        let rope = RopeTable::new(
+            ctx,
+            c.head_dim,
+            c.rope_base,
+            model.host.rope_freqs.as_deref(),
+        );
         let half = c.head_dim / 2;
         let cos = Tensor::from_slice(&rope.cos, (ctx, half), dev).map_err(be)?;
         let sin = Tensor::from_slice(&rope.sin, (ctx, half), dev).map_err(be)?;

@@ -1,5 +1,6 @@
 //! Model configuration (from GGUF metadata) and weights (quantized, inside the memory map).
-//! Qwen2 and Llama share this code: they differ in Q/K/V biases, RoPE pairing and tied embeddings.
+//! Qwen2, Qwen3 and Llama share this code: they differ in Q/K/V biases (Qwen2), a per-head RMSNorm
+//! of Q and K (Qwen3), RoPE pairing, RoPE frequency factors (Llama 3.1+) and tied embeddings.
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
@@ -10,6 +11,7 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arch {
     Qwen2,
+    Qwen3,
     Llama,
 }
 
@@ -51,6 +53,8 @@ pub struct Layer {
     pub v: QTensor,
     /// Q, K and V biases concatenated (Qwen2), in the layout of the fused QKV buffer.
     pub qkv_bias: Option<Vec<f32>>,
+    /// The RMSNorm weights applied to each Q head and each K head before RoPE (Qwen3).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     pub o: QTensor,
     pub ffn_norm: Vec<f32>,
     pub gate: QTensor,
@@ -66,6 +70,8 @@ pub struct Model {
     pub output_norm: Vec<f32>,
     /// The LM head (`output.weight`, or the embedding when tied).
     pub output: QTensor,
+    /// RoPE frequency divisors, one per rotated pair (`rope_freqs.weight`: Llama 3.1's scaling).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 fn tensor_info<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
@@ -120,10 +126,11 @@ impl Config {
             .ok_or_else(|| Error::Model("general.architecture is missing".into()))?;
         let (arch, rope_style) = match arch_name {
             "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
+            "qwen3" => (Arch::Qwen3, RopeStyle::Neox),
             "llama" => (Arch::Llama, RopeStyle::Normal),
             other => {
                 return Err(Error::Model(format!(
-                    "architecture {other:?} is not supported (supported: qwen2, llama)"
+                    "architecture {other:?} is not supported (supported: qwen2, qwen3, llama)"
                 )))
             }
         };
@@ -240,12 +247,21 @@ impl Model {
             } else {
                 None
             };
+            let qk_norm = if c.arch == Arch::Qwen3 {
+                Some((
+                    vector(&g, &n("attn_q_norm.weight"), c.head_dim)?,
+                    vector(&g, &n("attn_k_norm.weight"), c.head_dim)?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: vector(&g, &n("attn_norm.weight"), d)?,
                 q: matrix(&g, &n("attn_q.weight"), qd, d)?,
                 k: matrix(&g, &n("attn_k.weight"), kd, d)?,
                 v: matrix(&g, &n("attn_v.weight"), kd, d)?,
                 qkv_bias,
+                qk_norm,
                 o: matrix(&g, &n("attn_output.weight"), d, qd)?,
                 ffn_norm: vector(&g, &n("ffn_norm.weight"), d)?,
                 gate: matrix(&g, &n("ffn_gate.weight"), f, d)?,
@@ -259,7 +275,20 @@ impl Model {
         } else {
             embedding.clone()
         };
+        let rope_freqs = match g.tensor("rope_freqs.weight") {
+            Some(_) => {
+                let f = vector(&g, "rope_freqs.weight", c.head_dim / 2)?;
+                if f.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+                    return Err(Error::Model(
+                        "rope_freqs.weight holds a value that is not a positive number".into(),
+                    ));
+                }
+                Some(f)
+            }
+            None => None,
+        };
         Ok(Model {
+            rope_freqs,
             config: c,
             gguf: g,
             embedding,

@@ -21,13 +21,15 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(ctx: usize, head_dim: usize, base: f32) -> Self {
+    /// `factors` (Llama 3.1's `rope_freqs`): pair i's frequency is divided by `factors[i]`.
+    pub fn new(ctx: usize, head_dim: usize, base: f32, factors: Option<&[f32]>) -> Self {
         let half = head_dim / 2;
         let mut cos = vec![0f32; ctx * half];
         let mut sin = vec![0f32; ctx * half];
         for p in 0..ctx {
             for i in 0..half {
-                let freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let div = factors.map_or(1.0, |f| f[i] as f64);
+                let freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64) / div;
                 let a = p as f64 * freq;
                 cos[p * half + i] = a.cos() as f32;
                 sin[p * half + i] = a.sin() as f32;

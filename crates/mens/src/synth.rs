@@ -18,6 +18,12 @@ pub struct SynthSpec {
     pub types: [TensorType; 7],
     /// Llama-style models without `output.weight` use the embedding as LM head.
     pub tied_embeddings: bool,
+    /// Head size when it is not dim / n_head (written as `key_length` / `value_length`, as
+    /// llama.cpp's converter does for Qwen3).
+    pub head_dim: Option<usize>,
+    /// RoPE base, and whether to write Llama 3.1's `rope_freqs.weight` frequency divisors.
+    pub rope_base: f32,
+    pub rope_freqs: bool,
     pub seed: u64,
 }
 
@@ -42,7 +48,62 @@ impl SynthSpec {
                 TensorType::Q6K,
             ],
             tied_embeddings: false,
+            head_dim: None,
+            rope_base: 10000.0,
+            rope_freqs: false,
             seed: 1,
+        }
+    }
+
+    /// A tiny Qwen3-style model: no Q/K/V biases, per-head Q and K norms, and a head size (128)
+    /// that is not dim / n_head, so Q is wider than the hidden state (as in Qwen3-4B and larger).
+    pub fn tiny_qwen3() -> Self {
+        SynthSpec {
+            arch: "qwen3",
+            head_dim: Some(128),
+            types: [
+                TensorType::Q8_0,
+                TensorType::Q4K,
+                TensorType::F16,
+                TensorType::Q4K,
+                TensorType::Q6K,
+                TensorType::Q8_0,
+                TensorType::Q8_0,
+            ],
+            rope_base: 1_000_000.0,
+            seed: 3,
+            ..Self::tiny_qwen2()
+        }
+    }
+
+    /// A tiny Llama 3.1-style model: RoPE base 500000 and `rope_freqs.weight` divisors.
+    pub fn tiny_llama3() -> Self {
+        SynthSpec {
+            rope_base: 500_000.0,
+            rope_freqs: true,
+            tied_embeddings: false,
+            types: [
+                TensorType::Q4K,
+                TensorType::Q6K,
+                TensorType::Q8_0,
+                TensorType::Q4K,
+                TensorType::Q4K,
+                TensorType::Q8_0,
+                TensorType::Q6K,
+            ],
+            seed: 4,
+            ..Self::tiny_llama()
+        }
+    }
+
+    /// The tiny model of an architecture, by name: qwen2, qwen3, llama, llama3.
+    pub fn tiny(arch: &str) -> Option<Self> {
+        match arch {
+            "qwen2" => Some(Self::tiny_qwen2()),
+            "qwen3" => Some(Self::tiny_qwen3()),
+            "llama" => Some(Self::tiny_llama()),
+            "llama3" => Some(Self::tiny_llama3()),
+            _ => None,
         }
     }
 
@@ -121,7 +182,7 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
     let vocab = tokens.len();
     // Pad the vocabulary rows to whole blocks for every type.
     let vocab_rows = vocab;
-    let hd = spec.dim / spec.n_head;
+    let hd = spec.head_dim.unwrap_or(spec.dim / spec.n_head);
     let (qd, kd) = (spec.n_head * hd, spec.n_kv_head * hd);
     let a = spec.arch;
     let mut w = Writer::new();
@@ -149,8 +210,15 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             &format!("{a}.attention.layer_norm_rms_epsilon"),
             Value::F32(1e-6),
         )
-        .kv(&format!("{a}.rope.freq_base"), Value::F32(10000.0))
+        .kv(&format!("{a}.rope.freq_base"), Value::F32(spec.rope_base))
         .kv("tokenizer.ggml.bos_token_id", Value::U32(vocab as u32 - 3));
+    if spec.head_dim.is_some() {
+        w.kv(&format!("{a}.attention.key_length"), Value::U32(hd as u32))
+            .kv(
+                &format!("{a}.attention.value_length"),
+                Value::U32(hd as u32),
+            );
+    }
     byte_level_vocab(&mut w, tokens, merges, types);
 
     let mut mat =
@@ -167,7 +235,21 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
         };
     let [t_qk, t_v, t_o, t_gu, t_down, t_emb, t_out] = spec.types;
     let d = spec.dim;
+    let mut norm_rng = rand::rngs::StdRng::seed_from_u64(spec.seed ^ 0x5eed);
     mat(&mut w, "token_embd.weight", vocab_rows, d, t_emb, 1.0);
+    if spec.rope_freqs {
+        // Divisors from 1 (the fastest pair) to 8 (the slowest), as Llama 3.1's range, linear so
+        // that pairs which turn noticeably within a short test prompt are moved too.
+        let f: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0 + 7.0 * i as f32 / (hd / 2 - 1) as f32)
+            .collect();
+        w.tensor(
+            "rope_freqs.weight",
+            &[hd as u64 / 2],
+            TensorType::F32,
+            quantize(TensorType::F32, &f),
+        );
+    }
     let ws = 1.0 / (d as f32).sqrt();
     for i in 0..spec.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -186,6 +268,18 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             mat(&mut w, &n("attn_q.bias"), 1, qd, TensorType::F32, 0.1);
             mat(&mut w, &n("attn_k.bias"), 1, kd, TensorType::F32, 0.1);
             mat(&mut w, &n("attn_v.bias"), 1, kd, TensorType::F32, 0.1);
+        }
+        if a == "qwen3" {
+            // Norm weights around 1, so that a norm applied with the wrong weights shows.
+            for t in ["attn_q_norm.weight", "attn_k_norm.weight"] {
+                let g: Vec<f32> = (0..hd).map(|_| norm_rng.gen_range(0.5..1.5)).collect();
+                w.tensor(
+                    &n(t),
+                    &[hd as u64],
+                    TensorType::F32,
+                    quantize(TensorType::F32, &g),
+                );
+            }
         }
         mat(&mut w, &n("attn_output.weight"), d, qd, t_o, ws);
         mat(&mut w, &n("ffn_gate.weight"), spec.ffn_dim, d, t_gu, ws);

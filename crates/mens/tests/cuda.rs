@@ -379,6 +379,23 @@ fn tiny_llama_gpu_matches_cpu() {
     compare(tiny(SynthSpec::tiny_llama()), dev, 512, 256, 8, true);
 }
 
+/// Llama 3.1's RoPE frequency divisors reach the GPU's cos/sin table.
+#[test]
+fn tiny_llama3_gpu_matches_cpu() {
+    let Some(dev) = device() else { return };
+    compare(tiny(SynthSpec::tiny_llama3()), dev, 512, 256, 10, true);
+}
+
+/// Qwen3's per-head Q/K norms have no GPU kernels yet: uploading says so instead of computing
+/// something else.
+#[test]
+fn qwen3_on_the_gpu_is_a_clear_error() {
+    let Some(dev) = device() else { return };
+    let m = tiny(SynthSpec::tiny_qwen3());
+    let e = mens::cuda::GpuModel::upload(dev, &m, |_| {}).err().expect("qwen3 must be refused");
+    assert!(e.to_string().contains("CPU backend only"), "{e}");
+}
+
 /// A model given by MENS_CUDA_MODEL (the device script passes `mens synth` Q4_K_M models).
 #[test]
 fn model_file_gpu_matches_cpu() {

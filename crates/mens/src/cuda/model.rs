@@ -25,6 +25,8 @@ pub struct GpuModel {
     pub(super) output_norm: Buf,
     pub(super) layers: Vec<GpuLayer>,
     pub weight_bytes: u64,
+    /// RoPE frequency divisors (Llama 3.1), for the session's cos/sin table.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl GpuModel {
@@ -32,6 +34,12 @@ impl GpuModel {
     pub fn upload(dev: Arc<Device>, m: &Model, mut progress: impl FnMut(usize)) -> Result<Self> {
         let c = &m.config;
         let g = c.n_head / c.n_kv_head;
+        if m.layers.iter().any(|l| l.qk_norm.is_some()) {
+            return Err(Error::Model(format!(
+                "{:?} (per-head Q/K norms) runs on the CPU backend only so far: use --backend cpu",
+                c.arch
+            )));
+        }
         if !(c.head_dim == 64 || c.head_dim == 128) || g > MAXG {
             return Err(Error::Model(format!(
                 "the CUDA backend supports head dimensions 64 and 128 and at most {MAXG} query heads per KV head (this model: {} and {g})",
@@ -85,6 +93,7 @@ impl GpuModel {
             output_norm: dev.upload(&m.output_norm)?,
             layers,
             weight_bytes: need,
+            rope_freqs: m.rope_freqs.clone(),
             config: c.clone(),
             dev,
         })

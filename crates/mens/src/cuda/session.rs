@@ -164,7 +164,7 @@ impl CudaSession {
         let row = q + 2 * kv;
         let splits = ctx.div_ceil(SPLIT);
         let b = ubatch;
-        let rope = RopeTable::new(ctx, c.head_dim, c.rope_base);
+        let rope = RopeTable::new(ctx, c.head_dim, c.rope_base, model.rope_freqs.as_deref());
         let a = |n: usize| dev.alloc(n);
         let kv_len = if own_kv { kv_bytes } else { 16 };
         let kc = a(kv_len)?;

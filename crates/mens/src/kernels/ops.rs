@@ -48,7 +48,8 @@ pub struct QkvLayout {
     pub head_dim: usize,
 }
 
-/// The fused step after the QKV matmul: add the biases, rotate Q and K, and write K and V into
+/// The fused step after the QKV matmul: add the biases, RMS-normalise each Q and K head (`qk_norm`:
+/// the Q weights, the K weights, epsilon), rotate Q and K, and write K and V into
 /// the f16 cache rows `pos0..pos0+t` (cache rows are kv_dim long). Q is rounded to f16 as well, as
 /// llama.cpp does before its Q·K dot with an f16 cache.
 #[allow(clippy::too_many_arguments)]
@@ -57,6 +58,7 @@ pub fn bias_rope_store(
     t: usize,
     l: &QkvLayout,
     bias: Option<&[f32]>,
+    qk_norm: Option<(&[f32], &[f32], f32)>,
     rope: &RopeTable,
     style: RopeStyle,
     pos0: usize,
@@ -76,6 +78,16 @@ pub fn bias_rope_store(
         }
         let pos = pos0 + ti;
         let (q, kv) = r.split_at_mut(l.q_dim);
+        if let Some((wq, wk, eps)) = qk_norm {
+            let mut tmp = [0f32; MAX_HEAD_DIM];
+            let tmp = &mut tmp[..hd];
+            for (part, w) in [(&mut *q, wq), (&mut kv[..l.kv_dim], wk)] {
+                for h in part.chunks_exact_mut(hd) {
+                    norm_row(h, w, eps, tmp);
+                    h.copy_from_slice(tmp);
+                }
+            }
+        }
         for h in q.chunks_exact_mut(l.head_dim) {
             rope.rotate(h, pos, style);
             for x in h.iter_mut() {
@@ -136,7 +148,7 @@ mod tests {
 
     #[test]
     fn rope_rotation_preserves_norm_and_matches_angle() {
-        let table = RopeTable::new(8, 4, 10000.0);
+        let table = RopeTable::new(8, 4, 10000.0, None);
         for style in [RopeStyle::Neox, RopeStyle::Normal] {
             let mut v = [1.0f32, 0.0, 0.0, 0.0];
             if style == RopeStyle::Normal {
