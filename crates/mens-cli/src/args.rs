@@ -73,6 +73,13 @@ pub(crate) struct ModelArgs {
     /// build, else the CPU), cpu, cuda or metal.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub(crate) backend: BackendArg,
+    /// What the KV cache stores for K (also `-ctk`): f16, q8_0 (about half the memory) or q4_0
+    /// (about a quarter); quantized caches run on the CPU backend only so far.
+    #[arg(long, default_value = "f16")]
+    pub(crate) cache_type_k: String,
+    /// What the KV cache stores for V (also `-ctv`): f16, q8_0 or q4_0.
+    #[arg(long, default_value = "f16")]
+    pub(crate) cache_type_v: String,
 }
 
 #[derive(Args, Clone)]
@@ -244,6 +251,9 @@ pub(crate) struct ProbeArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also show, for this model, the context that fits the CPU budget with each KV cache type.
+    #[arg(short, long)]
+    pub(crate) model: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]

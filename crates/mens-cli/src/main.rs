@@ -117,6 +117,10 @@ pub(crate) fn load(args: &ModelArgs, slots: usize) -> Result<Loaded> {
         ctx: args.ctx_size,
         memory_budget,
         slots,
+        cache: (
+            mens::model::KvType::parse(&args.cache_type_k)?,
+            mens::model::KvType::parse(&args.cache_type_v)?,
+        ),
         isolation: Some(mens::chat::Isolation {
             program: std::env::current_exe().context("cannot find the mens executable")?,
             args: vec![
@@ -195,13 +199,13 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    // llama.cpp spells the draft model `-md`: a two-letter short flag clap cannot declare.
-    let argv = std::env::args_os().map(|a| {
-        if a == "-md" {
-            "--model-draft".into()
-        } else {
-            a
-        }
+    // llama.cpp spells the draft model `-md` and the cache types `-ctk` / `-ctv`: short flags of
+    // more than one letter, which clap cannot declare.
+    let argv = std::env::args_os().map(|a| match a.to_str() {
+        Some("-md") => "--model-draft".into(),
+        Some("-ctk") => "--cache-type-k".into(),
+        Some("-ctv") => "--cache-type-v".into(),
+        _ => a,
     });
     let cli = Cli::parse_from(argv);
     let r = match cli.command {

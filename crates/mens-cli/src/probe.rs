@@ -68,12 +68,64 @@ pub(crate) fn probe(args: ProbeArgs) -> Result<()> {
         "default backend: {best} (this build has: {}; --backend picks one)",
         built.join(", ")
     );
-    match b {
+    match &b {
         Ok(b) => println!("memory budget:   {} = {}", gib(b.bytes), b.how),
         Err(e) => println!("memory budget:   none: {e}"),
     }
     if let Some(Ok(c)) = &cuda {
         println!("cuda budget:     {} = {}", gib(c.bytes), c.how);
+    }
+    if let (Some(path), Ok(b)) = (&args.model, &b) {
+        model_fit(path, b)?;
+    }
+    Ok(())
+}
+
+/// For each KV cache type: bytes per token, the context that fits `b` (capped at the trained
+/// context, as `mens run` chooses it) and the most the budget would hold without that cap.
+fn model_fit(path: &std::path::Path, b: &mens::memory::Budget) -> Result<()> {
+    use mens::cpu::SessionOptions;
+    use mens::memory::{estimate_slots, fit_context_slots};
+    use mens::model::KvType;
+    let g =
+        mens::gguf::Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let (model, _, _) = mens::load::from_gguf(g)?;
+    let c = &model.config;
+    println!(
+        "model:           {} ({:?}, {} layers, {} kv heads × {}, trained context {})",
+        path.display(),
+        c.arch,
+        c.n_layer,
+        c.n_kv_head,
+        c.head_dim,
+        c.train_ctx
+    );
+    for t in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        if t != KvType::F16 && c.head_dim % 32 != 0 {
+            continue;
+        }
+        let per_token = c.kv_bytes_per_token_as(t, t);
+        let fit = fit_context_slots(&model, b, None, 512, 1, (t, t)).map(|o| o.ctx);
+        let opts = |ctx: usize| SessionOptions {
+            ctx,
+            batch: 512.min(ctx),
+            logit_rows: 16,
+            cache_k: t,
+            cache_v: t,
+        };
+        let most = mens::load::largest_fit(16, 1 << 26, |ctx| {
+            estimate_slots(&model, &opts(ctx), 1).total() <= b.bytes
+        });
+        let name = format!("KV cache {}:", t.name());
+        match fit {
+            Ok(ctx) => println!(
+                "{name:<17}{:.1} KiB per token; context {ctx} tokens fits{} (the budget holds {} tokens)",
+                per_token as f64 / 1024.0,
+                if ctx == c.train_ctx { " (the trained context)" } else { "" },
+                most.unwrap_or(0)
+            ),
+            Err(e) => println!("{name:<17}does not fit: {e}"),
+        }
     }
     Ok(())
 }

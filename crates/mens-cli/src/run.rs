@@ -381,6 +381,7 @@ mod tests {
             ctx: 2048,
             batch: 256,
             logit_rows: 1,
+            ..Default::default()
         };
         let prompt: Vec<u32> = (0..1300u32).map(|i| (i * 37 + i / 5) % 250 + 3).collect();
         let mut a = Session::new(model.clone(), options.clone()).unwrap();

@@ -210,6 +210,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ngram: a.spec_ngram as usize,
             gate: !a.spec_always,
         }),
+        cache: l.options.cache(),
     };
     let scheduler = if let Some(d) = draft {
         Scheduler::cpu_with_draft(l.model.clone(), d, tokenizer.clone(), options)?

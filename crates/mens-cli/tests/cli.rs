@@ -881,3 +881,25 @@ fn runs_on_a_cpu_without_avx2() {
         String::from_utf8_lossy(&native.stdout)
     );
 }
+
+/// `-ctk` / `-ctv` as llama.cpp spells them: a quantized cache runs and the load line says so; an
+/// unknown type is a clear error.
+#[test]
+fn cache_types() {
+    let model = tiny();
+    let m = model.to_str().unwrap();
+    let out = mens()
+        .args([
+            "run", "-m", m, "-p", "the", "-n", "4", "-ctk", "q8_0", "-ctv", "q4_0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("KV cache q8_0/q4_0"), "{err}");
+    assert!(err.contains("generated 4 tokens"), "{err}");
+    fails_with(
+        &["run", "-m", m, "-p", "x", "-ctk", "q9"],
+        "cache type \"q9\" is not one of f16, q8_0, q4_0",
+    );
+}

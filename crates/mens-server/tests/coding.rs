@@ -244,6 +244,7 @@ fn two_slots(
         queue: 8,
         cache_reuse: 0,
         spec,
+        cache: Default::default(),
     };
     let draft = spec.filter(|_| draft).map(|_| model.clone());
     support::start_with_draft(model.clone(), draft, tok, opts, ServerConfig::default())

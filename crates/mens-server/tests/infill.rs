@@ -45,6 +45,7 @@ fn infill_fills_a_function_body_like_llama_server() {
         queue: 4,
         cache_reuse: 0,
         spec: None,
+        cache: Default::default(),
     };
     let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
     let prefix = "def add(a, b):\n";

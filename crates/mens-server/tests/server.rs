@@ -424,6 +424,7 @@ fn real_model_batching_disconnect_and_greedy_text() {
         queue: 8,
         cache_reuse: 0,
         spec: None,
+        cache: Default::default(),
     };
     let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
     let st = s.state.scheduler.status();

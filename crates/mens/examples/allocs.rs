@@ -34,6 +34,7 @@ fn main() {
             ctx: 64,
             batch: 64,
             logit_rows: 1,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -1,11 +1,18 @@
-//! Micro-benchmark of decode attention (one query row per head against the f16 KV cache), the part
-//! of a decode step that grows with the context: per layer its own cache, read hot (just used) and
-//! cold (64 MiB streamed through the caches before each layer, as a layer's weights do in a real
-//! step). `cargo run --release --example attention [threads]`
+//! Micro-benchmark of decode attention (one query row per head against the KV cache, f16 or q8_0),
+//! the part of a decode step that grows with the context: per layer its own cache, read hot (just
+//! used) and cold (64 MiB streamed through the caches before each layer, as a layer's weights do in
+//! a real step). `cargo run --release --example attention [threads]`
 use half::f16;
 use mens::kernels::attention::attention;
+use mens::kernels::kv::{KvRows, KvRowsMut};
 use mens::kernels::ops::QkvLayout;
+use mens::model::KvType;
 use std::time::Instant;
+
+fn bytes(b: &[u16]) -> &[u8] {
+    // SAFETY: u16s viewed as bytes.
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) }
+}
 
 fn main() {
     let threads = std::env::args()
@@ -28,62 +35,87 @@ fn main() {
             head_dim: hd,
         };
         let ctx = 2048;
-        let cache = |seed: usize| -> Vec<Vec<f16>> {
-            (0..layers)
-                .map(|li| {
-                    (0..ctx * l.kv_dim)
-                        .map(|i| f16::from_f32(val(i + li * 1_000_003 + seed)))
-                        .collect()
-                })
-                .collect()
-        };
-        let (kc, vc) = (cache(0), cache(7));
-        let qkv: Vec<f32> = (0..l.q_dim + 2 * l.kv_dim)
-            .map(|i| f16::from_f32(val(i + 11)).to_f32())
-            .collect();
-        let mut out = vec![0f32; l.q_dim];
-        for n in [16usize, 512, 2048] {
-            for cold in [false, true] {
-                let reps = 10;
-                let mut s = 0.0;
-                for _ in 0..reps {
-                    for li in 0..layers {
-                        if cold {
-                            // Both threads stream half of the junk each (so the pool's workers stay
-                            // awake, as between the kernels of a real step).
-                            let half = junk.len() / 2;
-                            mens::kernels::pool::pool().run(2, &|i| {
-                                let x: u64 = junk[i * half..(i + 1) * half]
-                                    .iter()
-                                    .step_by(64)
-                                    .map(|&b| b as u64)
-                                    .sum();
-                                std::hint::black_box(x);
-                            });
+        for t in [KvType::F16, KvType::Q8_0] {
+            let rb = t.row_bytes(hd);
+            let cache = |seed: usize| -> Vec<Vec<u16>> {
+                (0..layers)
+                    .map(|li| {
+                        let mut buf = vec![0u16; n_kv * ctx * rb / 2];
+                        // SAFETY: u16s viewed as bytes.
+                        let data = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                buf.as_mut_ptr() as *mut u8,
+                                buf.len() * 2,
+                            )
+                        };
+                        let mut rows = KvRowsMut { t, data, row: rb };
+                        let mut x = vec![0f32; hd];
+                        for r in 0..n_kv * ctx {
+                            for (j, x) in x.iter_mut().enumerate() {
+                                *x = val(r * hd + j + li * 1_000_003 + seed);
+                            }
+                            rows.store(r, &x);
                         }
-                        let t0 = Instant::now();
-                        attention(
-                            &qkv,
-                            1,
-                            &l,
-                            n_head,
-                            n_kv,
-                            n - 1,
-                            &kc[li],
-                            &vc[li],
-                            ctx,
-                            &mut out,
-                        );
-                        s += t0.elapsed().as_secs_f64();
-                    }
+                        buf
+                    })
+                    .collect()
+            };
+            fn view(b: &[u16], t: KvType, row: usize) -> KvRows<'_> {
+                KvRows {
+                    t,
+                    data: bytes(b),
+                    row,
                 }
-                let s = s / reps as f64;
-                println!(
-                    "{name} {n:5} keys, {}: {:6.3} ms per decode step ({layers} layers), {:5.1} ns per head and key",
+            }
+            let (kc, vc) = (cache(0), cache(7));
+            let qkv: Vec<f32> = (0..l.q_dim + 2 * l.kv_dim)
+                .map(|i| f16::from_f32(val(i + 11)).to_f32())
+                .collect();
+            let mut out = vec![0f32; l.q_dim];
+            for n in [16usize, 512, 2048] {
+                for cold in [false, true] {
+                    let reps = 10;
+                    let mut s = 0.0;
+                    for _ in 0..reps {
+                        for li in 0..layers {
+                            if cold {
+                                // Both threads stream half of the junk each (so the pool's workers stay
+                                // awake, as between the kernels of a real step).
+                                let half = junk.len() / 2;
+                                mens::kernels::pool::pool().run(2, &|i| {
+                                    let x: u64 = junk[i * half..(i + 1) * half]
+                                        .iter()
+                                        .step_by(64)
+                                        .map(|&b| b as u64)
+                                        .sum();
+                                    std::hint::black_box(x);
+                                });
+                            }
+                            let t0 = Instant::now();
+                            attention(
+                                &qkv,
+                                1,
+                                &l,
+                                n_head,
+                                n_kv,
+                                n - 1,
+                                view(&kc[li], t, rb),
+                                view(&vc[li], t, rb),
+                                ctx,
+                                &mut out,
+                            );
+                            s += t0.elapsed().as_secs_f64();
+                        }
+                    }
+                    let s = s / reps as f64;
+                    println!(
+                    "{name} {} {n:5} keys, {}: {:6.3} ms per decode step ({layers} layers), {:5.1} ns per head and key",
+                    t.name(),
                     if cold { "cold" } else { "hot " },
                     s * 1e3,
                     s * 1e9 * threads as f64 / (layers * n_head * n) as f64
                 );
+                }
             }
         }
     }

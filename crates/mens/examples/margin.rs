@@ -16,6 +16,7 @@ fn main() {
             ctx: 256,
             batch: 256,
             logit_rows: 16,
+            ..Default::default()
         },
     )
     .unwrap();

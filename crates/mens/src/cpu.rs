@@ -5,12 +5,12 @@
 //! Both implement [`Runner`]; this file and `kernels/` are the only ones that know the CPU kernels.
 
 use crate::error::{Error, Result};
+use crate::kernels::kv::KvRowsMut;
 use crate::kernels::ops::{self, QkvLayout, RopeTable};
 use crate::kernels::{act_type, attention, matmul, ActType, QuantizedInput};
-use crate::model::Model;
+use crate::model::{KvType, Model};
 use crate::runner::{check_tokens, single, Logits, Memory, Part, Runner};
 use crate::sample::Sampler;
-use half::f16;
 use std::sync::Arc;
 
 #[derive(Debug, Clone)]
@@ -21,6 +21,16 @@ pub struct SessionOptions {
     pub batch: usize,
     /// Positions whose logits one LM-head pass computes when every position's logits are wanted.
     pub logit_rows: usize,
+    /// What the KV cache stores for K and for V.
+    pub cache_k: KvType,
+    pub cache_v: KvType,
+}
+
+impl SessionOptions {
+    /// The K and V cache types.
+    pub fn cache(&self) -> (KvType, KvType) {
+        (self.cache_k, self.cache_v)
+    }
 }
 
 impl Default for SessionOptions {
@@ -29,39 +39,63 @@ impl Default for SessionOptions {
             ctx: 4096,
             batch: 512,
             logit_rows: 16,
+            cache_k: KvType::F16,
+            cache_v: KvType::F16,
         }
     }
 }
 
-/// The K and V cache of every layer, [layer][kv head][position][head_dim] in f16 (llama.cpp's
-/// default cache type), one allocation each. Head-major, so that attention streams each head's rows
-/// contiguously (with [position][kv_dim] rows a head's keys are strided: cold-cache attention at 512
-/// keys took 5.7 ms per 0.5B step against 4.9 ms head-major, examples/attention.rs).
+/// The K and V cache of every layer, [layer][kv head][position][head_dim], in f16 (llama.cpp's
+/// default cache type) or in Q8_0 / Q4_0 blocks (`SessionOptions::cache_k` / `cache_v`), one
+/// allocation each. Head-major, so that attention streams each head's rows contiguously (with
+/// [position][kv_dim] rows a head's keys are strided: cold-cache attention at 512 keys took 5.7 ms
+/// per 0.5B step against 4.9 ms head-major, examples/attention.rs).
 pub struct KvCache {
-    k: Vec<f16>,
-    v: Vec<f16>,
+    // u16-backed: f16 rows and the blocks' f16 scales stay aligned.
+    k: Vec<u16>,
+    v: Vec<u16>,
+    types: (KvType, KvType),
+    /// Bytes of one head's row, K and V.
+    rows: (usize, usize),
+    /// Rows per layer (kv heads × ctx).
     per_layer: usize,
     ctx: usize,
 }
 
 impl KvCache {
-    fn new(n_layer: usize, ctx: usize, kv_dim: usize) -> Self {
-        let per_layer = ctx * kv_dim;
+    fn new(c: &crate::model::Config, ctx: usize, types: (KvType, KvType)) -> Self {
+        let per_layer = c.n_kv_head * ctx;
+        let rows = (types.0.row_bytes(c.head_dim), types.1.row_bytes(c.head_dim));
         // Zeroed allocations (calloc): pages are only backed by memory once written, so a session's
         // resident size grows with the tokens actually cached.
-        let zeroed =
-            |n: usize| -> Vec<f16> { half::vec::HalfBitsVecExt::reinterpret_into(vec![0u16; n]) };
+        let zeroed = |row: usize| vec![0u16; c.n_layer * per_layer * row / 2];
         KvCache {
-            k: zeroed(n_layer * per_layer),
-            v: zeroed(n_layer * per_layer),
+            k: zeroed(rows.0),
+            v: zeroed(rows.1),
+            types,
+            rows,
             per_layer,
             ctx,
         }
     }
     /// Layer `l`'s K and V, and the positions each head holds (the row count of a head).
-    fn layer(&mut self, l: usize) -> (&mut [f16], &mut [f16], usize) {
-        let r = l * self.per_layer..(l + 1) * self.per_layer;
-        (&mut self.k[r.clone()], &mut self.v[r], self.ctx)
+    fn layer(&mut self, l: usize) -> (KvRowsMut<'_>, KvRowsMut<'_>, usize) {
+        fn bytes(v: &mut [u16], l: usize, n: usize) -> &mut [u8] {
+            assert!((l + 1) * n <= v.len() * 2);
+            // SAFETY: u16s viewed as bytes (alignment 1), the range inside the vector.
+            unsafe { std::slice::from_raw_parts_mut((v.as_mut_ptr() as *mut u8).add(l * n), n) }
+        }
+        let k = KvRowsMut {
+            t: self.types.0,
+            data: bytes(&mut self.k, l, self.per_layer * self.rows.0),
+            row: self.rows.0,
+        };
+        let v = KvRowsMut {
+            t: self.types.1,
+            data: bytes(&mut self.v, l, self.per_layer * self.rows.1),
+            row: self.rows.1,
+        };
+        (k, v, self.ctx)
     }
     pub fn bytes(&self) -> usize {
         (self.k.len() + self.v.len()) * 2
@@ -140,7 +174,7 @@ impl RunState {
 /// Bytes a session of these options allocates (KV cache + RunState), without allocating it.
 pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
     let c = &m.config;
-    let kv = c.kv_bytes_per_token() * o.ctx as u64;
+    let kv = c.kv_bytes_per_token_as(o.cache_k, o.cache_v) * o.ctx as u64;
     let b = o.batch as u64;
     let (d, q, kv_d, f, v) = (
         c.dim as u64,
@@ -156,6 +190,20 @@ pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
     kv + acts + logits + rope
 }
 
+/// Block-quantized cache rows need a head dimension of whole 32-value blocks.
+fn check_cache(m: &Model, o: &SessionOptions) -> Result<()> {
+    let hd = m.config.head_dim;
+    for t in [o.cache_k, o.cache_v] {
+        if t != KvType::F16 && hd % 32 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a {} KV cache needs a head dimension that is a multiple of 32 (this model: {hd})",
+                t.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// One sequence's state: its KV cache and the tokens it holds (capacity = ctx, never grows past it).
 pub struct Sequence {
     kv: KvCache,
@@ -164,10 +212,9 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    fn new(m: &Model, ctx: usize) -> Self {
-        let c = &m.config;
+    fn new(m: &Model, ctx: usize, types: (KvType, KvType)) -> Self {
         Sequence {
-            kv: KvCache::new(c.n_layer, ctx, c.kv_dim()),
+            kv: KvCache::new(&m.config, ctx, types),
             tokens: Vec::with_capacity(ctx),
             ctx,
         }
@@ -219,21 +266,15 @@ impl Sequence {
         let delta = dst as isize - src as isize;
         let mut row = vec![0f32; hd];
         for l in 0..c.n_layer {
-            let (k, v, cap) = self.kv.layer(l);
+            let (mut k, mut v, cap) = self.kv.layer(l);
             for h in 0..c.n_kv_head {
-                let base = h * cap * hd;
-                let (from, to) = (base + src * hd, base + dst * hd);
-                k.copy_within(from..from + len * hd, to);
-                v.copy_within(from..from + len * hd, to);
-                for r in 0..len {
-                    let kr = &mut k[to + r * hd..to + (r + 1) * hd];
-                    for (x, y) in row.iter_mut().zip(kr.iter()) {
-                        *x = y.to_f32();
-                    }
+                let base = h * cap;
+                k.copy_rows(base + src, base + dst, len);
+                v.copy_rows(base + src, base + dst, len);
+                for r in base + dst..base + dst + len {
+                    k.as_rows().load(r, &mut row);
                     rope.rotate_by(&mut row, delta, c.rope_style);
-                    for (y, x) in kr.iter_mut().zip(&row) {
-                        *y = f16::from_f32(*x);
-                    }
+                    k.store(r, &row);
                 }
             }
         }
@@ -296,7 +337,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
         for (seq, toks) in parts.iter_mut() {
             let n = toks.len();
             let pos0 = seq.tokens.len();
-            let (kc, vc, cap) = seq.kv.layer(li);
+            let (mut kc, mut vc, cap) = seq.kv.layer(li);
             let qkv = &mut r.qkv[first * row..(first + n) * row];
             ops::bias_rope_store(
                 qkv,
@@ -310,8 +351,8 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 &r.rope,
                 c.rope_style,
                 pos0,
-                kc,
-                vc,
+                &mut kc,
+                &mut vc,
                 cap,
             );
             attention::attention(
@@ -321,8 +362,8 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 c.n_head,
                 c.n_kv_head,
                 pos0,
-                kc,
-                vc,
+                kc.as_rows(),
+                vc.as_rows(),
                 cap,
                 &mut r.att[first * l.q_dim..(first + n) * l.q_dim],
             );
@@ -378,7 +419,8 @@ impl Session {
                 "context, batch and logit rows must be > 0".into(),
             ));
         }
-        let seq = Sequence::new(&model, options.ctx);
+        check_cache(&model, &options)?;
+        let seq = Sequence::new(&model, options.ctx, (options.cache_k, options.cache_v));
         let run = RunState::new(&model, &options);
         Ok(Session {
             seq,
@@ -508,8 +550,24 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// What the slots' KV caches store for K and V.
+    pub fn cache(&self) -> (KvType, KvType) {
+        self.slots[0].kv.types
+    }
+
     /// `slots` sequences of `ctx` tokens each; a step processes at most `batch` tokens in all.
     pub fn new(model: Arc<Model>, slots: usize, ctx: usize, batch: usize) -> Result<Self> {
+        Self::with_cache(model, slots, ctx, batch, (KvType::F16, KvType::F16))
+    }
+
+    /// As [`Batch::new`], the KV cache storing K and V as `cache`.
+    pub fn with_cache(
+        model: Arc<Model>,
+        slots: usize,
+        ctx: usize,
+        batch: usize,
+        cache: (KvType, KvType),
+    ) -> Result<Self> {
         if slots == 0 || slots > 64 || ctx == 0 || batch < slots {
             return Err(Error::InvalidArgument(format!(
                 "a batch needs 1..=64 slots, a context > 0 and room for one token per slot (slots {slots}, ctx {ctx}, batch {batch})"
@@ -522,9 +580,14 @@ impl Batch {
             ctx,
             batch,
             logit_rows: rows,
+            cache_k: cache.0,
+            cache_v: cache.1,
         };
+        check_cache(&model, &options)?;
         let run = RunState::new(&model, &options);
-        let seqs = (0..slots).map(|_| Sequence::new(&model, ctx)).collect();
+        let seqs = (0..slots)
+            .map(|_| Sequence::new(&model, ctx, cache))
+            .collect();
         let d = model.config.dim;
         Ok(Batch {
             slots: seqs,
@@ -667,7 +730,14 @@ impl Runner for Session {
         Ok(Box::new(Session::new(self.model.clone(), options)?))
     }
     fn batch_sibling(&self, slots: usize, ctx: usize, step: usize) -> Result<Box<dyn Runner>> {
-        Ok(Box::new(Batch::new(self.model.clone(), slots, ctx, step)?))
+        let cache = (self.options.cache_k, self.options.cache_v);
+        Ok(Box::new(Batch::with_cache(
+            self.model.clone(),
+            slots,
+            ctx,
+            step,
+            cache,
+        )?))
     }
     fn max_step_tokens(&self) -> usize {
         self.options.ctx
@@ -711,15 +781,22 @@ impl Runner for Batch {
         self.slots.len()
     }
     fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>> {
-        Ok(Box::new(Batch::new(
+        Ok(Box::new(Batch::with_cache(
             self.model.clone(),
             1,
             ctx,
             self.batch,
+            self.cache(),
         )?))
     }
     fn batch_sibling(&self, slots: usize, ctx: usize, step: usize) -> Result<Box<dyn Runner>> {
-        Ok(Box::new(Batch::new(self.model.clone(), slots, ctx, step)?))
+        Ok(Box::new(Batch::with_cache(
+            self.model.clone(),
+            slots,
+            ctx,
+            step,
+            self.cache(),
+        )?))
     }
     fn ctx(&self) -> usize {
         self.slots[0].ctx
@@ -797,6 +874,7 @@ mod tests {
                 ctx: 64,
                 batch: 64,
                 logit_rows: 4,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -843,6 +921,7 @@ mod tests {
             ctx: 64,
             batch: 64,
             logit_rows: 1,
+            ..Default::default()
         };
         let text: Vec<u32> = (0..12).map(|i| 3 + i * 7).collect();
         let pad = [1u32, 2, 5, 9, 11];
@@ -858,8 +937,9 @@ mod tests {
             a.shift_kv(0, src, dst, n).unwrap();
             let hd = c.head_dim;
             let (ka, va, cap) = a.seq.kv.layer(0);
-            let (ka, va) = (ka.to_vec(), va.to_vec());
+            let (ka, va) = (ka.as_rows().f16().to_vec(), va.as_rows().f16().to_vec());
             let (kb, vb, _) = b.seq.kv.layer(0);
+            let (kb, vb) = (kb.as_rows().f16(), vb.as_rows().f16());
             let mut worst = 0f32;
             for h in 0..c.n_kv_head {
                 for p in dst..dst + n {

@@ -8,7 +8,7 @@ use crate::cpu::{Session, SessionOptions};
 use crate::gguf::Gguf;
 pub use crate::memory::Backend;
 use crate::memory::{self, Budget, Estimate};
-use crate::model::Model;
+use crate::model::{KvType, Model};
 use crate::runner::Runner;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -80,6 +80,8 @@ pub struct LoadOptions {
     pub memory_budget: Option<u64>,
     /// Sequences admitted together (the server's slots).
     pub slots: usize,
+    /// What the KV cache stores for K and V (`-ctk` / `-ctv`; quantized on the CPU only so far).
+    pub cache: (KvType, KvType),
     /// Render chat templates in a helper process (see [`Isolation`]).
     pub isolation: Option<Isolation>,
 }
@@ -111,6 +113,14 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
             )));
         }
     }
+    if o.cache != (KvType::F16, KvType::F16) && o.backend != Backend::Cpu {
+        return Err(Error::InvalidArgument(format!(
+            "a {}/{} KV cache runs on the CPU backend only so far (this run: {}); use f16 or --backend cpu",
+            o.cache.0.name(),
+            o.cache.1.name(),
+            o.backend.name()
+        )));
+    }
     let t0 = Instant::now();
     let (model, tokenizer, mut template) = from_gguf(Gguf::open(&o.path)?)?;
     if let Some(iso) = &o.isolation {
@@ -128,10 +138,10 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
                 None => memory::budget(&memory::probe(), Backend::Cpu)?,
             };
             let slots = o.slots.max(1);
-            let opts = memory::fit_context_slots(&model, &b, o.ctx, CPU_BATCH, slots)?;
+            let opts = memory::fit_context_slots(&model, &b, o.ctx, CPU_BATCH, slots, o.cache)?;
             let e = memory::estimate_slots(&model, &opts, slots);
             let plan = format!(
-                "memory budget {} MiB ({}); context {} tokens{}{}; estimated use {} MiB",
+                "memory budget {} MiB ({}); context {} tokens{}{}; KV cache {}/{} ({} MiB); estimated use {} MiB",
                 b.bytes >> 20,
                 b.how,
                 opts.ctx,
@@ -145,6 +155,9 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
                 } else {
                     ""
                 },
+                o.cache.0.name(),
+                o.cache.1.name(),
+                e.kv_cache >> 20,
                 e.total() >> 20
             );
             (opts, plan)
@@ -152,6 +165,8 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
         _ => (
             SessionOptions {
                 ctx: o.ctx.unwrap_or(0),
+                cache_k: o.cache.0,
+                cache_v: o.cache.1,
                 ..Default::default()
             },
             String::new(),
@@ -276,11 +291,12 @@ impl Target {
     ) -> Result<Box<dyn Runner>> {
         let _ = (&log, &progress);
         match self.backend {
-            Backend::Cpu => Ok(Box::new(crate::cpu::Batch::new(
+            Backend::Cpu => Ok(Box::new(crate::cpu::Batch::with_cache(
                 self.model.clone(),
                 slots,
                 self.options.ctx,
                 step_tokens,
+                self.options.cache(),
             )?)),
             #[cfg(feature = "cuda")]
             Backend::Cuda => self.cuda_batch(slots, step_tokens, log, progress),

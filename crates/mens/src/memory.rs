@@ -6,7 +6,7 @@
 
 use crate::cpu::{session_bytes, SessionOptions};
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::model::{KvType, Model};
 use serde::Serialize;
 
 pub const MIB: u64 = 1 << 20;
@@ -185,7 +185,10 @@ pub fn estimate(model: &Model, options: &SessionOptions) -> Estimate {
 
 /// As [`estimate`] for `slots` sequences sharing one set of buffers (the server's batch).
 pub fn estimate_slots(model: &Model, options: &SessionOptions, slots: usize) -> Estimate {
-    let kv = model.config.kv_bytes_per_token() * options.ctx as u64;
+    let kv = model
+        .config
+        .kv_bytes_per_token_as(options.cache_k, options.cache_v)
+        * options.ctx as u64;
     Estimate {
         weights: model.gguf.file_len(),
         kv_cache: kv * slots as u64,
@@ -202,16 +205,18 @@ pub fn fit_context(
     requested: Option<usize>,
     batch: usize,
 ) -> Result<SessionOptions> {
-    fit_context_slots(model, budget, requested, batch, 1)
+    fit_context_slots(model, budget, requested, batch, 1, Default::default())
 }
 
-/// As [`fit_context`] for `slots` sequences of that context each (the server's `--parallel`).
+/// As [`fit_context`] for `slots` sequences of that context each (the server's `--parallel`), the KV
+/// cache storing K and V as `cache`.
 pub fn fit_context_slots(
     model: &Model,
     budget: &Budget,
     requested: Option<usize>,
     batch: usize,
     slots: usize,
+    cache: (KvType, KvType),
 ) -> Result<SessionOptions> {
     let estimate = |m: &Model, o: &SessionOptions| estimate_slots(m, o, slots);
     let train = model.config.train_ctx;
@@ -219,6 +224,8 @@ pub fn fit_context_slots(
         ctx,
         batch: batch.min(ctx),
         logit_rows: 16,
+        cache_k: cache.0,
+        cache_v: cache.1,
     };
     let small = estimate(model, &opts(16.min(train)));
     if small.total() > budget.bytes {

@@ -33,6 +33,46 @@ pub struct Config {
     pub rope_style: RopeStyle,
 }
 
+/// What the KV cache stores for each K or V value (llama.cpp's `-ctk` / `-ctv`): f16, or 32-value
+/// blocks of 8-bit (Q8_0, 34 bytes) or 4-bit (Q4_0, 18 bytes) integers with an f16 scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F16,
+    Q8_0,
+    Q4_0,
+}
+
+impl KvType {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            "q4_0" => Ok(KvType::Q4_0),
+            _ => Err(Error::InvalidArgument(format!(
+                "cache type {s:?} is not one of f16, q8_0, q4_0"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Bytes of one head's row of `head_dim` values (a multiple of 32 for the block types).
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvType::F16 => head_dim * 2,
+            KvType::Q8_0 => head_dim / 32 * 34,
+            KvType::Q4_0 => head_dim / 32 * 18,
+        }
+    }
+}
+
 impl Config {
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
@@ -42,7 +82,12 @@ impl Config {
     }
     /// Bytes of K and V cache per token of context (f16 entries).
     pub fn kv_bytes_per_token(&self) -> u64 {
-        (2 * self.n_layer * self.kv_dim() * 2) as u64
+        self.kv_bytes_per_token_as(KvType::F16, KvType::F16)
+    }
+    /// Bytes of K and V cache per token of context with K stored as `k` and V as `v`.
+    pub fn kv_bytes_per_token_as(&self, k: KvType, v: KvType) -> u64 {
+        let rows = (self.n_layer * self.n_kv_head) as u64;
+        rows * (k.row_bytes(self.head_dim) + v.row_bytes(self.head_dim)) as u64
     }
 }
 

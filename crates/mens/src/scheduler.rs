@@ -10,7 +10,7 @@
 use crate::cpu::Batch;
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
-use crate::model::Model;
+use crate::model::{KvType, Model};
 use crate::runner::{Logits, Part, Runner};
 use crate::sample::{Sampler, SamplerConfig, TokenLogprobs};
 use crate::spec::SpecOptions;
@@ -100,6 +100,8 @@ pub struct SchedulerOptions {
     /// Speculative decoding by prompt lookup for greedy requests (no penalties, grammar or
     /// logprobs): each such slot proposes and checks several tokens per step.
     pub spec: Option<SpecOptions>,
+    /// What the CPU batch's KV caches store for K and V.
+    pub cache: (KvType, KvType),
 }
 
 /// Why a request was not taken.
@@ -152,8 +154,10 @@ pub type RunnerFactory = Box<dyn FnOnce() -> Result<Box<dyn Runner>> + Send>;
 
 /// A factory of one CPU [`Batch`] of `options`' slots, context and step size.
 fn cpu_batch(model: Arc<Model>, options: &SchedulerOptions) -> RunnerFactory {
-    let (slots, ctx, batch) = (options.slots, options.ctx, options.batch);
-    Box::new(move || Ok(Box::new(Batch::new(model, slots, ctx, batch)?) as Box<dyn Runner>))
+    let (slots, ctx, batch, cache) = (options.slots, options.ctx, options.batch, options.cache);
+    Box::new(move || {
+        Ok(Box::new(Batch::with_cache(model, slots, ctx, batch, cache)?) as Box<dyn Runner>)
+    })
 }
 
 struct Job {
@@ -216,6 +220,7 @@ impl Scheduler {
             queue,
             cache_reuse,
             spec,
+            cache,
             ..
         } = options;
         if queue == 0 {
@@ -271,6 +276,7 @@ impl Scheduler {
                 queue,
                 cache_reuse,
                 spec,
+                cache,
             },
         })
     }

@@ -32,6 +32,7 @@ fn steady_steps_allocate_nothing(spec: &SynthSpec) {
             ctx: 256,
             batch: 64,
             logit_rows: 1,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -59,6 +59,7 @@ fn all_logits(model: Model, ids: &[u32]) -> Vec<Vec<f32>> {
         ctx: 128,
         batch: 64,
         logit_rows: 8,
+        ..Default::default()
     };
     let mut s = Session::new(Arc::new(model), opts).unwrap();
     let mut out = Vec::new();

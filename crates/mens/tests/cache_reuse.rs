@@ -68,6 +68,7 @@ fn moved_cache_rows_give_logits_close_to_a_cold_prefill() {
         ctx: 2048,
         batch: 512,
         logit_rows: 1,
+        ..Default::default()
     };
     let mut cold = Session::new(l.model.clone(), opts.clone()).unwrap();
     cold.forward(&after, Logits::Last).unwrap();

@@ -235,7 +235,22 @@ fn tiny(spec: SynthSpec) -> Arc<Model> {
 /// `strict`: every step within 2e-2 (the tiny models). Otherwise (a deep random-weight model,
 /// whose near-ties amplify rounding: CPU, GPU prefill and GPU decode each disagree with the other
 /// two by more than 1 at some steps) the medians are bounded and the worst steps reported.
+/// GPU against CPU on `model`: prefill, `steps` teacher-forced decode steps, free-running greedy.
+/// `strict`: bounds on the worst step and argmax agreement, and at least 8 equal greedy
+/// tokens; else bounds on the medians only.
 fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: u64, strict: bool) {
+    compare_with(model, dev, ctx, steps, seed, strict, 8)
+}
+
+fn compare_with(
+    model: Arc<Model>,
+    dev: Arc<Device>,
+    ctx: usize,
+    steps: usize,
+    seed: u64,
+    strict: bool,
+    min_greedy: usize,
+) {
     let c = model.config.clone();
     let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
     let mut g = CudaSession::new(gm, ctx, 64).unwrap();
@@ -245,6 +260,7 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
             ctx,
             batch: 64,
             logit_rows: 1,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -305,6 +321,7 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
             ctx,
             batch: 64,
             logit_rows: 1,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -318,6 +335,15 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
             cs.sample(&mut greedy).unwrap(),
         );
         if a != b {
+            // How far apart the CPU's top two were where the engines parted.
+            let mut l = cs.logits().to_vec();
+            l.sort_by(|x, y| y.total_cmp(x));
+            eprintln!(
+                "{}: greedy parts at token {same}: CPU top-2 gap {:.2e} (logits up to {:.1})",
+                c.name,
+                l[0] - l[1],
+                l[0]
+            );
             break;
         }
         same += 1;
@@ -329,7 +355,7 @@ fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: 
         c.name
     );
     if strict {
-        assert!(same >= 8, "greedy tokens diverge after {same}");
+        assert!(same >= min_greedy, "greedy tokens diverge after {same}");
     }
     // The GPU against itself: one prefill of the whole sequence (cuBLAS path) against the
     // decode path's last logits.
@@ -379,11 +405,15 @@ fn tiny_llama_gpu_matches_cpu() {
     compare(tiny(SynthSpec::tiny_llama()), dev, 512, 256, 8, true);
 }
 
-/// Llama 3.1's RoPE frequency divisors reach the GPU's cos/sin table.
+/// Llama 3.1's RoPE frequency divisors reach the GPU's cos/sin table: the strict bounds hold (on the
+/// CPU, leaving the divisors out moves the logits by 20%, `tests/arch.rs`). Free-running greedy is
+/// not required to agree: on this file the engines part at the first generated token, a tie (measured
+/// on the H200: the CPU's top two 6.5e-4 apart at logits of 27; teacher-forced argmax agreement
+/// 253/256).
 #[test]
 fn tiny_llama3_gpu_matches_cpu() {
     let Some(dev) = device() else { return };
-    compare(tiny(SynthSpec::tiny_llama3()), dev, 512, 256, 10, true);
+    compare_with(tiny(SynthSpec::tiny_llama3()), dev, 512, 256, 10, true, 0);
 }
 
 /// Qwen3's per-head Q/K norms have no GPU kernels yet: uploading says so instead of computing
@@ -392,7 +422,9 @@ fn tiny_llama3_gpu_matches_cpu() {
 fn qwen3_on_the_gpu_is_a_clear_error() {
     let Some(dev) = device() else { return };
     let m = tiny(SynthSpec::tiny_qwen3());
-    let e = mens::cuda::GpuModel::upload(dev, &m, |_| {}).err().expect("qwen3 must be refused");
+    let e = mens::cuda::GpuModel::upload(dev, &m, |_| {})
+        .err()
+        .expect("qwen3 must be refused");
     assert!(e.to_string().contains("CPU backend only"), "{e}");
 }
 
@@ -498,7 +530,7 @@ fn qkv_rope_kernel_matches_reference() {
         ];
         let bias = random(qd + 2 * kvd, 4);
         let (q8, ds) = quantize_q8(&random(d, 5));
-        let rope = RopeTable::new(64, hd, 1e6);
+        let rope = RopeTable::new(64, hd, 1e6, None);
         let pos = 37;
         let (gq, gk, gv) = dev
             .test_qkv_rope(
@@ -540,6 +572,16 @@ fn qkv_rope_kernel_matches_reference() {
 }
 
 /// A [position][kv head][head_dim] cache (the GPU's layout) as the CPU's [kv head][position][head_dim].
+/// An f16 cache as the attention kernel's rows.
+fn f16_rows(x: &[half::f16], hd: usize) -> mens::kernels::kv::KvRows<'_> {
+    mens::kernels::kv::KvRows {
+        t: mens::model::KvType::F16,
+        // SAFETY: f16s viewed as bytes.
+        data: unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 2) },
+        row: hd * 2,
+    }
+}
+
 fn head_major(x: &[half::f16], n: usize, nkv: usize, hd: usize) -> Vec<half::f16> {
     let mut out = vec![half::f16::ZERO; n * nkv * hd];
     for p in 0..n {
@@ -583,7 +625,18 @@ fn attention_kernel_matches_reference() {
         qkv.extend(vec![0f32; 2 * l.kv_dim]);
         let mut cpu = vec![0f32; l.q_dim];
         let (kh, vh) = (head_major(&k, len, nkv, hd), head_major(&v, len, nkv, hd));
-        attention(&qkv, 1, &l, nh, nkv, len - 1, &kh, &vh, len, &mut cpu);
+        attention(
+            &qkv,
+            1,
+            &l,
+            nh,
+            nkv,
+            len - 1,
+            f16_rows(&kh, hd),
+            f16_rows(&vh, hd),
+            len,
+            &mut cpu,
+        );
         let e = rel_l2(&gpu, &cpu);
         eprintln!("attention {nh}/{nkv} heads, hd {hd}, {len} keys: rel L2 {e:.2e}");
         // q8 output and the CPU's f16-rounded accumulator.
@@ -629,7 +682,18 @@ fn flash_prefill_kernel_matches_reference() {
         let mut cpu = vec![0f32; t * l.q_dim];
         let n = pos0 + t;
         let (kh, vh) = (head_major(&k, n, nkv, hd), head_major(&v, n, nkv, hd));
-        attention(&qkv, t, &l, nh, nkv, pos0, &kh, &vh, n, &mut cpu);
+        attention(
+            &qkv,
+            t,
+            &l,
+            nh,
+            nkv,
+            pos0,
+            f16_rows(&kh, hd),
+            f16_rows(&vh, hd),
+            n,
+            &mut cpu,
+        );
         let e = rel_l2(&gpu, &cpu);
         eprintln!(
             "flash prefill {nh}/{nkv} heads, hd {hd}, {pos0} cached + {t} new: rel L2 {e:.2e}"

@@ -62,6 +62,7 @@ fn greedy_matches_llama_cpp(name: &str) {
             ctx: 256,
             batch: 256,
             logit_rows: 16,
+            ..Default::default()
         };
         let mut s = Session::new(l.model.clone(), opts.clone()).unwrap();
         let mut seq = prompt.clone();
@@ -149,6 +150,7 @@ fn kv_cache_parity_0_5b() {
         ctx: 512,
         batch: 512,
         logit_rows: 16,
+        ..Default::default()
     };
     let mut cached = Session::new(l.model.clone(), opts.clone()).unwrap();
     let mut uncached = Session::new(l.model.clone(), opts).unwrap();
@@ -217,6 +219,7 @@ fn perplexity_matches_llama_cpp_0_5b() {
             ctx: 512,
             batch: 512,
             logit_rows: 16,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -225,6 +228,38 @@ fn perplexity_matches_llama_cpp_0_5b() {
     eprintln!(
         "0.5B perplexity {:.4} ± {:.4} over {} windows (llama.cpp {reference})",
         r.ppl, r.error, r.windows
+    );
+    assert_eq!(r.windows, 40);
+    assert!(
+        (r.ppl - reference).abs() / reference < 0.01,
+        "perplexity {} vs {reference}",
+        r.ppl
+    );
+}
+
+/// A q8_0 K and V cache: perplexity within 1% of llama-perplexity run with `-ctk q8_0 -ctv q8_0
+/// -fa on` on the same text (6.1579, measured 2026-11-30, docs/benchmarks.md).
+#[test]
+fn perplexity_with_q8_0_cache_matches_llama_cpp_0_5b() {
+    let l = load("qwen2.5-coder-0.5b");
+    let text = std::fs::read_to_string(common::data("difflib.py.txt")).unwrap();
+    let tokens = l.tokenizer.encode(&text).unwrap();
+    let mut s = Session::new(
+        l.model.clone(),
+        SessionOptions {
+            ctx: 512,
+            batch: 512,
+            logit_rows: 16,
+            cache_k: mens::model::KvType::Q8_0,
+            cache_v: mens::model::KvType::Q8_0,
+        },
+    )
+    .unwrap();
+    let r = mens::perplexity::perplexity(&mut s, &tokens, None, None, |_, _| {}).unwrap();
+    let reference = 6.1579;
+    eprintln!(
+        "0.5B perplexity with a q8_0 cache {:.4} ± {:.4} (llama.cpp {reference})",
+        r.ppl, r.error
     );
     assert_eq!(r.windows, 40);
     assert!(

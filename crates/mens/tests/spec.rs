@@ -17,6 +17,7 @@ fn speculation_gives_exactly_the_plain_greedy_output() {
         ctx: 1024,
         batch: 256,
         logit_rows: 16,
+        ..Default::default()
     };
     for (prompt, want_accepted) in [(RENAME, true), ("def fibonacci(n):", false)] {
         let ids = l.tokenizer.encode(prompt).unwrap();
@@ -84,6 +85,7 @@ fn a_draft_model_proposes_and_the_output_is_unchanged() {
         ctx: 1024,
         batch: 256,
         logit_rows: 16,
+        ..Default::default()
     };
     let ids = target.tokenizer.encode(RENAME).unwrap();
     let run = |draft: bool| {
@@ -137,6 +139,7 @@ fn sampled_speculation_accepts_and_keeps_deterministic_draws() {
         ctx: 1024,
         batch: 256,
         logit_rows: 16,
+        ..Default::default()
     };
     let ids = l.tokenizer.encode(RENAME).unwrap();
     let run = |cfg: SamplerConfig, spec: Option<SpecOptions>| {

@@ -3,7 +3,7 @@
 use mens::cpu::{Batch, Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
 use mens::gguf::Gguf;
-use mens::model::Model;
+use mens::model::{KvType, Model};
 use mens::runner::{Logits, Part};
 use mens::sample::{Sampler, SamplerConfig};
 use mens::synth::{synth_model, SynthSpec};
@@ -19,11 +19,17 @@ fn tiny(spec: &SynthSpec) -> (Arc<Model>, Tokenizer) {
 /// Greedy decoding with the KV cache and by re-running the whole sequence each step give the same
 /// tokens, and logits that agree within 1e-4 at every step.
 fn kv_cache_parity(spec: SynthSpec) {
+    kv_cache_parity_with(spec, (KvType::F16, KvType::F16))
+}
+
+fn kv_cache_parity_with(spec: SynthSpec, cache: (KvType, KvType)) {
     let (model, tok) = tiny(&spec);
     let opts = SessionOptions {
         ctx: 256,
         batch: 64,
         logit_rows: 4,
+        cache_k: cache.0,
+        cache_v: cache.1,
     };
     let mut cached = Session::new(model.clone(), opts.clone()).unwrap();
     let mut uncached = Session::new(model.clone(), opts).unwrap();
@@ -64,6 +70,77 @@ fn kv_cache_parity_llama() {
     kv_cache_parity(SynthSpec::tiny_llama());
 }
 
+/// With a quantized cache too, a token's numbers do not depend on how its sequence was batched.
+#[test]
+fn kv_cache_parity_quantized() {
+    kv_cache_parity_with(SynthSpec::tiny_qwen2(), (KvType::Q8_0, KvType::Q8_0));
+    kv_cache_parity_with(SynthSpec::tiny_llama(), (KvType::Q4_0, KvType::Q8_0));
+}
+
+/// A quantized KV cache stays close to the f16 one: teacher-forced on the f16 run's greedy tokens,
+/// the logits' relative L2 error grows with fewer bits (q8_0 < q4_0), and q8_0 keeps the argmax.
+#[test]
+fn quantized_kv_cache_follows_f16() {
+    let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
+    let session = |k, v| {
+        let opts = SessionOptions {
+            ctx: 256,
+            batch: 64,
+            logit_rows: 4,
+            cache_k: k,
+            cache_v: v,
+        };
+        Session::new(model.clone(), opts).unwrap()
+    };
+    let prompt = tok.encode("the theory of everything in the").unwrap();
+    let mut f16 = session(KvType::F16, KvType::F16);
+    f16.forward(&prompt, Logits::Last).unwrap();
+    let mut steps = vec![f16.logits().to_vec()];
+    let mut toks = Vec::new();
+    for _ in 0..40 {
+        let next = mens::sample::argmax(f16.logits());
+        toks.push(next);
+        f16.forward(&[next], Logits::Last).unwrap();
+        steps.push(f16.logits().to_vec());
+    }
+    let mut errs = Vec::new();
+    for (k, v) in [(KvType::Q8_0, KvType::Q8_0), (KvType::Q4_0, KvType::Q4_0)] {
+        let mut q = session(k, v);
+        q.forward(&prompt, Logits::Last).unwrap();
+        let (mut worst, mut same) = (0f32, 0);
+        for (i, want) in steps.iter().enumerate() {
+            let got = q.logits();
+            let err: f32 = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
+                .sqrt();
+            let norm: f32 = want.iter().map(|b| b * b).sum::<f32>().sqrt();
+            worst = worst.max(err / norm);
+            same += (mens::sample::argmax(got) == mens::sample::argmax(want)) as usize;
+            if i < toks.len() {
+                q.forward(&[toks[i]], Logits::Last).unwrap();
+            }
+        }
+        eprintln!(
+            "{k:?}/{v:?}: worst relative L2 {worst:.3e}, argmax equal {same}/{}",
+            steps.len()
+        );
+        errs.push((worst, same));
+    }
+    assert!(
+        errs[0].0 < 0.05 && errs[0].1 == steps.len(),
+        "q8_0: {:?}",
+        errs[0]
+    );
+    assert!(
+        errs[1].0 > errs[0].0 && errs[1].0 < 0.3,
+        "q4_0: {:?}",
+        errs[1]
+    );
+}
+
 /// A prompt processed in several batches gives the same logits as one batch.
 #[test]
 fn batched_prefill_equals_single_batch() {
@@ -75,6 +152,7 @@ fn batched_prefill_equals_single_batch() {
             ctx: 512,
             batch: 512,
             logit_rows: 4,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -84,6 +162,7 @@ fn batched_prefill_equals_single_batch() {
             ctx: 512,
             batch: 7,
             logit_rows: 4,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -103,6 +182,7 @@ fn all_logits_match_last_logits() {
             ctx: 64,
             batch: 64,
             logit_rows: 3,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -123,6 +203,7 @@ fn all_logits_match_last_logits() {
                 ctx: 64,
                 batch: 64,
                 logit_rows: 3,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -141,6 +222,7 @@ fn seeded_sampling_is_reproducible_and_stops_at_length() {
                 ctx: 128,
                 batch: 32,
                 logit_rows: 1,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -192,6 +274,7 @@ fn prompt_longer_than_context_is_an_error() {
             ctx: 16,
             batch: 16,
             logit_rows: 1,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -236,6 +319,45 @@ fn tokenizer_round_trips_and_parses_special_tokens() {
     assert_eq!(out, text);
 }
 
+/// Admission counts the quantized cache's size: on a budget where an f16 cache fits 4096 tokens,
+/// a q8_0 cache (34 bytes per 32 values against 64) fits more, and its KV bytes are 34/64 of f16's
+/// at the same context.
+#[test]
+fn quantized_kv_cache_fits_more_context() {
+    use mens::memory::{estimate, fit_context_slots, Backend, Budget};
+    let mut spec = SynthSpec::tiny_qwen2();
+    spec.ctx = 32768;
+    let (model, _) = tiny(&spec);
+    let opts = |ctx: usize, t: KvType| SessionOptions {
+        ctx,
+        batch: 512.min(ctx),
+        logit_rows: 16,
+        cache_k: t,
+        cache_v: t,
+    };
+    let bytes = estimate(&model, &opts(4096, KvType::F16)).total();
+    let b = Budget {
+        backend: Backend::Cpu,
+        bytes,
+        base: bytes,
+        how: "test".into(),
+    };
+    let fit = |t: KvType| {
+        fit_context_slots(&model, &b, None, 512, 1, (t, t))
+            .unwrap()
+            .ctx
+    };
+    let (f16, q8, q4) = (fit(KvType::F16), fit(KvType::Q8_0), fit(KvType::Q4_0));
+    eprintln!("fits: f16 {f16}, q8_0 {q8}, q4_0 {q4} tokens");
+    assert!(
+        f16 >= 4096 && q8 > f16 && q4 > q8,
+        "f16 {f16}, q8_0 {q8}, q4_0 {q4}"
+    );
+    let kv = |t: KvType| estimate(&model, &opts(4096, t)).kv_cache;
+    assert_eq!(kv(KvType::Q8_0) * 64, kv(KvType::F16) * 34);
+    assert_eq!(kv(KvType::Q4_0) * 64, kv(KvType::F16) * 18);
+}
+
 /// Admission: a budget below the model is refused with the numbers; a budget that fits the model but
 /// not its whole trained context gets the largest context that fits; a requested context that does
 /// not fit is refused naming what would.
@@ -255,6 +377,7 @@ fn memory_admission() {
         ctx,
         batch: 512.min(ctx),
         logit_rows: 16,
+        ..Default::default()
     };
     let minimum = estimate(&model, &opts(16)).total();
     let err = fit_context(&model, &budget(minimum - 1), None, 512).unwrap_err();
@@ -313,6 +436,7 @@ fn batch_steps_equal_separate_sessions() {
         ctx: 128,
         batch: 32,
         logit_rows: 1,
+        ..Default::default()
     };
     let mut sessions: Vec<Session> = prompts
         .iter()

@@ -186,6 +186,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 ctx,
                 batch: 512.min(plan.ctx),
                 logit_rows: 1,
+                ..Default::default()
             },
         )?))
     };
@@ -200,6 +201,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             ctx: args.concurrency_prompt + args.gen + 1,
             batch: concurrency_step(true, n),
             logit_rows: n,
+            ..Default::default()
         };
         let e = mens::memory::estimate_slots(&l.model, &options, n);
         let budget = mens::memory::budget(&mens::memory::probe(), Backend::Cpu)?;

@@ -84,6 +84,7 @@ pub fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
         queue,
         cache_reuse: 0,
         spec: None,
+        cache: Default::default(),
     };
     start_with(m, t, opts, config)
 }

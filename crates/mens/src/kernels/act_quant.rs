@@ -19,6 +19,38 @@ pub fn q8k(src: &[f32], dst: &mut [u8]) {
     q8k_isa(level() == Level::None, src, dst)
 }
 
+/// Quantize `src` into Q8_0 blocks as ggml's x86 `quantize_row_q8_0` does (1 / scale computed as
+/// 127 / max, halves rounded to even): how llama.cpp writes a q8_0 KV cache and quantizes Q for it.
+/// (Candle's rounding, in [`q8_0`], is what the matmul tests were built on; the two differ by one
+/// step in a few values.)
+pub fn q8_0_ggml(src: &[f32], dst: &mut [u8]) {
+    assert_eq!(dst.len(), src.len() / 32 * 34);
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::None {
+        // SAFETY: the level says AVX2 + FMA + F16C are present.
+        return unsafe { q8_0_ggml_avx2(src, dst) };
+    }
+    q8_0_ggml_body(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_ggml_avx2(src: &[f32], dst: &mut [u8]) {
+    q8_0_ggml_body(src, dst)
+}
+
+#[inline(always)]
+fn q8_0_ggml_body(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b[..2].copy_from_slice(&f16::from_f32(amax / 127.0).to_le_bytes());
+        for (q, &v) in b[2..].iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8 as u8;
+        }
+    }
+}
+
 /// As [`q8_0`], with the build chosen (`portable`: the baseline one; the tests run both).
 pub fn q8_0_isa(portable: bool, src: &[f32], dst: &mut [u8]) {
     assert_eq!(dst.len(), src.len() / 32 * 34);

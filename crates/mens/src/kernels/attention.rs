@@ -14,7 +14,9 @@
 //! spill the accumulators). It is 256-bit on purpose, see `attend_avx2`.
 
 use super::count_dispatch;
+use super::kv::KvRows;
 use super::ops::{QkvLayout, MAX_HEAD_DIM};
+use crate::model::KvType;
 use half::f16;
 
 /// Causal attention of `t` query rows (at positions pos0..pos0+t) against the f16 cache, head-major
@@ -28,12 +30,13 @@ pub fn attention(
     n_head: usize,
     n_kv_head: usize,
     pos0: usize,
-    k_cache: &[f16],
-    v_cache: &[f16],
+    k_cache: KvRows,
+    v_cache: KvRows,
     cap: usize,
     out: &mut [f32],
 ) {
     count_dispatch();
+    let f16_cache = k_cache.t == KvType::F16 && v_cache.t == KvType::F16;
     let hd = l.head_dim;
     let group = n_head / n_kv_head;
     let row = l.q_dim + 2 * l.kv_dim;
@@ -59,11 +62,20 @@ pub fn attention(
         let (ti, kvh, h0, _) = task(j);
         let n = pos0 + ti + 1;
         assert!(n <= cap);
-        let k = &k_cache[kvh * cap * hd..(kvh * cap + n) * hd];
-        let v = &v_cache[kvh * cap * hd..(kvh * cap + n) * hd];
+        if !f16_cache {
+            // The task's query heads together: each cache row is read and dequantized once.
+            let qs = &qkv[ti * row + h0 * hd..ti * row + h0 * hd + o.len()];
+            let (k, v) = (k_cache.rows(kvh * cap, n), v_cache.rows(kvh * cap, n));
+            for (q, o) in qs.chunks(GROUP * hd).zip(o.chunks_mut(GROUP * hd)) {
+                attend_quant(q, k, v, n, scale, o);
+            }
+            return;
+        }
         for (i, o) in o.chunks_exact_mut(hd).enumerate() {
             let h = h0 + i;
             let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
+            let k = &k_cache.f16()[kvh * cap * hd..(kvh * cap + n) * hd];
+            let v = &v_cache.f16()[kvh * cap * hd..(kvh * cap + n) * hd];
             path.attend(q, k, v, hd, n, scale, o);
         }
     };
@@ -272,6 +284,137 @@ fn attend_ref(
     }
 }
 
+/// Query heads of one KV group that [`attend_quant`] takes together.
+const GROUP: usize = 8;
+
+/// Up to `GROUP` query heads of one KV group (`qs`, head after head) against `n` rows of a cache
+/// with a block-quantized K or V (`-ctk` / `-ctv`), as llama.cpp's CPU flash attention computes each
+/// head for those types: with a quantized K, Q (f32, not rounded to f16) is quantized to Q8_0 and
+/// each score is the Q8_0 dot product of the K type; with a quantized V, each row is dequantized
+/// and accumulated in f32 (with an f16 V, in the f16 accumulator of `attend_ref`). The same online
+/// softmax and `expf` as the f16 kernel. The heads share each row's dequantization; each head's
+/// arithmetic is what it would be alone.
+fn attend_quant(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::level() != super::simd::Level::None {
+        // SAFETY: AVX2, FMA and F16C are present (the level says so).
+        return unsafe { attend_quant_avx2(qs, k, v, n, scale, out) };
+    }
+    attend_quant_body(qs, k, v, n, scale, out)
+}
+
+/// The same code compiled with AVX2 and FMA (the binary targets the x86-64 baseline, where
+/// `mul_add` is a library call).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_quant_avx2(
+    qs: &[f32],
+    k: KvRows,
+    v: KvRows,
+    n: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_quant_body(qs, k, v, n, scale, out)
+}
+
+#[inline(always)]
+fn attend_quant_body(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out: &mut [f32]) {
+    use super::simd::{self, ActRow, Kind, Level};
+    use candle_core::quantized::k_quants::{BlockQ4_0, BlockQ8_0, GgmlType};
+    const NB: usize = MAX_HEAD_DIM / 32;
+    let hd = k.row_len();
+    let heads = qs.len() / hd;
+    assert!(heads <= GROUP && out.len() == qs.len());
+    let nb = hd / 32;
+    // Each Q as Q8_0 blocks, and their scales as f32 (the dot kernels' activation format).
+    let mut qq = [[0u8; NB * 34]; GROUP];
+    let mut qd = [[0f32; NB]; GROUP];
+    let quant_k = k.t != KvType::F16;
+    if quant_k {
+        for h in 0..heads {
+            super::act_quant::q8_0_ggml(&qs[h * hd..(h + 1) * hd], &mut qq[h][..nb * 34]);
+            for (b, d) in qd[h][..nb].iter_mut().enumerate() {
+                *d = f16::from_le_bytes([qq[h][b * 34], qq[h][b * 34 + 1]]).to_f32();
+            }
+        }
+    }
+    let level = simd::level();
+    let kind = if k.t == KvType::Q8_0 {
+        Kind::Q8_0
+    } else {
+        Kind::Q4_0
+    };
+    let score = |h: usize, p: usize| -> f32 {
+        let row = k.row_bytes(p);
+        let y = &qq[h][..nb * 34];
+        match k.t {
+            KvType::F16 => dot_ref(&qs[h * hd..(h + 1) * hd], &k.f16()[p * hd..(p + 1) * hd]),
+            _ if level != Level::None => {
+                let act = [ActRow {
+                    q: y.as_ptr(),
+                    d: qd[h].as_ptr(),
+                    s: qd[h].as_ptr(),
+                }];
+                // SAFETY: the level is not None; the row holds nb blocks, `act` nb blocks and scales.
+                let d = unsafe { simd::dot::<1>(level, kind, nb, row.as_ptr(), &act) };
+                d[0]
+            }
+            KvType::Q8_0 => BlockQ8_0::vec_dot(
+                hd,
+                crate::weights::cast::<BlockQ8_0>(row),
+                crate::weights::cast::<BlockQ8_0>(y),
+            ),
+            KvType::Q4_0 => BlockQ4_0::vec_dot(
+                hd,
+                crate::weights::cast::<BlockQ4_0>(row),
+                crate::weights::cast::<BlockQ8_0>(y),
+            ),
+        }
+    };
+    let mut acc = [[0f32; MAX_HEAD_DIM]; GROUP];
+    let mut vrow = [0f32; MAX_HEAD_DIM];
+    let vrow = &mut vrow[..hd];
+    let f16_v = v.t == KvType::F16;
+    let mut max = [f32::NEG_INFINITY; GROUP];
+    let mut sum = [0f32; GROUP];
+    for p in 0..n {
+        if !f16_v {
+            v.load(p, vrow);
+        }
+        for h in 0..heads {
+            let acc = &mut acc[h][..hd];
+            let s = score(h, p) * scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > max[h] {
+                ms = expf(max[h] - s);
+                max[h] = s;
+                for a in acc.iter_mut() {
+                    *a = if f16_v { round_f16(*a * ms) } else { *a * ms };
+                }
+            } else {
+                vs = expf(s - max[h]);
+            }
+            if f16_v {
+                for (a, x) in acc.iter_mut().zip(&v.f16()[p * hd..(p + 1) * hd]) {
+                    *a = round_f16(x.to_f32().mul_add(vs, *a));
+                }
+            } else {
+                for (a, x) in acc.iter_mut().zip(vrow.iter()) {
+                    *a = x.mul_add(vs, *a);
+                }
+            }
+            sum[h] = sum[h].mul_add(ms, vs);
+        }
+    }
+    for h in 0..heads {
+        let inv = if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] };
+        for (o, a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc[h][..hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
 /// `expf` on 8 lanes (AVX2: the table read by a gather).
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -431,8 +574,19 @@ mod tests {
     /// Online-softmax GQA attention equals a two-pass softmax reference with repeated KV heads.
     #[test]
     fn attention_matches_two_pass_softmax() {
+        use super::super::kv::KvRowsMut;
+        use KvType::*;
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        for hd in [16, 64] {
+        let cases = [
+            (16, F16, F16),
+            (64, F16, F16),
+            (64, Q8_0, Q8_0),
+            (64, Q4_0, Q4_0),
+            (64, Q8_0, F16),
+            (64, F16, Q4_0),
+            (128, Q8_0, Q8_0),
+        ];
+        for (hd, ck, cv) in cases {
             let (n_head, n_kv, t, pos0) = (6, 2, 3, 5);
             let l = QkvLayout {
                 q_dim: n_head * hd,
@@ -442,14 +596,50 @@ mod tests {
             let row = l.q_dim + 2 * l.kv_dim;
             let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let ctx = pos0 + t;
-            let kc: Vec<f16> = (0..ctx * l.kv_dim)
-                .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
-                .collect();
-            let vc: Vec<f16> = (0..ctx * l.kv_dim)
-                .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
-                .collect();
+            // Cache rows as stored (u16-backed, as the KV cache), and what they hold as f32.
+            let mut store = |ty: KvType| {
+                let rb = ty.row_bytes(hd);
+                let mut buf = vec![0u16; n_kv * ctx * rb / 2];
+                // SAFETY: the u16s as bytes.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * 2)
+                };
+                let mut rows = KvRowsMut {
+                    t: ty,
+                    data: bytes,
+                    row: rb,
+                };
+                let mut vals = vec![0f32; n_kv * ctx * hd];
+                for r in 0..n_kv * ctx {
+                    let x: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    rows.store(r, &x);
+                    rows.as_rows().load(r, &mut vals[r * hd..(r + 1) * hd]);
+                }
+                (buf, vals)
+            };
+            let (kb, kf) = store(ck);
+            let (vb, vf) = store(cv);
+            let view = |b: &Vec<u16>, ty: KvType| KvRows {
+                t: ty,
+                // SAFETY: the u16s as bytes.
+                data: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) },
+                row: ty.row_bytes(hd),
+            };
             let mut out = vec![0f32; t * l.q_dim];
-            attention(&qkv, t, &l, n_head, n_kv, pos0, &kc, &vc, ctx, &mut out);
+            attention(
+                &qkv,
+                t,
+                &l,
+                n_head,
+                n_kv,
+                pos0,
+                view(&kb, ck),
+                view(&vb, cv),
+                ctx,
+                &mut out,
+            );
+            // A quantized K takes Q as Q8_0 blocks (1/254 of each block's largest value).
+            let tol = if ck == F16 { 2e-3 } else { 1e-2 };
             for ti in 0..t {
                 for h in 0..n_head {
                     let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
@@ -457,9 +647,8 @@ mod tests {
                     let n = pos0 + ti + 1;
                     let scores: Vec<f32> = (0..n)
                         .map(|p| {
-                            let k = &kc[(kvh * ctx + p) * hd..][..hd];
-                            q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum::<f32>()
-                                / (hd as f32).sqrt()
+                            let k = &kf[(kvh * ctx + p) * hd..][..hd];
+                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()
                         })
                         .collect();
                     let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -467,12 +656,12 @@ mod tests {
                     let z: f32 = e.iter().sum();
                     for j in 0..hd {
                         let want: f32 = (0..n)
-                            .map(|p| e[p] / z * vc[(kvh * ctx + p) * hd + j].to_f32())
+                            .map(|p| e[p] / z * vf[(kvh * ctx + p) * hd + j])
                             .sum();
                         let got = out[ti * l.q_dim + h * hd + j];
                         assert!(
-                            (want - got).abs() < 2e-3,
-                            "hd {hd} t{ti} h{h} j{j}: {got} vs {want}"
+                            (want - got).abs() < tol,
+                            "hd {hd} {ck:?}/{cv:?} t{ti} h{h} j{j}: {got} vs {want}"
                         );
                     }
                 }

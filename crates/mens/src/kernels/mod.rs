@@ -8,6 +8,7 @@
 mod act_quant;
 pub mod attention;
 mod kquant;
+pub mod kv;
 pub mod ops;
 pub mod pool;
 mod simd;

@@ -3,9 +3,10 @@
 //! against unfused references.
 
 use super::count_dispatch;
+use super::kv::KvRowsMut;
+use crate::model::KvType;
 pub use crate::rope::{RopeStyle, RopeTable, MAX_HEAD_DIM};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 /// out[i] = x[i] / sqrt(mean(x²) + eps) * w[i], for each row of `x`.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -49,9 +50,10 @@ pub struct QkvLayout {
 }
 
 /// The fused step after the QKV matmul: add the biases, RMS-normalise each Q and K head (`qk_norm`:
-/// the Q weights, the K weights, epsilon), rotate Q and K, and write K and V into
-/// the f16 cache rows `pos0..pos0+t` (cache rows are kv_dim long). Q is rounded to f16 as well, as
-/// llama.cpp does before its Q·K dot with an f16 cache.
+/// the Q weights, the K weights, epsilon), rotate Q and K, and write K and V into the cache rows
+/// `pos0..pos0+t` of each head (head-major: row `h * cap + pos`). With an f16 K cache, Q is rounded
+/// to f16 as well, as llama.cpp does before its Q·K dot; with a quantized one Q stays f32 (attention
+/// quantizes it as llama.cpp does).
 #[allow(clippy::too_many_arguments)]
 pub fn bias_rope_store(
     qkv: &mut [f32],
@@ -62,13 +64,14 @@ pub fn bias_rope_store(
     rope: &RopeTable,
     style: RopeStyle,
     pos0: usize,
-    k_cache: &mut [f16],
-    v_cache: &mut [f16],
+    k_cache: &mut KvRowsMut,
+    v_cache: &mut KvRowsMut,
     cap: usize,
 ) {
     count_dispatch();
     let row = l.q_dim + 2 * l.kv_dim;
     let hd = l.head_dim;
+    let round_q = k_cache.t == KvType::F16;
     for ti in 0..t {
         let r = &mut qkv[ti * row..(ti + 1) * row];
         if let Some(b) = bias {
@@ -90,19 +93,19 @@ pub fn bias_rope_store(
         }
         for h in q.chunks_exact_mut(l.head_dim) {
             rope.rotate(h, pos, style);
-            for x in h.iter_mut() {
-                *x = f16::from_f32(*x).to_f32();
+            if round_q {
+                for x in h.iter_mut() {
+                    *x = f16::from_f32(*x).to_f32();
+                }
             }
         }
         let (k, v) = kv.split_at_mut(l.kv_dim);
         for h in k.chunks_exact_mut(l.head_dim) {
             rope.rotate(h, pos, style);
         }
-        // Head-major cache: head h's row for `pos` at (h * cap + pos) * head_dim.
         for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            let at = (h * cap + pos) * hd;
-            k_cache[at..at + hd].convert_from_f32_slice(k);
-            v_cache[at..at + hd].convert_from_f32_slice(v);
+            k_cache.store(h * cap + pos, k);
+            v_cache.store(h * cap + pos, v);
         }
     }
 }
