@@ -6,6 +6,7 @@ use common::{json, load};
 use mens::cpu::{Session, SessionOptions};
 use mens::generate::{generate, GenerateOptions};
 use mens::gguf::TensorType;
+use mens::model::KvType;
 use mens::runner::Logits;
 use mens::sample::argmax;
 use mens::sample::{Sampler, SamplerConfig};
@@ -210,37 +211,19 @@ fn kv_cache_parity_0_5b() {
 /// Perplexity on CPython's difflib.py with 512-token windows within 1% of llama-perplexity's 6.1134.
 #[test]
 fn perplexity_matches_llama_cpp_0_5b() {
-    let l = load("qwen2.5-coder-0.5b");
-    let text = std::fs::read_to_string(common::data("difflib.py.txt")).unwrap();
-    let tokens = l.tokenizer.encode(&text).unwrap();
-    let mut s = Session::new(
-        l.model.clone(),
-        SessionOptions {
-            ctx: 512,
-            batch: 512,
-            logit_rows: 16,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let r = mens::perplexity::perplexity(&mut s, &tokens, None, None, |_, _| {}).unwrap();
-    let reference = 6.1134;
-    eprintln!(
-        "0.5B perplexity {:.4} ± {:.4} over {} windows (llama.cpp {reference})",
-        r.ppl, r.error, r.windows
-    );
-    assert_eq!(r.windows, 40);
-    assert!(
-        (r.ppl - reference).abs() / reference < 0.01,
-        "perplexity {} vs {reference}",
-        r.ppl
-    );
+    ppl_0_5b(KvType::F16, 6.1134);
 }
 
 /// A q8_0 K and V cache: perplexity within 1% of llama-perplexity run with `-ctk q8_0 -ctv q8_0
-/// -fa on` on the same text (6.1579, measured 2026-11-30, docs/benchmarks.md).
+/// -fa on` on the same text (6.1579, measured 2026-11-30, docs/benchmarks.md; mens 6.1816).
 #[test]
 fn perplexity_with_q8_0_cache_matches_llama_cpp_0_5b() {
+    ppl_0_5b(KvType::Q8_0, 6.1579);
+}
+
+/// The 0.5B's perplexity on the reference text with K and V cached as `cache`, within 1% of
+/// llama.cpp's `reference`.
+fn ppl_0_5b(cache: KvType, reference: f64) {
     let l = load("qwen2.5-coder-0.5b");
     let text = std::fs::read_to_string(common::data("difflib.py.txt")).unwrap();
     let tokens = l.tokenizer.encode(&text).unwrap();
@@ -250,16 +233,18 @@ fn perplexity_with_q8_0_cache_matches_llama_cpp_0_5b() {
             ctx: 512,
             batch: 512,
             logit_rows: 16,
-            cache_k: mens::model::KvType::Q8_0,
-            cache_v: mens::model::KvType::Q8_0,
+            cache_k: cache,
+            cache_v: cache,
         },
     )
     .unwrap();
     let r = mens::perplexity::perplexity(&mut s, &tokens, None, None, |_, _| {}).unwrap();
-    let reference = 6.1579;
     eprintln!(
-        "0.5B perplexity with a q8_0 cache {:.4} ± {:.4} (llama.cpp {reference})",
-        r.ppl, r.error
+        "0.5B perplexity, {} cache: {:.4} ± {:.4} over {} windows (llama.cpp {reference})",
+        cache.name(),
+        r.ppl,
+        r.error,
+        r.windows
     );
     assert_eq!(r.windows, 40);
     assert!(

@@ -111,6 +111,34 @@ macro_rules! kquant_kernels {
             _mm_cvtss_f32(s)
         }
 
+        /// The Q8_K block's scale d (f32, its first 4 bytes).
+        #[inline(always)]
+        unsafe fn q8k_d(yb: *const u8) -> f32 {
+            f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)])
+        }
+
+        /// acc + m·mins + s·sums, the mins term first (ggml's order).
+        #[inline(always)]
+        unsafe fn mins_then_sums(
+            acc: __m256,
+            m: f32,
+            mins: __m256i,
+            s: f32,
+            sums: __m256i,
+        ) -> __m256 {
+            let acc = _mm256_fmadd_ps(_mm256_set1_ps(m), _mm256_cvtepi32_ps(mins), acc);
+            _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(sums), acc)
+        }
+
+        #[inline(always)]
+        unsafe fn hsums<const R: usize>(acc: &[__m256; R]) -> [f32; R] {
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]);
+            }
+            out
+        }
+
         /// Byte shuffles: `K4_SHUF[i]` broadcasts 16-bit lane i to every lane; `K6_SHUF[i]` spreads
         /// bytes 2i and 2i+1 over 8 lanes each.
         const K4_SHUF: [[u8; 32]; 8] = {
@@ -211,26 +239,13 @@ macro_rules! kquant_kernels {
                 }
                 for r in 0..R {
                     let yb = ys[r].add(i * Q8K_BYTES);
-                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    let yd = q8k_d(yb);
                     let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
                     let prod = _mm256_madd_epi16(mins, bsums);
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(-yd * dmin),
-                        _mm256_cvtepi32_ps(prod),
-                        acc[r],
-                    );
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(yd * d),
-                        _mm256_cvtepi32_ps(sumi[r]),
-                        acc[r],
-                    );
+                    acc[r] = mins_then_sums(acc[r], -yd * dmin, prod, yd * d, sumi[r]);
                 }
             }
-            let mut out = [0f32; R];
-            for r in 0..R {
-                out[r] = hsum(acc[r]);
-            }
-            out
+            hsums(&acc)
         }
 
         /// Q3_K: 2 low bits, a high bit (clear = minus 4), a 6-bit signed scale per 16 values.
@@ -284,7 +299,7 @@ macro_rules! kquant_kernels {
                 }
                 for r in 0..R {
                     let yb = ys[r].add(i * Q8K_BYTES);
-                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    let yd = q8k_d(yb);
                     acc[r] = _mm256_fmadd_ps(
                         _mm256_set1_ps(yd * d),
                         _mm256_cvtepi32_ps(sumi[r]),
@@ -292,11 +307,7 @@ macro_rules! kquant_kernels {
                     );
                 }
             }
-            let mut out = [0f32; R];
-            for r in 0..R {
-                out[r] = hsum(acc[r]);
-            }
-            out
+            hsums(&acc)
         }
 
         /// The 8 six-bit scales and 8 mins of a Q4_K block, as bytes (ggml's `utmp` unpacking).
@@ -377,7 +388,7 @@ macro_rules! kquant_kernels {
                 }
                 for r in 0..R {
                     let yb = ys[r].add(i * Q8K_BYTES);
-                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    let yd = q8k_d(yb);
                     // Sums of the 16 groups of 16 activations, paired into the 8 sub-blocks of 32.
                     let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
                     let q8s = _mm_hadd_epi16(
@@ -386,23 +397,10 @@ macro_rules! kquant_kernels {
                     );
                     // The mins term (4 lanes) joins the same accumulator, upper lanes zero.
                     let prod = _mm256_zextsi128_si256(_mm_madd_epi16(mins, q8s));
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(-yd * dmin),
-                        _mm256_cvtepi32_ps(prod),
-                        acc[r],
-                    );
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(yd * d),
-                        _mm256_cvtepi32_ps(sumi[r]),
-                        acc[r],
-                    );
+                    acc[r] = mins_then_sums(acc[r], -yd * dmin, prod, yd * d, sumi[r]);
                 }
             }
-            let mut out = [0f32; R];
-            for r in 0..R {
-                out[r] = hsum(acc[r]);
-            }
-            out
+            hsums(&acc)
         }
 
         #[target_feature(enable = $feat)]
@@ -456,7 +454,7 @@ macro_rules! kquant_kernels {
                     let yb = ys[r].add(i * Q8K_BYTES);
                     let bsums = _mm256_loadu_si256(yb.add(4 + 256) as *const __m256i);
                     let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5);
-                    let yd = f32::from_le_bytes([*yb, *yb.add(1), *yb.add(2), *yb.add(3)]);
+                    let yd = q8k_d(yb);
                     acc[r] = _mm256_fmadd_ps(
                         _mm256_set1_ps(yd * d),
                         _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r], corr)),
@@ -464,11 +462,7 @@ macro_rules! kquant_kernels {
                     );
                 }
             }
-            let mut out = [0f32; R];
-            for r in 0..R {
-                out[r] = hsum(acc[r]);
-            }
-            out
+            hsums(&acc)
         }
     };
 }
