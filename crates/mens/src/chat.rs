@@ -394,6 +394,9 @@ impl ChatTemplate {
         let mut env = minijinja::Environment::new();
         env.set_fuel(Some(FUEL));
         env.set_recursion_limit(64);
+        // Python's string and dict methods (`startswith`, `split`, `strip`, `items`…), which
+        // templates written for Jinja2 call (Qwen3's does), as llama.cpp's template engine has them.
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -513,6 +516,27 @@ mod tests {
             none.render(&msgs, true).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    /// Templates written for Jinja2 call Python's string methods (Qwen3's: `startswith`,
+    /// `endswith`, `split`, `strip`, `lstrip`, `rstrip`, as it separates `<think>` from the answer).
+    #[test]
+    fn python_string_methods_work_in_templates() {
+        let t = ChatTemplate::new(
+            Some(
+                "{%- for m in messages %}{%- if m.content.startswith('<think>') and '</think>' in m.content %}\
+                 [{{ m.content.split('</think>')[-1].lstrip('\\n') }}|{{ m.content.split('</think>')[0].split('<think>')[-1].strip('\\n') }}]\
+                 {%- elif m.content.endswith('!') %}{{ m.content.rstrip('!') | upper }}{%- endif %}{%- endfor %}"
+                    .into(),
+            ),
+            String::new(),
+            String::new(),
+        );
+        let msgs = [
+            Message::new("assistant", "<think>\nplan\n</think>\n\nanswer"),
+            Message::new("user", "hi!!"),
+        ];
+        assert_eq!(t.render(&msgs, false).unwrap(), "[answer|plan]HI");
     }
 
     #[test]
