@@ -340,36 +340,49 @@ fn attend_quant_body(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out
         }
     }
     let level = simd::level();
-    let kind = if k.t == KvType::Q8_0 {
-        Kind::Q8_0
-    } else {
-        Kind::Q4_0
-    };
-    let score = |h: usize, p: usize| -> f32 {
+    let kind = if k.t == KvType::Q8_0 { Kind::Q8_0 } else { Kind::Q4_0 };
+    // Every head's Q as a dot kernel's activation row (unused ones repeat the first): one call
+    // scores a key for all heads, the K row unpacked once (each row's sum is the one-row kernel's).
+    let acts: [ActRow; GROUP] = std::array::from_fn(|h| {
+        let h = if h < heads { h } else { 0 };
+        ActRow {
+            q: qq[h].as_ptr(),
+            d: qd[h].as_ptr(),
+            s: qd[h].as_ptr(),
+        }
+    });
+    let scores = |p: usize, out: &mut [f32; GROUP]| {
         let row = k.row_bytes(p);
-        let y = &qq[h][..nb * 34];
         match k.t {
-            KvType::F16 => dot_ref(&qs[h * hd..(h + 1) * hd], &k.f16()[p * hd..(p + 1) * hd]),
-            _ if level != Level::None => {
-                let act = [ActRow {
-                    q: y.as_ptr(),
-                    d: qd[h].as_ptr(),
-                    s: qd[h].as_ptr(),
-                }];
-                // SAFETY: the level is not None; the row holds nb blocks, `act` nb blocks and scales.
-                let d = unsafe { simd::dot::<1>(level, kind, nb, row.as_ptr(), &act) };
-                d[0]
+            KvType::F16 => {
+                let kr = &k.f16()[p * hd..(p + 1) * hd];
+                for (h, o) in out[..heads].iter_mut().enumerate() {
+                    *o = dot_ref(&qs[h * hd..(h + 1) * hd], kr);
+                }
             }
-            KvType::Q8_0 => BlockQ8_0::vec_dot(
-                hd,
-                crate::weights::cast::<BlockQ8_0>(row),
-                crate::weights::cast::<BlockQ8_0>(y),
-            ),
-            KvType::Q4_0 => BlockQ4_0::vec_dot(
-                hd,
-                crate::weights::cast::<BlockQ4_0>(row),
-                crate::weights::cast::<BlockQ8_0>(y),
-            ),
+            // SAFETY: the level is not None; the row holds nb blocks, each of `acts` nb blocks
+            // and scales.
+            _ if level != Level::None => {
+                *out = unsafe { simd::dot::<GROUP>(level, kind, nb, row.as_ptr(), &acts) }
+            }
+            KvType::Q8_0 => {
+                for (h, o) in out[..heads].iter_mut().enumerate() {
+                    *o = BlockQ8_0::vec_dot(
+                        hd,
+                        crate::weights::cast::<BlockQ8_0>(row),
+                        crate::weights::cast::<BlockQ8_0>(&qq[h][..nb * 34]),
+                    );
+                }
+            }
+            KvType::Q4_0 => {
+                for (h, o) in out[..heads].iter_mut().enumerate() {
+                    *o = BlockQ4_0::vec_dot(
+                        hd,
+                        crate::weights::cast::<BlockQ4_0>(row),
+                        crate::weights::cast::<BlockQ8_0>(&qq[h][..nb * 34]),
+                    );
+                }
+            }
         }
     };
     let mut acc = [[0f32; MAX_HEAD_DIM]; GROUP];
@@ -378,13 +391,15 @@ fn attend_quant_body(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out
     let f16_v = v.t == KvType::F16;
     let mut max = [f32::NEG_INFINITY; GROUP];
     let mut sum = [0f32; GROUP];
+    let mut sc = [0f32; GROUP];
     for p in 0..n {
         if !f16_v {
             v.load(p, vrow);
         }
+        scores(p, &mut sc);
         for h in 0..heads {
             let acc = &mut acc[h][..hd];
-            let s = score(h, p) * scale;
+            let s = sc[h] * scale;
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > max[h] {
                 ms = expf(max[h] - s);
