@@ -2,7 +2,9 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# `concurrency`: `mens bench --backend cuda --concurrency 1,4,16,64` (the server's batched runner
+# without HTTP) on each shape.
 # `batch`: `mens serve --backend cuda --parallel N` under N streaming clients (256 prompt tokens,
 # 256 generated each, ignore_eos, greedy) for N = 1, 4, 16, 64 on synth 7b, and N = 64 on the
 # other shapes; `mens bench` decode beside it (the N = 1 bar).
@@ -137,6 +139,15 @@ if [ "$MODE" = batch ] || [ "$MODE" = all ]; then
 fi
 
 MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'
+
+if [ "$MODE" = concurrency ] || [ "$MODE" = all ]; then
+  for s in ${SHAPES//,/ }; do
+    echo "== mens bench --backend cuda --concurrency, synth $s"
+    "$BIN/mens" bench -m "$(synth "$s")" --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 \
+      --concurrency 1,4,16,64 --concurrency-prompt 256 --gen 256 -q --json "$OUT/concurrency-$s.json" \
+      2>&1 | grep -E "sequences together|TTFT|error|Error" | sed "s/^/synth $s: /" | tee -a "$OUT/concurrency.txt"
+  done
+fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   for s in ${SHAPES//,/ }; do
