@@ -275,7 +275,7 @@ fn truncations_at_many_offsets() {
 #[test]
 fn fuzz_regressions_load_or_fail_cleanly() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions");
-    let mut n = 0;
+    let (mut n, mut rejects) = (0, 0);
     for e in std::fs::read_dir(&dir)
         .expect("fuzz/regressions exists")
         .flatten()
@@ -284,10 +284,15 @@ fn fuzz_regressions_load_or_fail_cleanly() {
         let name = e.file_name().to_string_lossy().into_owned();
         let r = std::panic::catch_unwind(|| mens::load_untrusted(&bytes));
         assert!(r.is_ok(), "{name}: panicked");
+        // The malformed-file cases (`cargo run --release --example regressions`) must be refused.
+        if name.starts_with("reject-") {
+            assert!(r.unwrap().is_err(), "{name}: loaded");
+            rejects += 1;
+        }
         n += 1;
     }
-    eprintln!("{n} fuzz regression inputs replayed");
-    assert!(n > 0);
+    eprintln!("{n} fuzz regression inputs replayed, {rejects} of them refused as they must be");
+    assert!(n > 0 && rejects >= 11, "{n} inputs, {rejects} refusals");
 }
 
 /// Size-like hyperparameters must match the tensors they describe (a RoPE dimension of 1000 with a
