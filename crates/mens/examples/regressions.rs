@@ -2,24 +2,13 @@
 //! `reject-*.gguf` must be refused with an error, never a panic; the test suite replays them all
 //! (`crates/mens/tests/malformed.rs`). `cargo run --release --example regressions` (from the
 //! repository root).
-use mens::gguf::TensorType;
 use mens::synth::{synth_model, SynthSpec};
 
 fn main() {
-    let micro = |base: SynthSpec| SynthSpec {
-        n_layer: 1,
-        dim: 64,
-        n_head: 2,
-        n_kv_head: 1,
-        ffn_dim: 128,
-        ctx: 64,
-        types: [TensorType::Q8_0; 7],
-        ..base
-    };
-    let qwen2 = synth_model(&micro(SynthSpec::tiny_qwen2()));
+    let qwen2 = synth_model(&SynthSpec::tiny_qwen2().micro());
     let qwen3 = synth_model(&SynthSpec {
         head_dim: Some(64),
-        ..micro(SynthSpec::tiny_qwen3())
+        ..SynthSpec::tiny_qwen3().micro()
     });
     mens::load_untrusted(&qwen2).expect("the base file loads");
     mens::load_untrusted(&qwen3).expect("the base file loads");
@@ -44,15 +33,39 @@ fn main() {
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("reject-truncated-8.gguf", qwen2[..8].to_vec()),
         ("reject-truncated-header.gguf", qwen2[..30].to_vec()),
-        ("reject-truncated-half.gguf", qwen2[..qwen2.len() / 2].to_vec()),
-        ("reject-truncated-last-byte.gguf", qwen2[..qwen2.len() - 1].to_vec()),
+        (
+            "reject-truncated-half.gguf",
+            qwen2[..qwen2.len() / 2].to_vec(),
+        ),
+        (
+            "reject-truncated-last-byte.gguf",
+            qwen2[..qwen2.len() - 1].to_vec(),
+        ),
         ("reject-bad-magic.gguf", put(&qwen2, 0, b"GGUG")),
-        ("reject-version-99.gguf", put(&qwen2, 4, &99u32.to_le_bytes())),
-        ("reject-tensor-count-huge.gguf", put(&qwen2, 8, &u64::MAX.to_le_bytes())),
-        ("reject-kv-count-huge.gguf", put(&qwen2, 16, &u64::MAX.to_le_bytes())),
-        ("reject-key-length-huge.gguf", put(&qwen2, 24, &u64::MAX.to_le_bytes())),
-        ("reject-value-type-99.gguf", put(&qwen2, first_type, &99u32.to_le_bytes())),
-        ("reject-value-length-contradicts.gguf", put(&qwen3, at, &1000u32.to_le_bytes())),
+        (
+            "reject-version-99.gguf",
+            put(&qwen2, 4, &99u32.to_le_bytes()),
+        ),
+        (
+            "reject-tensor-count-huge.gguf",
+            put(&qwen2, 8, &u64::MAX.to_le_bytes()),
+        ),
+        (
+            "reject-kv-count-huge.gguf",
+            put(&qwen2, 16, &u64::MAX.to_le_bytes()),
+        ),
+        (
+            "reject-key-length-huge.gguf",
+            put(&qwen2, 24, &u64::MAX.to_le_bytes()),
+        ),
+        (
+            "reject-value-type-99.gguf",
+            put(&qwen2, first_type, &99u32.to_le_bytes()),
+        ),
+        (
+            "reject-value-length-contradicts.gguf",
+            put(&qwen3, at, &1000u32.to_le_bytes()),
+        ),
     ];
     for (name, bytes) in cases {
         let e = mens::load_untrusted(&bytes).expect_err(name);

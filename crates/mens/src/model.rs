@@ -80,10 +80,6 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
     }
-    /// Bytes of K and V cache per token of context (f16 entries).
-    pub fn kv_bytes_per_token(&self) -> u64 {
-        self.kv_bytes_per_token_as(KvType::F16, KvType::F16)
-    }
     /// Bytes of K and V cache per token of context with K stored as `k` and V as `v`.
     pub fn kv_bytes_per_token_as(&self, k: KvType, v: KvType) -> u64 {
         let rows = (self.n_layer * self.n_kv_head) as u64;

@@ -96,6 +96,29 @@ impl SynthSpec {
         }
     }
 
+    /// The same architecture at the smallest shape (one layer, d = 64, mixed types): the fuzzers'
+    /// seeds and the malformed-file cases start from it.
+    pub fn micro(self) -> Self {
+        SynthSpec {
+            n_layer: 1,
+            dim: 64,
+            n_head: 2,
+            n_kv_head: 1,
+            ffn_dim: 128,
+            ctx: 64,
+            types: [
+                TensorType::Q8_0,
+                TensorType::Q4_0,
+                TensorType::Q5_0,
+                TensorType::Q8_0,
+                TensorType::F16,
+                TensorType::Q8_0,
+                TensorType::Q4_1,
+            ],
+            ..self
+        }
+    }
+
     /// The tiny model of an architecture, by name: qwen2, qwen3, llama, llama3.
     pub fn tiny(arch: &str) -> Option<Self> {
         match arch {

@@ -340,7 +340,11 @@ fn attend_quant_body(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out
         }
     }
     let level = simd::level();
-    let kind = if k.t == KvType::Q8_0 { Kind::Q8_0 } else { Kind::Q4_0 };
+    let kind = if k.t == KvType::Q8_0 {
+        Kind::Q8_0
+    } else {
+        Kind::Q4_0
+    };
     // Every head's Q as a dot kernel's activation row (unused ones repeat the first): one call
     // scores a key for all heads, the K row unpacked once (each row's sum is the one-row kernel's).
     let acts: [ActRow; GROUP] = std::array::from_fn(|h| {
