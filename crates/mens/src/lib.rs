@@ -28,6 +28,7 @@ pub mod runner;
 pub mod sample;
 pub mod scheduler;
 pub mod spec;
+pub mod spm;
 pub mod stream;
 pub mod synth;
 pub mod tokenizer;

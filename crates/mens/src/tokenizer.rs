@@ -1,6 +1,7 @@
-//! The model's own tokenizer, built from GGUF metadata with the `tokenizers` crate (byte-level BPE with
-//! the pre-tokenizer regex llama.cpp uses for the file's `tokenizer.ggml.pre`), and a streaming
-//! detokenizer that only emits complete UTF-8.
+//! The model's own tokenizer, built from GGUF metadata: byte-level BPE with the `tokenizers` crate
+//! (`tokenizer.ggml.model = "gpt2"`, with the pre-tokenizer regex llama.cpp uses for the file's
+//! `tokenizer.ggml.pre`) or SentencePiece-style merges by score ([`crate::spm`], model `"llama"`:
+//! Gemma); and a streaming detokenizer that only emits complete UTF-8.
 //!
 //! Special tokens are split out here, not by `tokenizers`, because who wrote the text decides which
 //! may appear: [`Tokenizer::encode`] (text the operator wrote: a CLI prompt) parses every special
@@ -11,6 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::{Array, Gguf};
+use crate::spm::{self, Spm};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -27,11 +29,19 @@ const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_UNKNOWN: i64 = 2;
 const TOKEN_CONTROL: i64 = 3;
 const TOKEN_USER_DEFINED: i64 = 4;
+const TOKEN_BYTE: i64 = 6;
+
+/// How text without special tokens becomes ids.
+enum Model {
+    Bpe(tokenizers::Tokenizer),
+    Spm(Spm),
+}
 
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Model,
     /// The bytes each token stands for, for streaming decode.
     token_bytes: Vec<Vec<u8>>,
     pub bos: Option<u32>,
@@ -99,9 +109,9 @@ fn split(regex: &str) -> Result<PreTokenizerWrapper> {
 impl Tokenizer {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let model = g.get_str("tokenizer.ggml.model")?.unwrap_or("");
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(Error::Tokenizer(format!(
-                "tokenizer model {model:?} is not supported (byte-level BPE \"gpt2\" is)"
+                "tokenizer model {model:?} is not supported (byte-level BPE \"gpt2\" and SentencePiece \"llama\" are)"
             )));
         }
         let tokens = match g.get_array("tokenizer.ggml.tokens")? {
@@ -153,9 +163,31 @@ impl Tokenizer {
             // Duplicate strings exist in some vocabularies; the first id wins, as in llama.cpp.
             vocab.entry(t.clone()).or_insert(i as u32);
         }
-        let (inner, indent_splits) = bpe_model(g, &vocab, merges)?;
+        let (inner, indent_splits) = if model == "llama" {
+            let scores = match g.get_array("tokenizer.ggml.scores")? {
+                Some(Array::Floats(f)) => f.iter().map(|&x| x as f32).collect(),
+                _ => {
+                    return Err(Error::Tokenizer(
+                        "tokenizer.ggml.scores is missing or not a list of numbers".into(),
+                    ))
+                }
+            };
+            let prefix = g
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true);
+            let unk = id("tokenizer.ggml.unknown_token_id")?;
+            (
+                Model::Spm(Spm::new(tokens, scores, &vocab, unk, prefix)?),
+                false,
+            )
+        } else {
+            let (b, indent) = bpe_model(g, &vocab, merges)?;
+            (Model::Bpe(b), indent)
+        };
 
-        let (token_bytes, specials, all_specials, user_specials) = special_tables(tokens, &types)?;
+        let (token_bytes, specials, all_specials, user_specials) =
+            special_tables(tokens, &types, model == "llama")?;
 
         let mut stop_tokens = vec![eos];
         for name in [
@@ -163,6 +195,7 @@ impl Tokenizer {
             "<|endoftext|>",
             "<|eot_id|>",
             "<|end_of_text|>",
+            "<end_of_turn>",
         ] {
             if let Some(&i) = vocab.get(name) {
                 if !stop_tokens.contains(&i)
@@ -365,6 +398,14 @@ impl Tokenizer {
     fn encode_plain(&self, text: &str, ids: &mut Vec<u32>, limit: usize) -> Result<()> {
         // Text that cannot fit is refused before any of it is tokenized.
         over(ids.len() + text.len() / self.max_token_len, limit)?;
+        let bpe = match &self.inner {
+            Model::Bpe(b) => b,
+            Model::Spm(s) => {
+                // One pass over the whole text (merges by score may reach across any cut).
+                s.encode(text, &self.vocab, ids);
+                return over(ids.len(), limit);
+            }
+        };
         let mut rest = text;
         while !rest.is_empty() {
             let cut = if rest.len() <= PIECE {
@@ -372,8 +413,7 @@ impl Tokenizer {
             } else {
                 piece_end(rest, self.indent_splits)
             };
-            let enc = self
-                .inner
+            let enc = bpe
                 .encode(&rest[..cut], false)
                 .map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
             ids.extend_from_slice(enc.get_ids());
@@ -478,6 +518,7 @@ fn bpe_model(
 fn special_tables(
     tokens: &[String],
     types: &[i64],
+    sentencepiece: bool,
 ) -> Result<(
     Vec<Vec<u8>>,
     Vec<(String, u32)>,
@@ -496,6 +537,17 @@ fn special_tables(
             }
             specials.push((t.clone(), i as u32));
             token_bytes.push(t.as_bytes().to_vec());
+        } else if sentencepiece {
+            // As llama.cpp's `token_to_piece`: ▁ is a space, <0xXX> its byte, unknown "▅".
+            let byte = t
+                .strip_prefix("<0x")
+                .and_then(|h| h.strip_suffix('>'))
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            token_bytes.push(match (ty, byte) {
+                (TOKEN_BYTE, Some(b)) => vec![b],
+                (TOKEN_UNKNOWN, _) => "\u{2585}".as_bytes().to_vec(),
+                _ => t.replace(spm::SPACE, " ").into_bytes(),
+            });
         } else {
             // Byte-level text; a character outside the map is kept as its UTF-8.
             let mut b = Vec::with_capacity(t.len());
