@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::kernels::kv::KvRowsMut;
 use crate::kernels::ops::{self, QkvLayout, RopeTable};
 use crate::kernels::{act_type, attention, matmul, ActType, QuantizedInput};
-use crate::model::{KvType, Model};
+use crate::model::{Activation, KvType, Model};
 use crate::runner::{check_tokens, single, Logits, Memory, Part, Runner};
 use crate::sample::Sampler;
 use std::sync::Arc;
@@ -118,6 +118,18 @@ pub struct RunState {
     /// [logit_rows, vocab]
     logits: Vec<f32>,
     rope: RopeTable,
+    /// The sliding-window layers' table (Gemma 3: their own RoPE base).
+    rope_swa: Option<RopeTable>,
+}
+
+impl RunState {
+    /// The RoPE table of layer `l`.
+    fn rope(&self, c: &crate::model::Config, l: usize) -> &RopeTable {
+        match &self.rope_swa {
+            Some(t) if c.window(l) != usize::MAX => t,
+            _ => &self.rope,
+        }
+    }
 }
 
 impl RunState {
@@ -148,7 +160,8 @@ impl RunState {
             in_ffn: QuantizedInput::new(b, c.ffn_dim, &ffn_types),
             in_head: QuantizedInput::new(o.logit_rows, c.dim, &[act_type(m.output.ttype)]),
             logits: vec![0f32; o.logit_rows * c.vocab_size],
-            rope: RopeTable::new(o.ctx, c.head_dim, c.rope_base, m.rope_freqs.as_deref()),
+            rope: RopeTable::of(m, o.ctx),
+            rope_swa: RopeTable::of_sliding(m, o.ctx),
         }
     }
 
@@ -168,6 +181,7 @@ impl RunState {
             + f(&self.logits)
             + f(&self.rope.cos)
             + f(&self.rope.sin)
+            + self.rope_swa.as_ref().map_or(0, |r| f(&r.cos) + f(&r.sin))
     }
 }
 
@@ -186,7 +200,8 @@ pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
     // f32 activations; quantized inputs take at most ~1.2 bytes per value per format (two formats at most).
     let acts = 4 * b * (3 * d + q + 2 * kv_d + q + 3 * f) + 3 * b * (d + q + f);
     let logits = 4 * o.logit_rows as u64 * v;
-    let rope = 4 * o.ctx as u64 * c.head_dim as u64;
+    let tables = 1 + c.sliding.is_some() as u64;
+    let rope = tables * 4 * o.ctx as u64 * c.head_dim as u64;
     kv + acts + logits + rope
 }
 
@@ -248,7 +263,7 @@ impl Sequence {
     fn shift(
         &mut self,
         c: &crate::model::Config,
-        rope: &RopeTable,
+        run: &RunState,
         src: usize,
         dst: usize,
         len: usize,
@@ -266,6 +281,7 @@ impl Sequence {
         let delta = dst as isize - src as isize;
         let mut row = vec![0f32; hd];
         for l in 0..c.n_layer {
+            let rope = run.rope(c, l);
             let (mut k, mut v, cap) = self.kv.layer(l);
             for h in 0..c.n_kv_head {
                 let base = h * cap;
@@ -312,8 +328,11 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
     let row = l.q_dim + 2 * l.kv_dim;
 
     for (i, &tok) in parts.iter().flat_map(|p| p.1.iter()).enumerate() {
-        m.embedding
-            .dequantize_row(tok as usize, &mut r.x[i * d..(i + 1) * d]);
+        let x = &mut r.x[i * d..(i + 1) * d];
+        m.embedding.dequantize_row(tok as usize, x);
+        if c.embed_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embed_scale);
+        }
     }
     ops::rmsnorm(
         &r.x[..t * d],
@@ -333,6 +352,10 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             &mut r.qkv,
             row,
         );
+        let rope = match &r.rope_swa {
+            Some(t) if c.window(li) != usize::MAX => t,
+            _ => &r.rope,
+        };
         let mut first = 0;
         for (seq, toks) in parts.iter_mut() {
             let n = toks.len();
@@ -348,14 +371,14 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                     .qk_norm
                     .as_ref()
                     .map(|(q, k)| (&q[..], &k[..], c.rms_eps)),
-                &r.rope,
+                rope,
                 c.rope_style,
                 pos0,
                 &mut kc,
                 &mut vc,
                 cap,
             );
-            attention::attention(
+            attention::attention_masked(
                 qkv,
                 n,
                 &l,
@@ -365,15 +388,21 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 kc.as_rows(),
                 vc.as_rows(),
                 cap,
+                attention::Mask {
+                    scale: c.attn_scale,
+                    window: c.window(li),
+                },
                 &mut r.att[first * l.q_dim..(first + n) * l.q_dim],
             );
             first += n;
         }
         r.in_att.set(&r.att[..t * l.q_dim], t);
         matmul(&[(&layer.o, 0)], &r.in_att, &mut r.tmp, d);
+        let post = layer.post_norms.as_ref();
         ops::add_rmsnorm(
             &mut r.x[..t * d],
             &r.tmp[..t * d],
+            post.map(|p| &p.0[..]),
             &layer.ffn_norm,
             c.rms_eps,
             &mut r.xb[..t * d],
@@ -385,7 +414,10 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             &mut r.gate_up,
             2 * f,
         );
-        ops::swiglu(&r.gate_up, t, f, &mut r.hidden);
+        match c.activation {
+            Activation::Silu => ops::swiglu(&r.gate_up, t, f, &mut r.hidden),
+            Activation::Gelu => ops::geglu(&r.gate_up, t, f, &mut r.hidden),
+        }
         r.in_ffn.set(&r.hidden[..t * f], t);
         matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
         let norm = match m.layers.get(li + 1) {
@@ -395,6 +427,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
         ops::add_rmsnorm(
             &mut r.x[..t * d],
             &r.tmp[..t * d],
+            post.map(|p| &p.1[..]),
             norm,
             c.rms_eps,
             &mut r.xb[..t * d],
@@ -402,6 +435,15 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
     }
     for (seq, toks) in parts.iter_mut() {
         seq.tokens.extend_from_slice(toks);
+    }
+}
+
+/// The LM head over `rows` rows of `input`, into `logits` (soft-capped when the model says so).
+fn lm_head(m: &Model, input: &QuantizedInput, logits: &mut [f32], rows: usize) {
+    let v = m.config.vocab_size;
+    matmul(&[(&m.output, 0)], input, logits, v);
+    if let Some(cap) = m.config.logit_softcap {
+        ops::softcap(&mut logits[..rows * v], cap);
     }
 }
 
@@ -514,14 +556,14 @@ impl Session {
             None => {}
             Some(None) => {
                 r.in_head.set(&r.xb[(t - 1) * d..t * d], 1);
-                matmul(&[(&m.output, 0)], &r.in_head, &mut r.logits, v);
+                lm_head(m, &r.in_head, &mut r.logits, 1);
             }
             Some(Some((from, cb))) => {
                 let rows = self.options.logit_rows;
                 for r0 in (from..t).step_by(rows) {
                     let n = rows.min(t - r0);
                     r.in_head.set(&r.xb[r0 * d..(r0 + n) * d], n);
-                    matmul(&[(&m.output, 0)], &r.in_head, &mut r.logits, v);
+                    lm_head(m, &r.in_head, &mut r.logits, n);
                     for i in 0..n {
                         cb(r0 + i, &r.logits[i * v..(i + 1) * v]);
                     }
@@ -673,7 +715,7 @@ impl Batch {
                     }
                     let r = &mut self.run;
                     r.in_head.set(&self.head_rows[..k * d], k);
-                    matmul(&[(&m.output, 0)], &r.in_head, &mut r.logits, v);
+                    lm_head(m, &r.in_head, &mut r.logits, k);
                     for j in 0..k {
                         f(i + j, &r.logits[j * v..(j + 1) * v]);
                     }
@@ -696,12 +738,7 @@ impl Batch {
         if k > 0 {
             let r = &mut self.run;
             r.in_head.set(&self.head_rows[..k * d], k);
-            matmul(
-                &[(&m.output, 0)],
-                &r.in_head,
-                &mut r.logits,
-                m.config.vocab_size,
-            );
+            lm_head(m, &r.in_head, &mut r.logits, k);
         }
         Ok(())
     }
@@ -753,7 +790,7 @@ impl Runner for Session {
     }
     fn shift_kv(&mut self, _slot: usize, src: usize, dst: usize, len: usize) -> Result<()> {
         let c = &self.model.config;
-        self.seq.shift(c, &self.run.rope, src, dst, len)
+        self.seq.shift(c, &self.run, src, dst, len)
     }
     fn assume_tokens(&mut self, _slot: usize, tokens: &[u32]) -> Result<()> {
         self.seq.assume(tokens)
@@ -815,7 +852,7 @@ impl Runner for Batch {
     }
     fn shift_kv(&mut self, slot: usize, src: usize, dst: usize, len: usize) -> Result<()> {
         let c = &self.model.config;
-        self.slots[slot].shift(c, &self.run.rope, src, dst, len)
+        self.slots[slot].shift(c, &self.run, src, dst, len)
     }
     fn assume_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
         self.slots[slot].assume(tokens)

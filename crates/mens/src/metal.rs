@@ -91,6 +91,12 @@ impl MetalModel {
                 c.arch
             )));
         }
+        if let Some(f) = c.cpu_only_feature() {
+            return Err(Error::Model(format!(
+                "{:?} ({f}) runs on the CPU backend only so far: use --backend cpu",
+                c.arch
+            )));
+        }
         let (qd, kd) = (c.q_dim(), c.kv_dim());
         let mut layers = Vec::with_capacity(c.n_layer);
         for l in &m.layers {
@@ -165,12 +171,7 @@ impl MetalSession {
         let v = (0..c.n_layer)
             .map(|_| zeros())
             .collect::<Result<Vec<_>>>()?;
-        let rope = RopeTable::new(
-            ctx,
-            c.head_dim,
-            c.rope_base,
-            model.host.rope_freqs.as_deref(),
-        );
+        let rope = RopeTable::of(&model.host, ctx);
         let half = c.head_dim / 2;
         let cos = Tensor::from_slice(&rope.cos, (ctx, half), dev).map_err(be)?;
         let sin = Tensor::from_slice(&rope.sin, (ctx, half), dev).map_err(be)?;

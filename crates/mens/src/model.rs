@@ -1,6 +1,8 @@
 //! Model configuration (from GGUF metadata) and weights (quantized, inside the memory map).
-//! Qwen2, Qwen3 and Llama share this code: they differ in Q/K/V biases (Qwen2), a per-head RMSNorm
-//! of Q and K (Qwen3), RoPE pairing, RoPE frequency factors (Llama 3.1+) and tied embeddings.
+//! Qwen2, Qwen3, Llama and Gemma 3 share this code: they differ in Q/K/V biases (Qwen2), a per-head
+//! RMSNorm of Q and K (Qwen3, Gemma 3), RoPE pairing, RoPE frequency factors (Llama 3.1+) and
+//! linear scaling, tied embeddings, and Gemma 3's extras (embedding scale, norms after attention
+//! and after the FFN, GELU, sliding-window layers with their own RoPE base, logit soft-capping).
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
@@ -13,6 +15,23 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Llama,
+    Gemma3,
+}
+
+/// The gated FFN's activation: SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    Gelu,
+}
+
+/// Sliding-window attention (Gemma 3): the layers marked in `layers` see only the last `window`
+/// positions (a query at p sees keys p - window + 1 ..= p) and rotate with `rope_base`.
+#[derive(Debug, Clone)]
+pub struct SlidingWindow {
+    pub window: usize,
+    pub layers: Vec<bool>,
+    pub rope_base: f32,
 }
 
 #[derive(Debug, Clone)]
@@ -31,6 +50,16 @@ pub struct Config {
     pub rms_eps: f32,
     pub rope_base: f32,
     pub rope_style: RopeStyle,
+    /// Linear RoPE scaling: positions are multiplied by this (1 / `rope.scaling.factor`).
+    pub rope_scale: f32,
+    /// The token embedding is multiplied by this (Gemma: sqrt(dim); else 1).
+    pub embed_scale: f32,
+    /// Attention scores are Q·K times this (1 / sqrt(head_dim) unless the model says otherwise).
+    pub attn_scale: f32,
+    pub activation: Activation,
+    pub sliding: Option<SlidingWindow>,
+    /// Final logits become c · tanh(logits / c) (Gemma 2 style soft-capping), when set.
+    pub logit_softcap: Option<f32>,
 }
 
 /// What the KV cache stores for each K or V value (llama.cpp's `-ctk` / `-ctv`): f16, or 32-value
@@ -80,6 +109,29 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
     }
+    /// The attention window of layer `l`: `usize::MAX` for a global layer.
+    pub fn window(&self, l: usize) -> usize {
+        match &self.sliding {
+            Some(s) if s.layers[l] => s.window,
+            _ => usize::MAX,
+        }
+    }
+    /// Whether the model uses a feature only the CPU backend has so far, and which.
+    pub fn cpu_only_feature(&self) -> Option<&'static str> {
+        if self.sliding.is_some() {
+            Some("sliding-window attention")
+        } else if self.activation != Activation::Silu {
+            Some("a GELU feed-forward")
+        } else if self.logit_softcap.is_some() {
+            Some("logit soft-capping")
+        } else if self.embed_scale != 1.0 {
+            Some("a scaled embedding")
+        } else if (self.attn_scale * (self.head_dim as f32).sqrt() - 1.0).abs() > 1e-6 {
+            Some("an attention scale other than 1/sqrt(head size)")
+        } else {
+            None
+        }
+    }
     /// Bytes of K and V cache per token of context with K stored as `k` and V as `v`.
     pub fn kv_bytes_per_token_as(&self, k: KvType, v: KvType) -> u64 {
         let rows = (self.n_layer * self.n_kv_head) as u64;
@@ -101,6 +153,9 @@ pub struct Layer {
     pub gate: QTensor,
     pub up: QTensor,
     pub down: QTensor,
+    /// RMSNorm weights applied to the attention output and to the FFN output before each is added
+    /// to the residual stream (Gemma 3).
+    pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 pub struct Model {
@@ -169,11 +224,10 @@ impl Config {
             "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
             "qwen3" => (Arch::Qwen3, RopeStyle::Neox),
             "llama" => (Arch::Llama, RopeStyle::Normal),
-            other => {
-                return Err(Error::Model(format!(
-                    "architecture {other:?} is not supported (supported: qwen2, qwen3, llama)"
-                )))
-            }
+            "gemma3" => (Arch::Gemma3, RopeStyle::Neox),
+            other => return Err(Error::Model(format!(
+                "architecture {other:?} is not supported (supported: qwen2, qwen3, llama, gemma3)"
+            ))),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let n_layer = g.require_u64(&key("block_count"))? as usize;
@@ -250,7 +304,81 @@ impl Config {
                 ));
             }
         }
+        let rope_scale = match g.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => 1.0,
+            Some("linear") => {
+                let f = g.get_f64(&key("rope.scaling.factor"))?.unwrap_or(1.0);
+                if !(f.is_finite() && (1.0..=1024.0).contains(&f)) {
+                    return bad(format!(
+                        "rope.scaling.factor {f} is out of range (1..=1024)"
+                    ));
+                }
+                (1.0 / f) as f32
+            }
+            Some(other) => {
+                return bad(format!(
+                    "RoPE scaling {other:?} is not supported (none and linear are)"
+                ))
+            }
+        };
+        let is_gemma = arch == Arch::Gemma3;
+        let sliding = match g.get_u64(&key("attention.sliding_window"))? {
+            Some(w) if w > 0 && is_gemma => {
+                // llama.cpp: a per-layer pattern array, or every n-th layer global (n = 6 unless the
+                // file says otherwise).
+                let layers = match g.get(&key("attention.sliding_window_pattern")) {
+                    Some(crate::gguf::Value::Array(crate::gguf::Array::Bools(b))) => {
+                        if b.len() != n_layer {
+                            return bad(format!(
+                                "sliding_window_pattern has {} entries for {n_layer} layers",
+                                b.len()
+                            ));
+                        }
+                        b.clone()
+                    }
+                    _ => {
+                        let n = g
+                            .get_u64(&key("attention.sliding_window_pattern"))?
+                            .unwrap_or(6) as usize;
+                        (0..n_layer).map(|l| n == 0 || l % n < n - 1).collect()
+                    }
+                };
+                let rope_base = g.get_f64(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f32;
+                if !(rope_base > 1.0 && rope_base.is_finite()) {
+                    return bad(format!("rope.freq_base_swa {rope_base} is out of range"));
+                }
+                Some(SlidingWindow {
+                    window: w.min(1 << 24) as usize,
+                    layers,
+                    rope_base,
+                })
+            }
+            _ => None,
+        };
+        let logit_softcap = match g.get_f64(&key("final_logit_softcapping"))? {
+            Some(c) if c > 0.0 && c.is_finite() => Some(c as f32),
+            Some(c) if c != 0.0 => {
+                return bad(format!("final_logit_softcapping {c} is not positive"))
+            }
+            _ => None,
+        };
+        // Gemma 3 27B scales by the width per head, the others by the head size (llama.cpp's rule).
+        let attn_scale = if is_gemma && n_layer == 62 {
+            1.0 / ((dim / n_head) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         Ok(Config {
+            rope_scale,
+            embed_scale: if is_gemma { (dim as f32).sqrt() } else { 1.0 },
+            attn_scale,
+            activation: if is_gemma {
+                Activation::Gelu
+            } else {
+                Activation::Silu
+            },
+            sliding,
+            logit_softcap,
             arch,
             name,
             n_layer,
@@ -288,7 +416,7 @@ impl Model {
             } else {
                 None
             };
-            let qk_norm = if c.arch == Arch::Qwen3 {
+            let qk_norm = if matches!(c.arch, Arch::Qwen3 | Arch::Gemma3) {
                 Some((
                     vector(&g, &n("attn_q_norm.weight"), c.head_dim)?,
                     vector(&g, &n("attn_k_norm.weight"), c.head_dim)?,
@@ -308,6 +436,14 @@ impl Model {
                 gate: matrix(&g, &n("ffn_gate.weight"), f, d)?,
                 up: matrix(&g, &n("ffn_up.weight"), f, d)?,
                 down: matrix(&g, &n("ffn_down.weight"), d, f)?,
+                post_norms: if c.arch == Arch::Gemma3 {
+                    Some((
+                        vector(&g, &n("post_attention_norm.weight"), d)?,
+                        vector(&g, &n("post_ffw_norm.weight"), d)?,
+                    ))
+                } else {
+                    None
+                },
             });
         }
         let output_norm = vector(&g, "output_norm.weight", d)?;

@@ -23,6 +23,36 @@ pub struct RopeTable {
 impl RopeTable {
     /// `factors` (Llama 3.1's `rope_freqs`): pair i's frequency is divided by `factors[i]`.
     pub fn new(ctx: usize, head_dim: usize, base: f32, factors: Option<&[f32]>) -> Self {
+        Self::scaled(ctx, head_dim, base, factors, 1.0)
+    }
+
+    /// The table of a model's global layers: its base, frequency factors and linear scaling.
+    pub fn of(m: &crate::model::Model, ctx: usize) -> Self {
+        let c = &m.config;
+        Self::scaled(
+            ctx,
+            c.head_dim,
+            c.rope_base,
+            m.rope_freqs.as_deref(),
+            c.rope_scale,
+        )
+    }
+
+    /// The table of a model's sliding-window layers (their own base, no scaling), if it has any.
+    pub fn of_sliding(m: &crate::model::Model, ctx: usize) -> Option<Self> {
+        let c = &m.config;
+        let s = c.sliding.as_ref()?;
+        Some(Self::new(ctx, c.head_dim, s.rope_base, None))
+    }
+
+    /// As [`Self::new`], positions multiplied by `scale` (linear RoPE scaling; 1 = none).
+    pub fn scaled(
+        ctx: usize,
+        head_dim: usize,
+        base: f32,
+        factors: Option<&[f32]>,
+        scale: f32,
+    ) -> Self {
         let half = head_dim / 2;
         let mut cos = vec![0f32; ctx * half];
         let mut sin = vec![0f32; ctx * half];
@@ -30,7 +60,7 @@ impl RopeTable {
             for i in 0..half {
                 let div = factors.map_or(1.0, |f| f[i] as f64);
                 let freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64) / div;
-                let a = p as f64 * freq;
+                let a = p as f64 * scale as f64 * freq;
                 cos[p * half + i] = a.cos() as f32;
                 sin[p * half + i] = a.sin() as f32;
             }

@@ -24,6 +24,12 @@ pub struct SynthSpec {
     /// RoPE base, and whether to write Llama 3.1's `rope_freqs.weight` frequency divisors.
     pub rope_base: f32,
     pub rope_freqs: bool,
+    /// Gemma 3: the sliding window of the local layers (every 6th layer is global) and their RoPE
+    /// base (`rope.freq_base_swa`; llama.cpp's default 10000 when not written), and the final
+    /// logits' soft-capping.
+    pub sliding_window: Option<usize>,
+    pub rope_base_swa: Option<f32>,
+    pub softcap: Option<f32>,
     pub seed: u64,
 }
 
@@ -51,6 +57,9 @@ impl SynthSpec {
             head_dim: None,
             rope_base: 10000.0,
             rope_freqs: false,
+            sliding_window: None,
+            rope_base_swa: None,
+            softcap: None,
             seed: 1,
         }
     }
@@ -96,6 +105,35 @@ impl SynthSpec {
         }
     }
 
+    /// A tiny Gemma 3-style model: six layers (five with a sliding window of 8 positions and RoPE
+    /// base 100, so that it shows within 8 positions; one global with base 1e6), per-head Q/K norms, norms after attention and after
+    /// the FFN, GeGLU, the embedding scaled by sqrt(dim), a head size (128) that is not dim / n_head,
+    /// tied embeddings, and logit soft-capping (at 3, low enough to show on these logits; Gemma 2
+    /// used 30, and Gemma 3 files may set it).
+    pub fn tiny_gemma3() -> Self {
+        SynthSpec {
+            arch: "gemma3",
+            n_layer: 6,
+            head_dim: Some(128),
+            rope_base: 1_000_000.0,
+            tied_embeddings: true,
+            sliding_window: Some(8),
+            rope_base_swa: Some(100.0),
+            softcap: Some(3.0),
+            types: [
+                TensorType::Q5_0,
+                TensorType::Q8_0,
+                TensorType::Q4K,
+                TensorType::Q5_0,
+                TensorType::Q6K,
+                TensorType::Q8_0,
+                TensorType::Q8_0,
+            ],
+            seed: 5,
+            ..Self::tiny_qwen2()
+        }
+    }
+
     /// The same architecture at the smallest shape (one layer, d = 64, mixed types): the fuzzers'
     /// seeds and the malformed-file cases start from it.
     pub fn micro(self) -> Self {
@@ -119,13 +157,14 @@ impl SynthSpec {
         }
     }
 
-    /// The tiny model of an architecture, by name: qwen2, qwen3, llama, llama3.
+    /// The tiny model of an architecture, by name: qwen2, qwen3, llama, llama3, gemma3.
     pub fn tiny(arch: &str) -> Option<Self> {
         match arch {
             "qwen2" => Some(Self::tiny_qwen2()),
             "qwen3" => Some(Self::tiny_qwen3()),
             "llama" => Some(Self::tiny_llama()),
             "llama3" => Some(Self::tiny_llama3()),
+            "gemma3" => Some(Self::tiny_gemma3()),
             _ => None,
         }
     }
@@ -235,6 +274,18 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
         )
         .kv(&format!("{a}.rope.freq_base"), Value::F32(spec.rope_base))
         .kv("tokenizer.ggml.bos_token_id", Value::U32(vocab as u32 - 3));
+    if let Some(win) = spec.sliding_window {
+        w.kv(
+            &format!("{a}.attention.sliding_window"),
+            Value::U32(win as u32),
+        );
+    }
+    if let Some(b) = spec.rope_base_swa {
+        w.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(b));
+    }
+    if let Some(c) = spec.softcap {
+        w.kv(&format!("{a}.final_logit_softcapping"), Value::F32(c));
+    }
     if spec.head_dim.is_some() {
         w.kv(&format!("{a}.attention.key_length"), Value::U32(hd as u32))
             .kv(
@@ -259,7 +310,9 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
     let [t_qk, t_v, t_o, t_gu, t_down, t_emb, t_out] = spec.types;
     let d = spec.dim;
     let mut norm_rng = rand::rngs::StdRng::seed_from_u64(spec.seed ^ 0x5eed);
-    mat(&mut w, "token_embd.weight", vocab_rows, d, t_emb, 1.0);
+    // Gemma multiplies the embedding by sqrt(dim): smaller values keep the layers' share visible.
+    let emb_scale = if a == "gemma3" { 0.25 } else { 1.0 };
+    mat(&mut w, "token_embd.weight", vocab_rows, d, t_emb, emb_scale);
     if spec.rope_freqs {
         // Divisors from 1 (the fastest pair) to 8 (the slowest), as Llama 3.1's range, linear so
         // that pairs which turn noticeably within a short test prompt are moved too.
@@ -292,20 +345,35 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             mat(&mut w, &n("attn_k.bias"), 1, kd, TensorType::F32, 0.1);
             mat(&mut w, &n("attn_v.bias"), 1, kd, TensorType::F32, 0.1);
         }
-        if a == "qwen3" {
-            // Norm weights around 1, so that a norm applied with the wrong weights shows.
-            for t in ["attn_q_norm.weight", "attn_k_norm.weight"] {
-                let g: Vec<f32> = (0..hd).map(|_| norm_rng.gen_range(0.5..1.5)).collect();
-                w.tensor(
-                    &n(t),
-                    &[hd as u64],
-                    TensorType::F32,
-                    quantize(TensorType::F32, &g),
-                );
-            }
+        // Norm weights around 1, so that a norm applied with the wrong weights shows.
+        let mut norm = |w: &mut Writer, t: &str, len: usize| {
+            let g: Vec<f32> = (0..len).map(|_| norm_rng.gen_range(0.5..1.5)).collect();
+            w.tensor(
+                &n(t),
+                &[len as u64],
+                TensorType::F32,
+                quantize(TensorType::F32, &g),
+            );
+        };
+        if a == "qwen3" || a == "gemma3" {
+            norm(&mut w, "attn_q_norm.weight", hd);
+            norm(&mut w, "attn_k_norm.weight", hd);
+        }
+        if a == "gemma3" {
+            norm(&mut w, "post_attention_norm.weight", d);
+            norm(&mut w, "post_ffw_norm.weight", d);
         }
         mat(&mut w, &n("attn_output.weight"), d, qd, t_o, ws);
-        mat(&mut w, &n("ffn_gate.weight"), spec.ffn_dim, d, t_gu, ws);
+        // Gemma's gate is wider, so that GELU and SiLU differ visibly on it.
+        let gate_scale = if a == "gemma3" { 4.0 * ws } else { ws };
+        mat(
+            &mut w,
+            &n("ffn_gate.weight"),
+            spec.ffn_dim,
+            d,
+            t_gu,
+            gate_scale,
+        );
         mat(&mut w, &n("ffn_up.weight"), spec.ffn_dim, d, t_gu, ws);
         mat(
             &mut w,

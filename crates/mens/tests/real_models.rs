@@ -1,5 +1,6 @@
-//! Correctness against llama.cpp on the real Qwen2.5-Coder GGUF files (fetched once into a cache
-//! directory; see tests/common). The reference outputs in tests/data come from llama.cpp.
+//! Correctness against llama.cpp on the real GGUF files (Qwen2.5-Coder 0.5B and 1.5B, Gemma 3 270M;
+//! fetched once into a cache directory, see tests/common). The reference outputs in tests/data come
+//! from llama.cpp.
 
 mod common;
 use common::{json, load};
@@ -22,16 +23,33 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// Token ids equal llama.cpp's for every reference prompt (special tokens included).
 #[test]
 fn tokenizer_matches_llama_cpp() {
-    let l = load("qwen2.5-coder-0.5b");
-    let refs = json("tokens.json");
+    tokenizer_matches("qwen2.5-coder-0.5b", "tokens.json");
+}
+
+/// Gemma 3's SentencePiece vocabulary (merges by score, byte fallback, user-defined whitespace
+/// tokens); llama.cpp adds a BOS for this model.
+#[test]
+fn tokenizer_matches_llama_cpp_gemma3() {
+    tokenizer_matches("gemma3-270m", "tokens_gemma3.json");
+}
+
+fn prompt_ids(case: &serde_json::Value) -> Vec<u32> {
+    ids(case.get("ids").unwrap_or(&case["tokens"]))
+}
+
+fn tokenizer_matches(name: &str, file: &str) {
+    let l = load(name);
+    let refs = json(file);
     for case in refs.as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
+        let want = prompt_ids(case);
         assert_eq!(
             l.tokenizer.encode(prompt).unwrap(),
-            ids(&case["ids"]),
+            want,
             "prompt {prompt:?}"
         );
-        assert_eq!(l.tokenizer.decode(&ids(&case["ids"])), prompt);
+        let bos = l.tokenizer.add_bos as usize;
+        assert_eq!(l.tokenizer.decode(&want[bos..]), prompt);
     }
 }
 
@@ -47,8 +65,17 @@ const NEAR_TIE: f32 = 0.25;
 /// unless it first diverges at a near-tie (reported, and checked by teacher forcing).
 fn greedy_matches_llama_cpp(name: &str) {
     let l = load(name);
-    let refs = json("greedy.json");
-    let tokens_ref = json("tokens.json");
+    let gemma = name.starts_with("gemma");
+    let refs = json(if gemma {
+        "greedy_gemma3.json"
+    } else {
+        "greedy.json"
+    });
+    let tokens_ref = json(if gemma {
+        "tokens_gemma3.json"
+    } else {
+        "tokens.json"
+    });
     let (mut agree, mut total, mut ties) = (0usize, 0usize, 0usize);
     for (case, tcase) in refs[name]
         .as_array()
@@ -57,7 +84,7 @@ fn greedy_matches_llama_cpp(name: &str) {
         .zip(tokens_ref.as_array().unwrap())
     {
         assert_eq!(case["prompt"], tcase["prompt"]);
-        let prompt = ids(&tcase["ids"]);
+        let prompt = prompt_ids(tcase);
         let cont = ids(&case["tokens"]);
         let opts = SessionOptions {
             ctx: 256,
@@ -135,6 +162,11 @@ fn greedy_matches_llama_cpp_0_5b() {
 #[test]
 fn greedy_matches_llama_cpp_1_5b() {
     greedy_matches_llama_cpp("qwen2.5-coder-1.5b");
+}
+
+#[test]
+fn greedy_matches_llama_cpp_gemma3() {
+    greedy_matches_llama_cpp("gemma3-270m");
 }
 
 /// 256 greedy steps with the KV cache against the uncached computation (the whole sequence re-run):
@@ -221,12 +253,25 @@ fn perplexity_with_q8_0_cache_matches_llama_cpp_0_5b() {
     ppl_0_5b(KvType::Q8_0, 6.1579);
 }
 
-/// The 0.5B's perplexity on the reference text with K and V cached as `cache`, within 1% of
-/// llama.cpp's `reference`.
+/// Gemma 3 270M over the first 12 windows of the same text (BOS first in each, as llama.cpp does
+/// for this model): within 1% of `llama-perplexity -c 512 --chunks 12` (7.9349, 2026-12-01; all 44
+/// windows: mens 8.4216, llama.cpp 8.4147, docs/benchmarks.md).
+#[test]
+fn perplexity_matches_llama_cpp_gemma3() {
+    ppl("gemma3-270m", KvType::F16, Some(12), 7.9349);
+}
+
 fn ppl_0_5b(cache: KvType, reference: f64) {
-    let l = load("qwen2.5-coder-0.5b");
+    ppl("qwen2.5-coder-0.5b", cache, None, reference);
+}
+
+/// A model's perplexity on the reference text with K and V cached as `cache` (over the first
+/// `windows` windows, or all), within 1% of llama.cpp's `reference`.
+fn ppl(name: &str, cache: KvType, windows: Option<usize>, reference: f64) {
+    let l = load(name);
     let text = std::fs::read_to_string(common::data("difflib.py.txt")).unwrap();
     let tokens = l.tokenizer.encode(&text).unwrap();
+    let bos = l.tokenizer.bos.filter(|_| l.tokenizer.add_bos);
     let mut s = Session::new(
         l.model.clone(),
         SessionOptions {
@@ -238,15 +283,15 @@ fn ppl_0_5b(cache: KvType, reference: f64) {
         },
     )
     .unwrap();
-    let r = mens::perplexity::perplexity(&mut s, &tokens, None, None, |_, _| {}).unwrap();
+    let r = mens::perplexity::perplexity(&mut s, &tokens, bos, windows, |_, _| {}).unwrap();
     eprintln!(
-        "0.5B perplexity, {} cache: {:.4} ± {:.4} over {} windows (llama.cpp {reference})",
+        "{name} perplexity, {} cache: {:.4} ± {:.4} over {} windows (llama.cpp {reference})",
         cache.name(),
         r.ppl,
         r.error,
         r.windows
     );
-    assert_eq!(r.windows, 40);
+    assert_eq!(r.windows, windows.unwrap_or(40));
     assert!(
         (r.ppl - reference).abs() / reference < 0.01,
         "perplexity {} vs {reference}",

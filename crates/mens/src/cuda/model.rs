@@ -40,6 +40,12 @@ impl GpuModel {
                 c.arch
             )));
         }
+        if let Some(f) = c.cpu_only_feature() {
+            return Err(Error::Model(format!(
+                "{:?} ({f}) runs on the CPU backend only so far: use --backend cpu",
+                c.arch
+            )));
+        }
         if !(c.head_dim == 64 || c.head_dim == 128) || g > MAXG {
             return Err(Error::Model(format!(
                 "the CUDA backend supports head dimensions 64 and 128 and at most {MAXG} query heads per KV head (this model: {} and {g})",

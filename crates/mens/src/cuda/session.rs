@@ -164,7 +164,13 @@ impl CudaSession {
         let row = q + 2 * kv;
         let splits = ctx.div_ceil(SPLIT);
         let b = ubatch;
-        let rope = RopeTable::new(ctx, c.head_dim, c.rope_base, model.rope_freqs.as_deref());
+        let rope = RopeTable::scaled(
+            ctx,
+            c.head_dim,
+            c.rope_base,
+            model.rope_freqs.as_deref(),
+            c.rope_scale,
+        );
         let a = |n: usize| dev.alloc(n);
         let kv_len = if own_kv { kv_bytes } else { 16 };
         let kc = a(kv_len)?;

@@ -35,12 +35,46 @@ pub fn attention(
     cap: usize,
     out: &mut [f32],
 ) {
+    let scale = 1.0 / (l.head_dim as f32).sqrt();
+    let m = Mask {
+        scale,
+        window: usize::MAX,
+    };
+    attention_masked(
+        qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, m, out,
+    )
+}
+
+/// What a layer's attention sees: scores are Q·K · `scale`; a query at position p sees the keys
+/// of positions p + 1 - `window` ..= p (`usize::MAX`: all of them). Keys outside the window are
+/// skipped, as llama.cpp's kernel skips masked ones.
+#[derive(Clone, Copy, Debug)]
+pub struct Mask {
+    pub scale: f32,
+    pub window: usize,
+}
+
+/// [`attention`] with a scale and a sliding window.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_masked(
+    qkv: &[f32],
+    t: usize,
+    l: &QkvLayout,
+    n_head: usize,
+    n_kv_head: usize,
+    pos0: usize,
+    k_cache: KvRows,
+    v_cache: KvRows,
+    cap: usize,
+    mask: Mask,
+    out: &mut [f32],
+) {
     count_dispatch();
     let f16_cache = k_cache.t == KvType::F16 && v_cache.t == KvType::F16;
     let hd = l.head_dim;
     let group = n_head / n_kv_head;
     let row = l.q_dim + 2 * l.kv_dim;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = mask.scale;
     let path = Path::get(hd);
     // A task is a run of query heads of one KV group for one token: the heads of a group read the
     // same K/V rows, so one thread reads them from memory once and then from its own cache. Groups
@@ -60,12 +94,14 @@ pub fn attention(
     };
     let work = |j: usize, o: &mut [f32]| {
         let (ti, kvh, h0, _) = task(j);
-        let n = pos0 + ti + 1;
-        assert!(n <= cap);
+        let end = pos0 + ti + 1;
+        assert!(end <= cap);
+        let lo = end.saturating_sub(mask.window);
+        let (n, first) = (end - lo, kvh * cap + lo);
         if !f16_cache {
             // The task's query heads together: each cache row is read and dequantized once.
             let qs = &qkv[ti * row + h0 * hd..ti * row + h0 * hd + o.len()];
-            let (k, v) = (k_cache.rows(kvh * cap, n), v_cache.rows(kvh * cap, n));
+            let (k, v) = (k_cache.rows(first, n), v_cache.rows(first, n));
             for (q, o) in qs.chunks(GROUP * hd).zip(o.chunks_mut(GROUP * hd)) {
                 attend_quant(q, k, v, n, scale, o);
             }
@@ -74,8 +110,8 @@ pub fn attention(
         for (i, o) in o.chunks_exact_mut(hd).enumerate() {
             let h = h0 + i;
             let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
-            let k = &k_cache.f16()[kvh * cap * hd..(kvh * cap + n) * hd];
-            let v = &v_cache.f16()[kvh * cap * hd..(kvh * cap + n) * hd];
+            let k = &k_cache.f16()[first * hd..(first + n) * hd];
+            let v = &v_cache.f16()[first * hd..(first + n) * hd];
             path.attend(q, k, v, hd, n, scale, o);
         }
     };
@@ -596,16 +632,22 @@ mod tests {
         use super::super::kv::KvRowsMut;
         use KvType::*;
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let all = usize::MAX;
+        // (head size, K type, V type, window: a sliding window of 4 for some, with another scale).
         let cases = [
-            (16, F16, F16),
-            (64, F16, F16),
-            (64, Q8_0, Q8_0),
-            (64, Q4_0, Q4_0),
-            (64, Q8_0, F16),
-            (64, F16, Q4_0),
-            (128, Q8_0, Q8_0),
+            (16, F16, F16, all),
+            (64, F16, F16, all),
+            (64, Q8_0, Q8_0, all),
+            (64, Q4_0, Q4_0, all),
+            (64, Q8_0, F16, all),
+            (64, F16, Q4_0, all),
+            (128, Q8_0, Q8_0, all),
+            (64, F16, F16, 4),
+            (16, F16, F16, 4),
+            (64, Q8_0, Q8_0, 4),
         ];
-        for (hd, ck, cv) in cases {
+        for (hd, ck, cv, window) in cases {
+            let scale = if window == all { 1.0 } else { 0.6 } / (hd as f32).sqrt();
             let (n_head, n_kv, t, pos0) = (6, 2, 3, 5);
             let l = QkvLayout {
                 q_dim: n_head * hd,
@@ -645,7 +687,7 @@ mod tests {
                 row: ty.row_bytes(hd),
             };
             let mut out = vec![0f32; t * l.q_dim];
-            attention(
+            attention_masked(
                 &qkv,
                 t,
                 &l,
@@ -655,6 +697,7 @@ mod tests {
                 view(&kb, ck),
                 view(&vb, cv),
                 ctx,
+                Mask { scale, window },
                 &mut out,
             );
             // A quantized K takes Q as Q8_0 blocks (1/254 of each block's largest value).
@@ -664,10 +707,14 @@ mod tests {
                     let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
                     let kvh = h / (n_head / n_kv);
                     let n = pos0 + ti + 1;
+                    let lo = n.saturating_sub(window);
                     let scores: Vec<f32> = (0..n)
                         .map(|p| {
                             let k = &kf[(kvh * ctx + p) * hd..][..hd];
-                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()
+                            if p < lo {
+                                return f32::NEG_INFINITY;
+                            }
+                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
                         })
                         .collect();
                     let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);

@@ -19,15 +19,22 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 #[inline]
 fn norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let scale = 1.0 / (ss + eps).sqrt();
+    let scale = inv_rms(x, eps);
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
     }
 }
 
-/// The residual add fused with the next norm: x += delta; out = rmsnorm(x) * w.
-pub fn add_rmsnorm(x: &mut [f32], delta: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+/// The residual add fused with the next norm: x += delta; out = rmsnorm(x) * w. With `post`
+/// (Gemma's norm after attention or the FFN), delta is normalised first: x += rmsnorm(delta) * post.
+pub fn add_rmsnorm(
+    x: &mut [f32],
+    delta: &[f32],
+    post: Option<&[f32]>,
+    w: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) {
     count_dispatch();
     let d = w.len();
     for ((xr, dr), or) in x
@@ -35,11 +42,27 @@ pub fn add_rmsnorm(x: &mut [f32], delta: &[f32], w: &[f32], eps: f32, out: &mut 
         .zip(delta.chunks_exact(d))
         .zip(out.chunks_exact_mut(d))
     {
-        for (a, b) in xr.iter_mut().zip(dr) {
-            *a += b;
+        match post {
+            None => {
+                for (a, b) in xr.iter_mut().zip(dr) {
+                    *a += b;
+                }
+            }
+            Some(pw) => {
+                let s = inv_rms(dr, eps);
+                for ((a, &b), &g) in xr.iter_mut().zip(dr).zip(pw) {
+                    *a += b * s * g;
+                }
+            }
         }
         norm_row(xr, w, eps, or);
     }
+}
+
+#[inline]
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ss + eps).sqrt()
 }
 
 /// Where the Q, K, V projections of `t` tokens lie in one [t, q_dim + 2 kv_dim] buffer.
@@ -122,6 +145,52 @@ pub fn swiglu(gate_up: &[f32], t: usize, ffn: usize, out: &mut [f32]) {
     }
 }
 
+/// GeGLU: out[t, i] = gelu(gate_up[t, i]) * gate_up[t, ffn + i], with GELU as llama.cpp's CPU
+/// computes it (`ggml_vec_geglu_f32`): the tanh approximation looked up by the input rounded to f16,
+/// its result stored as f16, identity above 10 and zero below -10.
+pub fn geglu(gate_up: &[f32], t: usize, ffn: usize, out: &mut [f32]) {
+    count_dispatch();
+    let table = gelu_table();
+    for ti in 0..t {
+        let r = &gate_up[ti * 2 * ffn..(ti + 1) * 2 * ffn];
+        let (g, u) = r.split_at(ffn);
+        for ((o, &g), &u) in out[ti * ffn..(ti + 1) * ffn].iter_mut().zip(g).zip(u) {
+            *o = if g <= -10.0 {
+                0.0
+            } else if g >= 10.0 {
+                g * u
+            } else {
+                table[f16::from_f32(g).to_bits() as usize].to_f32() * u
+            };
+        }
+    }
+}
+
+/// The tanh-approximated GELU in f32, as ggml writes it.
+pub fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU of every f16 value, as f16 (llama.cpp's `ggml_table_gelu_f16`): 128 KiB, built once.
+fn gelu_table() -> &'static [f16] {
+    static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| f16::from_f32(gelu(f16::from_bits(b).to_f32())))
+            .collect()
+    })
+}
+
+/// Logit soft-capping: x = cap · tanh(x / cap).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    count_dispatch();
+    for v in x {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,7 +204,7 @@ mod tests {
         let delta: Vec<f32> = (0..2 * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
         let w: Vec<f32> = (0..d).map(|_| rng.gen_range(0.5..1.5)).collect();
         let (mut x1, mut o1) = (x.clone(), vec![0f32; 2 * d]);
-        add_rmsnorm(&mut x1, &delta, &w, 1e-6, &mut o1);
+        add_rmsnorm(&mut x1, &delta, None, &w, 1e-6, &mut o1);
         let (mut x2, mut o2) = (x.clone(), vec![0f32; 2 * d]);
         for (a, b) in x2.iter_mut().zip(&delta) {
             *a += b;
@@ -147,6 +216,47 @@ mod tests {
         let r: Vec<f32> = o2[..d].iter().zip(&w).map(|(o, g)| o / g).collect();
         let rms = (r.iter().map(|v| v * v).sum::<f32>() / d as f32).sqrt();
         assert!((rms - 1.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn post_norm_equals_norm_then_add() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let d = 48;
+        let x: Vec<f32> = (0..2 * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let delta: Vec<f32> = (0..2 * d).map(|_| rng.gen_range(-30.0..30.0)).collect();
+        let post: Vec<f32> = (0..d).map(|_| rng.gen_range(0.5..1.5)).collect();
+        let w: Vec<f32> = (0..d).map(|_| rng.gen_range(0.5..1.5)).collect();
+        let (mut x1, mut o1) = (x.clone(), vec![0f32; 2 * d]);
+        add_rmsnorm(&mut x1, &delta, Some(&post), &w, 1e-6, &mut o1);
+        let mut normed = vec![0f32; 2 * d];
+        rmsnorm(&delta, &post, 1e-6, &mut normed);
+        let (mut x2, mut o2) = (x.clone(), vec![0f32; 2 * d]);
+        add_rmsnorm(&mut x2, &normed, None, &w, 1e-6, &mut o2);
+        assert_eq!(x1, x2);
+        assert_eq!(o1, o2);
+        assert_ne!(x1, x, "the residual changed");
+    }
+
+    #[test]
+    fn geglu_is_ggml_gelu_through_f16() {
+        // Reference values of the exact tanh-GELU; the f16 lookup is within f16 rounding of them.
+        for (x, want) in [
+            (1.0f32, 0.841_192),
+            (-0.5, -0.154_286),
+            (3.0, 2.996_363),
+            (0.0, 0.0),
+        ] {
+            assert!((gelu(x) - want).abs() < 1e-5, "gelu({x}) = {}", gelu(x));
+            let mut out = [0f32; 1];
+            geglu(&[x, 2.0], 1, 1, &mut out);
+            assert!((out[0] - 2.0 * want).abs() <= 2.0 * want.abs() * 1e-3 + 1e-6);
+        }
+        let mut out = [0f32; 2];
+        geglu(&[-11.0, 12.0, 3.0, 0.5], 1, 2, &mut out);
+        assert_eq!(out, [0.0, 6.0]);
+        let mut l = [100.0f32, -3.0];
+        softcap(&mut l, 30.0);
+        assert!((l[0] - 30.0 * (100f32 / 30.0).tanh()).abs() < 1e-5 && l[0] < 30.0);
     }
 
     #[test]
