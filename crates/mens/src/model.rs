@@ -225,9 +225,11 @@ impl Config {
             "qwen3" => (Arch::Qwen3, RopeStyle::Neox),
             "llama" => (Arch::Llama, RopeStyle::Normal),
             "gemma3" => (Arch::Gemma3, RopeStyle::Neox),
-            other => return Err(Error::Model(format!(
+            other => {
+                return Err(Error::Model(format!(
                 "architecture {other:?} is not supported (supported: qwen2, qwen3, llama, gemma3)"
-            ))),
+            )))
+            }
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let n_layer = g.require_u64(&key("block_count"))? as usize;

@@ -112,3 +112,18 @@ impl RopeTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linear scaling by 1/4: position 8 turns as far as position 2 does without it.
+    #[test]
+    fn linear_scaling_divides_positions() {
+        let plain = RopeTable::new(16, 8, 10000.0, None);
+        let scaled = RopeTable::scaled(16, 8, 10000.0, None, 0.25);
+        assert_eq!(&scaled.cos[8 * 4..9 * 4], &plain.cos[2 * 4..3 * 4]);
+        assert_eq!(&scaled.sin[8 * 4..9 * 4], &plain.sin[2 * 4..3 * 4]);
+        assert_ne!(&scaled.cos[3 * 4..4 * 4], &plain.cos[3 * 4..4 * 4]);
+    }
+}

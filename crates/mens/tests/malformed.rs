@@ -316,3 +316,49 @@ fn hyperparameters_that_contradict_the_tensors() {
         .insert("qwen2.rope.dimension_count".into(), Value::U32(64));
     mens::model::Config::from_gguf(&g).unwrap();
 }
+
+/// RoPE scaling: linear is applied (positions × 1/factor), a factor out of range and YaRN are
+/// refused by name, and a sliding-window pattern of the wrong length is refused.
+#[test]
+fn rope_scaling_and_window_metadata() {
+    let with = |kvs: &[(&str, Value)]| {
+        let mut g = Gguf::from_bytes(synth_model(&SynthSpec::tiny_gemma3())).unwrap();
+        for (k, v) in kvs {
+            g.metadata.insert(k.to_string(), v.clone());
+        }
+        mens::model::Config::from_gguf(&g)
+    };
+    let s = |x: &str| Value::String(x.into());
+    let c = with(&[
+        ("gemma3.rope.scaling.type", s("linear")),
+        ("gemma3.rope.scaling.factor", Value::F32(8.0)),
+    ])
+    .unwrap();
+    assert_eq!(c.rope_scale, 0.125);
+    assert_eq!(with(&[]).unwrap().rope_scale, 1.0);
+    let e = with(&[("gemma3.rope.scaling.type", s("yarn"))])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"yarn\" is not supported"), "{e}");
+    let e = with(&[
+        ("gemma3.rope.scaling.type", s("linear")),
+        ("gemma3.rope.scaling.factor", Value::F32(0.0)),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("rope.scaling.factor"), "{e}");
+    let e = with(&[(
+        "gemma3.attention.sliding_window_pattern",
+        Value::Array(Array::Bools(vec![true; 3])),
+    )])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sliding_window_pattern has 3 entries for 6 layers"),
+        "{e}"
+    );
+    // The tiny model's window: layers 0–4 local, 5 global.
+    let c = with(&[]).unwrap();
+    let w: Vec<usize> = (0..6).map(|l| c.window(l)).collect();
+    assert_eq!(w, [8, 8, 8, 8, 8, usize::MAX]);
+}

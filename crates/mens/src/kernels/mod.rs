@@ -386,17 +386,22 @@ fn rows_simd(
         while ti < t {
             let y = act(ti);
             let mut r = b0;
+            let row = |r: usize| unsafe { data.as_ptr().add(r * rb) };
+            while r + 4 <= b1 {
+                // SAFETY: as above.
+                unsafe {
+                    let xs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+                    let v = simd::dot_rows::<4>(level, kind, nb, &xs, &y);
+                    for (k, v) in v.iter().enumerate() {
+                        *out.0.add(ti * stride + off + r + k) = *v;
+                    }
+                }
+                r += 4;
+            }
             while r + 2 <= b1 {
                 // SAFETY: as above.
                 unsafe {
-                    let v = simd::dot_2rows(
-                        level,
-                        kind,
-                        nb,
-                        data.as_ptr().add(r * rb),
-                        data.as_ptr().add((r + 1) * rb),
-                        &y,
-                    );
+                    let v = simd::dot_rows::<2>(level, kind, nb, &[row(r), row(r + 1)], &y);
                     *out.0.add(ti * stride + off + r) = v[0];
                     *out.0.add(ti * stride + off + r + 1) = v[1];
                 }
@@ -612,11 +617,26 @@ mod tests {
                         let r2 = (r + 1) % 3;
                         let other = &w.data()[r2 * w.row_bytes()..(r2 + 1) * w.row_bytes()];
                         let two = unsafe {
-                            simd::dot_2rows(level, kind, nb, row.as_ptr(), other.as_ptr(), &act(ti))
+                            simd::dot_rows::<2>(
+                                level,
+                                kind,
+                                nb,
+                                &[row.as_ptr(), other.as_ptr()],
+                                &act(ti),
+                            )
                         };
                         let one_other =
                             unsafe { simd::dot::<1>(level, kind, nb, other.as_ptr(), &[act(ti)]) }
                                 [0];
+                        // Four rows at once: the same bits again.
+                        let xs4 = [other.as_ptr(), row.as_ptr(), other.as_ptr(), row.as_ptr()];
+                        let four_rows =
+                            unsafe { simd::dot_rows::<4>(level, kind, nb, &xs4, &act(ti)) };
+                        assert_eq!(
+                            four_rows.map(f32::to_bits),
+                            [one_other, one, one_other, one].map(f32::to_bits),
+                            "{kind:?} {level:?} 4 rows"
+                        );
                         assert!(
                             two[0].to_bits() == one.to_bits()
                                 && two[1].to_bits() == one_other.to_bits(),
