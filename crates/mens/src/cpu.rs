@@ -120,6 +120,28 @@ pub struct RunState {
     rope: RopeTable,
     /// The sliding-window layers' table (Gemma 3: their own RoPE base).
     rope_swa: Option<RopeTable>,
+    /// Mixture-of-experts scratch (empty for dense models).
+    moe: MoeState,
+}
+
+/// What a mixture-of-experts FFN writes: the router's logits, each token's routes, the routes
+/// grouped by expert, the grouped inputs and each route's output.
+#[derive(Default)]
+struct MoeState {
+    /// [batch, n_expert]
+    logits: Vec<f32>,
+    /// [batch, n_used]: (expert, weight), in the router's order (highest probability first).
+    routes: Vec<(u32, f32)>,
+    /// Route indices (token · n_used + k) grouped by expert, and where each expert's group starts.
+    order: Vec<u32>,
+    starts: Vec<u32>,
+    /// Position of each route in `order`.
+    at: Vec<u32>,
+    /// [batch, dim]: one expert's input rows, gathered.
+    gathered: Vec<f32>,
+    input: Option<QuantizedInput>,
+    /// [batch · n_used, dim]: each route's expert output, in `order`.
+    out: Vec<f32>,
 }
 
 impl RunState {
@@ -144,6 +166,9 @@ impl RunState {
         let mut ffn_types = Vec::new();
         for l in &m.layers {
             norm_types.extend(types(&[&l.q, &l.k, &l.v, &l.gate, &l.up]));
+            if let Some(moe) = &l.moe {
+                norm_types.extend(types(&[&moe.router]));
+            }
             att_types.extend(types(&[&l.o]));
             ffn_types.extend(types(&[&l.down]));
         }
@@ -160,6 +185,27 @@ impl RunState {
             in_ffn: QuantizedInput::new(b, c.ffn_dim, &ffn_types),
             in_head: QuantizedInput::new(o.logit_rows, c.dim, &[act_type(m.output.ttype)]),
             logits: vec![0f32; o.logit_rows * c.vocab_size],
+            moe: match c.experts {
+                None => MoeState::default(),
+                Some(x) => {
+                    let routes = b * x.n_used;
+                    let types: Vec<ActType> = m
+                        .layers
+                        .iter()
+                        .flat_map(|l| [act_type(l.gate.ttype), act_type(l.up.ttype)])
+                        .collect();
+                    MoeState {
+                        logits: vec![0f32; b * x.n_expert],
+                        routes: vec![(0, 0.0); routes],
+                        order: vec![0; routes],
+                        starts: vec![0; x.n_expert + 1],
+                        at: vec![0; routes],
+                        gathered: vec![0f32; b * c.dim],
+                        input: Some(QuantizedInput::new(b, c.dim, &types)),
+                        out: vec![0f32; routes * c.dim],
+                    }
+                }
+            },
             rope: RopeTable::of(m, o.ctx),
             rope_swa: RopeTable::of_sliding(m, o.ctx),
         }
@@ -182,6 +228,12 @@ impl RunState {
             + f(&self.rope.cos)
             + f(&self.rope.sin)
             + self.rope_swa.as_ref().map_or(0, |r| f(&r.cos) + f(&r.sin))
+            + f(&self.moe.logits)
+            + f(&self.moe.gathered)
+            + f(&self.moe.out)
+            + self.moe.routes.len() * 8
+            + (self.moe.order.len() + self.moe.at.len() + self.moe.starts.len()) * 4
+            + self.moe.input.as_ref().map_or(0, |i| i.bytes())
     }
 }
 
@@ -202,7 +254,11 @@ pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
     let logits = 4 * o.logit_rows as u64 * v;
     let tables = 1 + c.sliding.is_some() as u64;
     let rope = tables * 4 * o.ctx as u64 * c.head_dim as u64;
-    kv + acts + logits + rope
+    let moe = c.experts.map_or(0, |x| {
+        let routes = b * x.n_used as u64;
+        4 * b * (x.n_expert as u64 + 2 * d) + 16 * routes + 4 * routes * d
+    });
+    kv + acts + logits + rope + moe
 }
 
 /// Block-quantized cache rows need a head dimension of whole 32-value blocks.
@@ -408,18 +464,22 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             &mut r.xb[..t * d],
         );
         r.in_norm.set(&r.xb[..t * d], t);
-        matmul(
-            &[(&layer.gate, 0), (&layer.up, f)],
-            &r.in_norm,
-            &mut r.gate_up,
-            2 * f,
-        );
-        match c.activation {
-            Activation::Silu => ops::swiglu(&r.gate_up, t, f, &mut r.hidden),
-            Activation::Gelu => ops::geglu(&r.gate_up, t, f, &mut r.hidden),
+        if let (Some(moe), Some(x)) = (&layer.moe, c.experts) {
+            moe_ffn(moe, x, r, t, d, f);
+        } else {
+            matmul(
+                &[(&layer.gate, 0), (&layer.up, f)],
+                &r.in_norm,
+                &mut r.gate_up,
+                2 * f,
+            );
+            match c.activation {
+                Activation::Silu => ops::swiglu(&r.gate_up, t, f, &mut r.hidden),
+                Activation::Gelu => ops::geglu(&r.gate_up, t, f, &mut r.hidden),
+            }
+            r.in_ffn.set(&r.hidden[..t * f], t);
+            matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
         }
-        r.in_ffn.set(&r.hidden[..t * f], t);
-        matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
         let norm = match m.layers.get(li + 1) {
             Some(next) => &next.attn_norm,
             None => &m.output_norm,
@@ -435,6 +495,103 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
     }
     for (seq, toks) in parts.iter_mut() {
         seq.tokens.extend_from_slice(toks);
+    }
+}
+
+/// A mixture-of-experts FFN over the `t` normed rows in `r.xb` (already quantized in `r.in_norm`),
+/// into `r.tmp`, as llama.cpp's `build_moe_ffn` computes it for Qwen3-MoE: softmax over the router's
+/// logits, the `n_used` most probable experts, their probabilities divided by their sum; each
+/// expert's SwiGLU FFN runs once over all the rows routed to it (its weights read once per step),
+/// and a token's output is the sum of its experts' outputs times their weights, in the router's order.
+fn moe_ffn(
+    moe: &crate::model::Moe,
+    x: crate::model::Experts,
+    r: &mut RunState,
+    t: usize,
+    d: usize,
+    f: usize,
+) {
+    let (ne, nu) = (x.n_expert, x.n_used);
+    let s = &mut r.moe;
+    matmul(&[(&moe.router, 0)], &r.in_norm, &mut s.logits, ne);
+    s.starts.iter_mut().for_each(|v| *v = 0);
+    for ti in 0..t {
+        let lg = &mut s.logits[ti * ne..(ti + 1) * ne];
+        let max = lg.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f64;
+        for v in lg.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        lg.iter_mut().for_each(|v| *v *= inv);
+        // The top n_used by probability (ties: the lower index), highest first.
+        let routes = &mut s.routes[ti * nu..(ti + 1) * nu];
+        for k in 0..nu {
+            let mut best = usize::MAX;
+            for (e, &p) in lg.iter().enumerate() {
+                let taken = routes[..k].iter().any(|&(x, _)| x as usize == e);
+                if !taken && (best == usize::MAX || p > lg[best]) {
+                    best = e;
+                }
+            }
+            routes[k] = (best as u32, lg[best]);
+            s.starts[best + 1] += 1;
+        }
+        let total: f32 = routes.iter().map(|r| r.1).sum();
+        let total = total.max(6.103_515_6e-5);
+        routes.iter_mut().for_each(|r| r.1 /= total);
+    }
+    // Group the routes by expert (a counting sort).
+    for e in 0..ne {
+        s.starts[e + 1] += s.starts[e];
+    }
+    for a in 0..t * nu {
+        let e = s.routes[a].0 as usize;
+        let pos = s.starts[e] as usize;
+        s.order[pos] = a as u32;
+        s.at[a] = pos as u32;
+        s.starts[e] += 1;
+    }
+    // `starts[e]` is now where expert e's group ends: shift back to starts.
+    for e in (1..=ne).rev() {
+        s.starts[e] = s.starts[e - 1];
+    }
+    s.starts[0] = 0;
+    let input = s
+        .input
+        .as_mut()
+        .expect("the MoE input is allocated with the experts");
+    for (e, (gate, up, down)) in moe.experts.iter().enumerate() {
+        let (j0, j1) = (s.starts[e] as usize, s.starts[e + 1] as usize);
+        if j0 == j1 {
+            continue;
+        }
+        let n = j1 - j0;
+        for (i, &a) in s.order[j0..j1].iter().enumerate() {
+            let ti = a as usize / nu;
+            s.gathered[i * d..(i + 1) * d].copy_from_slice(&r.xb[ti * d..(ti + 1) * d]);
+        }
+        input.set(&s.gathered[..n * d], n);
+        matmul(&[(gate, 0), (up, f)], input, &mut r.gate_up, 2 * f);
+        ops::swiglu(&r.gate_up, n, f, &mut r.hidden);
+        r.in_ffn.set(&r.hidden[..n * f], n);
+        matmul(&[(down, 0)], &r.in_ffn, &mut s.out[j0 * d..j1 * d], d);
+    }
+    // Each token: its experts' outputs times their weights, summed in the router's order.
+    for ti in 0..t {
+        let o = &mut r.tmp[ti * d..(ti + 1) * d];
+        for k in 0..nu {
+            let a = ti * nu + k;
+            let w = s.routes[a].1;
+            let pos = s.at[a] as usize;
+            let eo = &s.out[pos * d..(pos + 1) * d];
+            if k == 0 {
+                o.iter_mut().zip(eo).for_each(|(o, &v)| *o = v * w);
+            } else {
+                o.iter_mut().zip(eo).for_each(|(o, &v)| *o += v * w);
+            }
+        }
     }
 }
 

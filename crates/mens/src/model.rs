@@ -16,6 +16,15 @@ pub enum Arch {
     Qwen3,
     Llama,
     Gemma3,
+    Qwen3Moe,
+}
+
+/// A mixture-of-experts FFN (Qwen3-MoE): `n_expert` experts of `Config::ffn_dim`, `n_used` routed
+/// per token (softmax over the router's logits, the top `n_used` kept and renormalised).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Experts {
+    pub n_expert: usize,
+    pub n_used: usize,
 }
 
 /// The gated FFN's activation: SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma).
@@ -60,6 +69,8 @@ pub struct Config {
     pub sliding: Option<SlidingWindow>,
     /// Final logits become c · tanh(logits / c) (Gemma 2 style soft-capping), when set.
     pub logit_softcap: Option<f32>,
+    /// Mixture-of-experts layers (every layer, as Qwen3-MoE); `ffn_dim` is then one expert's.
+    pub experts: Option<Experts>,
 }
 
 /// What the KV cache stores for each K or V value (llama.cpp's `-ctk` / `-ctv`): f16, or 32-value
@@ -118,7 +129,9 @@ impl Config {
     }
     /// Whether the model uses a feature only the CPU backend has so far, and which.
     pub fn cpu_only_feature(&self) -> Option<&'static str> {
-        if self.sliding.is_some() {
+        if self.experts.is_some() {
+            Some("mixture-of-experts layers")
+        } else if self.sliding.is_some() {
             Some("sliding-window attention")
         } else if self.activation != Activation::Silu {
             Some("a GELU feed-forward")
@@ -156,6 +169,16 @@ pub struct Layer {
     /// RMSNorm weights applied to the attention output and to the FFN output before each is added
     /// to the residual stream (Gemma 3).
     pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
+    /// Mixture of experts: `gate`, `up` and `down` above then hold every expert stacked (as the
+    /// file's 3-D tensors do), and this the router and each expert's own view of them.
+    pub moe: Option<Moe>,
+}
+
+pub struct Moe {
+    /// [n_expert, dim]: the router's logits.
+    pub router: QTensor,
+    /// Expert e's (gate, up, down) matrices: rows of the stacked tensors.
+    pub experts: Vec<(QTensor, QTensor, QTensor)>,
 }
 
 pub struct Model {
@@ -194,6 +217,25 @@ fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
     )
 }
 
+/// `n` matrices of `rows` × `cols` stacked (GGUF dims = [cols, rows, n]), as one of n · rows rows.
+fn stacked(g: &Gguf, name: &str, rows: usize, cols: usize, n: usize) -> Result<QTensor> {
+    let t = tensor_info(g, name)?;
+    if t.dims.as_slice() != [cols as u64, rows as u64, n as u64] {
+        return Err(Error::Model(format!(
+            "tensor {name} has shape {:?}, expected [{cols}, {rows}, {n}]",
+            t.dims
+        )));
+    }
+    QTensor::new(
+        t.ttype,
+        n * rows,
+        cols,
+        g.storage.clone(),
+        t.offset as usize,
+        t.bytes as usize,
+    )
+}
+
 fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     let t = tensor_info(g, name)?;
     if t.elements() != len as u64 || t.dims.len() != 1 {
@@ -225,9 +267,10 @@ impl Config {
             "qwen3" => (Arch::Qwen3, RopeStyle::Neox),
             "llama" => (Arch::Llama, RopeStyle::Normal),
             "gemma3" => (Arch::Gemma3, RopeStyle::Neox),
+            "qwen3moe" => (Arch::Qwen3Moe, RopeStyle::Neox),
             other => {
                 return Err(Error::Model(format!(
-                "architecture {other:?} is not supported (supported: qwen2, qwen3, llama, gemma3)"
+                "architecture {other:?} is not supported (supported: qwen2, qwen3, qwen3moe, llama, gemma3)"
             )))
             }
         };
@@ -238,7 +281,25 @@ impl Config {
         let n_kv_head = g
             .get_u64(&key("attention.head_count_kv"))?
             .unwrap_or(n_head as u64) as usize;
-        let ffn_dim = g.require_u64(&key("feed_forward_length"))? as usize;
+        let experts = if arch == Arch::Qwen3Moe {
+            let n_expert = g.require_u64(&key("expert_count"))?;
+            let n_used = g.require_u64(&key("expert_used_count"))?;
+            if !(1..=1024).contains(&n_expert) || !(1..=64.min(n_expert)).contains(&n_used) {
+                return Err(Error::Model(format!(
+                    "expert_count {n_expert} / expert_used_count {n_used} out of range (1..=1024 experts, 1..=64 of them used)"
+                )));
+            }
+            Some(Experts {
+                n_expert: n_expert as usize,
+                n_used: n_used as usize,
+            })
+        } else {
+            None
+        };
+        let ffn_dim = match experts {
+            Some(_) => g.require_u64(&key("expert_feed_forward_length"))? as usize,
+            None => g.require_u64(&key("feed_forward_length"))? as usize,
+        };
         let train_ctx = g.get_u64(&key("context_length"))?.unwrap_or(4096) as usize;
         let rms_eps = g
             .get_f64(&key("attention.layer_norm_rms_epsilon"))?
@@ -371,6 +432,7 @@ impl Config {
             1.0 / (head_dim as f32).sqrt()
         };
         Ok(Config {
+            experts,
             rope_scale,
             embed_scale: if is_gemma { (dim as f32).sqrt() } else { 1.0 },
             attn_scale,
@@ -418,13 +480,38 @@ impl Model {
             } else {
                 None
             };
-            let qk_norm = if matches!(c.arch, Arch::Qwen3 | Arch::Gemma3) {
+            let qk_norm = if matches!(c.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
                 Some((
                     vector(&g, &n("attn_q_norm.weight"), c.head_dim)?,
                     vector(&g, &n("attn_k_norm.weight"), c.head_dim)?,
                 ))
             } else {
                 None
+            };
+            let (gate, up, down, moe) = match c.experts {
+                None => (
+                    matrix(&g, &n("ffn_gate.weight"), f, d)?,
+                    matrix(&g, &n("ffn_up.weight"), f, d)?,
+                    matrix(&g, &n("ffn_down.weight"), d, f)?,
+                    None,
+                ),
+                Some(x) => {
+                    let e = x.n_expert;
+                    let gate = stacked(&g, &n("ffn_gate_exps.weight"), f, d, e)?;
+                    let up = stacked(&g, &n("ffn_up_exps.weight"), f, d, e)?;
+                    let down = stacked(&g, &n("ffn_down_exps.weight"), d, f, e)?;
+                    let experts = (0..e)
+                        .map(|i| {
+                            Ok((
+                                gate.row_range(i * f, f)?,
+                                up.row_range(i * f, f)?,
+                                down.row_range(i * d, d)?,
+                            ))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let router = matrix(&g, &n("ffn_gate_inp.weight"), e, d)?;
+                    (gate, up, down, Some(Moe { router, experts }))
+                }
             };
             layers.push(Layer {
                 attn_norm: vector(&g, &n("attn_norm.weight"), d)?,
@@ -435,9 +522,10 @@ impl Model {
                 qk_norm,
                 o: matrix(&g, &n("attn_output.weight"), d, qd)?,
                 ffn_norm: vector(&g, &n("ffn_norm.weight"), d)?,
-                gate: matrix(&g, &n("ffn_gate.weight"), f, d)?,
-                up: matrix(&g, &n("ffn_up.weight"), f, d)?,
-                down: matrix(&g, &n("ffn_down.weight"), d, f)?,
+                gate,
+                up,
+                down,
+                moe,
                 post_norms: if c.arch == Arch::Gemma3 {
                     Some((
                         vector(&g, &n("post_attention_norm.weight"), d)?,

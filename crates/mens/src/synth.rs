@@ -30,6 +30,8 @@ pub struct SynthSpec {
     pub sliding_window: Option<usize>,
     pub rope_base_swa: Option<f32>,
     pub softcap: Option<f32>,
+    /// Qwen3-MoE: (experts, experts used per token); `ffn_dim` is then one expert's.
+    pub experts: Option<(usize, usize)>,
     pub seed: u64,
 }
 
@@ -60,6 +62,7 @@ impl SynthSpec {
             sliding_window: None,
             rope_base_swa: None,
             softcap: None,
+            experts: None,
             seed: 1,
         }
     }
@@ -134,6 +137,27 @@ impl SynthSpec {
         }
     }
 
+    /// A tiny Qwen3-MoE model: Qwen3's attention, and FFNs of 8 experts (256 wide), 3 routed per
+    /// token by an F32 router (as in the real files).
+    pub fn tiny_qwen3moe() -> Self {
+        SynthSpec {
+            arch: "qwen3moe",
+            ffn_dim: 256,
+            experts: Some((8, 3)),
+            types: [
+                TensorType::Q8_0,
+                TensorType::Q6K,
+                TensorType::Q4K,
+                TensorType::Q4K,
+                TensorType::Q6K,
+                TensorType::Q8_0,
+                TensorType::Q8_0,
+            ],
+            seed: 6,
+            ..Self::tiny_qwen3()
+        }
+    }
+
     /// The same architecture at the smallest shape (one layer, d = 64, mixed types): the fuzzers'
     /// seeds and the malformed-file cases start from it.
     pub fn micro(self) -> Self {
@@ -157,7 +181,7 @@ impl SynthSpec {
         }
     }
 
-    /// The tiny model of an architecture, by name: qwen2, qwen3, llama, llama3, gemma3.
+    /// The tiny model of an architecture, by name: qwen2, qwen3, qwen3moe, llama, llama3, gemma3.
     pub fn tiny(arch: &str) -> Option<Self> {
         match arch {
             "qwen2" => Some(Self::tiny_qwen2()),
@@ -165,6 +189,7 @@ impl SynthSpec {
             "llama" => Some(Self::tiny_llama()),
             "llama3" => Some(Self::tiny_llama3()),
             "gemma3" => Some(Self::tiny_gemma3()),
+            "qwen3moe" => Some(Self::tiny_qwen3moe()),
             _ => None,
         }
     }
@@ -280,6 +305,14 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             Value::U32(win as u32),
         );
     }
+    if let Some((n, used)) = spec.experts {
+        w.kv(&format!("{a}.expert_count"), Value::U32(n as u32))
+            .kv(&format!("{a}.expert_used_count"), Value::U32(used as u32))
+            .kv(
+                &format!("{a}.expert_feed_forward_length"),
+                Value::U32(spec.ffn_dim as u32),
+            );
+    }
     if let Some(b) = spec.rope_base_swa {
         w.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(b));
     }
@@ -300,8 +333,12 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             let x: Vec<f32> = (0..rows * cols)
                 .map(|_| rng.gen_range(-scale..scale))
                 .collect();
+            let experts = spec.experts.map_or(1, |e| e.0);
             let dims: &[u64] = if rows == 1 {
                 &[cols as u64]
+            } else if name.ends_with("_exps.weight") {
+                // Every expert's matrix stacked: [cols, rows / experts, experts].
+                &[cols as u64, (rows / experts) as u64, experts as u64]
             } else {
                 &[cols as u64, rows as u64]
             };
@@ -355,7 +392,7 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
                 quantize(TensorType::F32, &g),
             );
         };
-        if a == "qwen3" || a == "gemma3" {
+        if a == "qwen3" || a == "qwen3moe" || a == "gemma3" {
             norm(&mut w, "attn_q_norm.weight", hd);
             norm(&mut w, "attn_k_norm.weight", hd);
         }
@@ -364,6 +401,25 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
             norm(&mut w, "post_ffw_norm.weight", d);
         }
         mat(&mut w, &n("attn_output.weight"), d, qd, t_o, ws);
+        if let Some((ne, _)) = spec.experts {
+            // The router (F32, logits a few units apart so that routing is decisive) and every
+            // expert's matrices stacked in 3-D tensors, as llama.cpp's converter writes them.
+            let f = spec.ffn_dim;
+            mat(
+                &mut w,
+                &n("ffn_gate_inp.weight"),
+                ne,
+                d,
+                TensorType::F32,
+                8.0 * ws,
+            );
+            mat(&mut w, &n("ffn_gate_exps.weight"), ne * f, d, t_gu, ws);
+            mat(&mut w, &n("ffn_up_exps.weight"), ne * f, d, t_gu, ws);
+            // Four times the dense scale, so that the experts' share of the output shows.
+            let down = 4.0 / (f as f32).sqrt();
+            mat(&mut w, &n("ffn_down_exps.weight"), ne * d, f, t_down, down);
+            continue;
+        }
         // Gemma's gate is wider, so that GELU and SiLU differ visibly on it.
         let gate_scale = if a == "gemma3" { 4.0 * ws } else { ws };
         mat(

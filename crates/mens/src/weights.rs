@@ -84,6 +84,26 @@ impl QTensor {
         })
     }
 
+    /// Rows `r0..r0 + n` as a matrix of their own (one expert of a stacked expert tensor).
+    pub fn row_range(&self, r0: usize, n: usize) -> Result<QTensor> {
+        if r0 + n > self.rows || n == 0 {
+            return Err(Error::Model(format!(
+                "rows {r0}..{} of a {}-row tensor",
+                r0 + n,
+                self.rows
+            )));
+        }
+        let rb = self.row_bytes();
+        QTensor::new(
+            self.ttype,
+            n,
+            self.cols,
+            self.storage.clone(),
+            self.offset + r0 * rb,
+            n * rb,
+        )
+    }
+
     pub fn data(&self) -> &[u8] {
         &self.storage[self.offset..self.offset + self.len]
     }

@@ -18,7 +18,12 @@ fn decode_step_allocates_nothing() {
     // A Q4_K embedding as in the real Q4_K_M files (one row is dequantized every step).
     let mut spec = SynthSpec::tiny_qwen2();
     spec.types[5] = mens::gguf::TensorType::Q4K;
-    for spec in [spec, SynthSpec::tiny_llama()] {
+    for spec in [
+        spec,
+        SynthSpec::tiny_llama(),
+        SynthSpec::tiny_gemma3(),
+        SynthSpec::tiny_qwen3moe(),
+    ] {
         steady_steps_allocate_nothing(&spec);
     }
 }

@@ -70,6 +70,18 @@ fn kv_cache_parity_llama() {
     kv_cache_parity(SynthSpec::tiny_llama());
 }
 
+/// Gemma 3: past the sliding window (8) for most of the 100 steps.
+#[test]
+fn kv_cache_parity_gemma3() {
+    kv_cache_parity(SynthSpec::tiny_gemma3());
+}
+
+/// Qwen3-MoE: a prompt's tokens grouped by expert in one pass give what one token at a time gives.
+#[test]
+fn kv_cache_parity_qwen3moe() {
+    kv_cache_parity(SynthSpec::tiny_qwen3moe());
+}
+
 /// With a quantized cache too, a token's numbers do not depend on how its sequence was batched.
 #[test]
 fn kv_cache_parity_quantized() {
@@ -426,7 +438,17 @@ fn memory_admission() {
 /// the logits its own Session gives, step after step, and greedy continuations stay equal.
 #[test]
 fn batch_steps_equal_separate_sessions() {
-    let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
+    batch_steps_equal(SynthSpec::tiny_qwen2());
+}
+
+/// Several sequences' tokens routed to the same experts in one step.
+#[test]
+fn batch_steps_equal_separate_sessions_qwen3moe() {
+    batch_steps_equal(SynthSpec::tiny_qwen3moe());
+}
+
+fn batch_steps_equal(spec: SynthSpec) {
+    let (model, tok) = tiny(&spec);
     let prompts = [
         tok.encode("the theory of everything").unwrap(),
         tok.encode("a b c d e f g h i j k l m n o p").unwrap(),
