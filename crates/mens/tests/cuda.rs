@@ -416,16 +416,90 @@ fn tiny_llama3_gpu_matches_cpu() {
     compare_with(tiny(SynthSpec::tiny_llama3()), dev, 512, 256, 10, true, 0);
 }
 
-/// Qwen3's per-head Q/K norms have no GPU kernels yet: uploading says so instead of computing
-/// something else.
+/// Qwen3 (per-head Q/K norms before RoPE, head size 128 with Q wider than the hidden state) on
+/// the GPU: the session (decode and prefill) against the CPU, teacher-forced.
 #[test]
-fn qwen3_on_the_gpu_is_a_clear_error() {
+fn tiny_qwen3_gpu_matches_cpu() {
     let Some(dev) = device() else { return };
-    let m = tiny(SynthSpec::tiny_qwen3());
-    let e = mens::cuda::GpuModel::upload(dev, &m, |_| {})
-        .err()
-        .expect("qwen3 must be refused");
-    assert!(e.to_string().contains("CPU backend only"), "{e}");
+    compare_with(tiny(SynthSpec::tiny_qwen3()), dev, 512, 256, 11, true, 0);
+}
+
+/// Qwen3 in the batched runner, with either kernel family: each slot's logits against the CPU
+/// session's, teacher-forced, two slots decoding together.
+#[test]
+fn tiny_qwen3_batch_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen3());
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut b = CudaBatch::new(gm, 4, 256, 64, 512).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(12);
+    let prompts: Vec<Vec<u32>> = (0..2)
+        .map(|i| (0..20 + 30 * i).map(|_| r.gen_range(0..v)).collect())
+        .collect();
+    for kernels in [BatchKernels::Dp4a, BatchKernels::TensorCores] {
+        b.set_kernels(kernels).unwrap();
+        let mut cpu: Vec<Session> = (0..2)
+            .map(|_| {
+                Session::new(
+                    model.clone(),
+                    SessionOptions {
+                        ctx: 256,
+                        batch: 64,
+                        logit_rows: 1,
+                        ..Default::default()
+                    },
+                )
+                .unwrap()
+            })
+            .collect();
+        let (mut worst, mut agree, mut n) = (0f64, 0, 0);
+        for i in 0..2 {
+            b.truncate_slot(i, 0);
+        }
+        let mut next: Vec<Vec<u32>> = prompts.clone();
+        for _ in 0..24 {
+            let mut parts: Vec<Part> = next
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Part {
+                    slot: i,
+                    tokens: t,
+                    logits: Logits::Last,
+                })
+                .collect();
+            b.step(&mut parts).unwrap();
+            for i in 0..2 {
+                cpu[i].forward(&next[i], Logits::Last).unwrap();
+                let g = b.slot_logits(i).unwrap();
+                worst = worst.max(rel_l2(&g, cpu[i].logits()));
+                let t = mens::sample::argmax(cpu[i].logits());
+                agree += (mens::sample::argmax(&g) == t) as usize;
+                n += 1;
+                next[i] = vec![r.gen_range(0..v)];
+            }
+        }
+        eprintln!("qwen3, batch {kernels:?}: worst logits rel L2 against the CPU {worst:.2e}, argmax agreement {agree}/{n}");
+        assert!(worst < 2e-2, "{kernels:?}: rel L2 {worst}");
+        assert!(agree >= n - 2, "{kernels:?}: argmax agreement {agree}/{n}");
+    }
+}
+
+/// What the GPU backends cannot run yet is refused when the model is uploaded, by name.
+#[test]
+fn cpu_only_architectures_are_a_clear_error_on_the_gpu() {
+    let Some(dev) = device() else { return };
+    for (spec, what) in [
+        (SynthSpec::tiny_gemma3(), "sliding-window attention"),
+        (SynthSpec::tiny_qwen3moe(), "mixture-of-experts layers"),
+    ] {
+        let m = tiny(spec);
+        let e = mens::cuda::GpuModel::upload(dev.clone(), &m, |_| {})
+            .err()
+            .expect("refused");
+        let e = e.to_string();
+        assert!(e.contains(what) && e.contains("CPU backend only"), "{e}");
+    }
 }
 
 /// A model given by MENS_CUDA_MODEL (the device script passes `mens synth` Q4_K_M models).

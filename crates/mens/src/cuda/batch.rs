@@ -380,6 +380,11 @@ impl CudaBatch {
                 launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (qkv)", dev.h16_grid(row, c.dim), 256;
                     l.q.seg, l.k.seg, l.v.seg, d, self.x16.ptr, b, self.qkv.ptr, row as i32, 0u64,
                     bias, 0i32, part, counters)?;
+                if let Some((wq, wk)) = &l.qk_norm {
+                    launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
+                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+                    n += 1;
+                }
                 launch!(dev, rope_store_b, (bp as u32, 1), 256;
                     self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
                     c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, kc, vc)?;
@@ -399,10 +404,23 @@ impl CudaBatch {
                 norm(rest.ptr)?;
                 n += 9;
             } else {
-                launch!(dev, qkv_rope_b, ((row / 2).div_ceil(4) as u32, 1), 128;
-                    l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
-                    slot, slot_stride, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
-                    self.q.ptr, kc, vc)?;
+                if let Some((wq, wk)) = &l.qk_norm {
+                    // Qwen3: matmul, per-head norm, then RoPE and the cache write (see the session).
+                    launch!(dev, matmul_q8 as "matmul_q8 (qkv)", (row.div_ceil(4) as u32, 1), 128;
+                        l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, self.qkv.ptr,
+                        row as i32, 0u64, bias, 0i32)?;
+                    launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
+                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+                    launch!(dev, rope_store_b, (bp as u32, 1), 256;
+                        self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                        c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, kc, vc)?;
+                    n += 2;
+                } else {
+                    launch!(dev, qkv_rope_b, ((row / 2).div_ceil(4) as u32, 1), 128;
+                        l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
+                        slot, slot_stride, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
+                        self.q.ptr, kc, vc)?;
+                }
                 att(li, kc, vc, 0)?;
                 launch!(dev, matmul_q8 as "matmul_q8 (attn_output + residual)", (c.dim.div_ceil(4) as u32, 1), 128;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,

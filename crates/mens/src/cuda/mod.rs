@@ -108,6 +108,7 @@ kernels!(
     matmul_h16_4,
     matmul_h16_8,
     rope_store_b,
+    qk_norm,
 );
 
 /// Weight rows per block of the tensor-core matmul (MT in kernels/batch.cu).

@@ -8,6 +8,8 @@ pub(super) struct GpuLayer {
     pub(super) k: Mat,
     pub(super) v: Mat,
     pub(super) bias: Option<Buf>,
+    /// Per-head RMSNorm weights of Q and K (Qwen3).
+    pub(super) qk_norm: Option<(Buf, Buf)>,
     pub(super) o: Mat,
     pub(super) ffn_norm: Buf,
     pub(super) gate: Mat,
@@ -34,12 +36,6 @@ impl GpuModel {
     pub fn upload(dev: Arc<Device>, m: &Model, mut progress: impl FnMut(usize)) -> Result<Self> {
         let c = &m.config;
         let g = c.n_head / c.n_kv_head;
-        if m.layers.iter().any(|l| l.qk_norm.is_some()) {
-            return Err(Error::Model(format!(
-                "{:?} (per-head Q/K norms) runs on the CPU backend only so far: use --backend cpu",
-                c.arch
-            )));
-        }
         if let Some(f) = c.cpu_only_feature() {
             return Err(Error::Model(format!(
                 "{:?} ({f}) runs on the CPU backend only so far: use --backend cpu",
@@ -80,6 +76,10 @@ impl GpuModel {
                 k: Mat::upload(&dev, &l.k)?,
                 v: Mat::upload(&dev, &l.v)?,
                 bias: l.qkv_bias.as_ref().map(|b| dev.upload(b)).transpose()?,
+                qk_norm: match &l.qk_norm {
+                    Some((q, k)) => Some((dev.upload(q)?, dev.upload(k)?)),
+                    None => None,
+                },
                 o: Mat::upload(&dev, &l.o)?,
                 ffn_norm: dev.upload(&l.ffn_norm)?,
                 gate: Mat::upload(&dev, &l.gate)?,

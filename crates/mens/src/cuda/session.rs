@@ -433,7 +433,7 @@ impl CudaSession {
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let splits = self.ctx.div_ceil(SPLIT) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let mut n = 0;
+        let (mut n, mut unfused) = (0, 0);
         launch!(dev, embed, (1, 1), 128; m.embedding.seg, d, self.tok.ptr, self.x.ptr)?;
         launch!(dev, rmsnorm_q8, (1, 1), 1024;
             self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
@@ -441,10 +441,23 @@ impl CudaSession {
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
-            launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
-                l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
-                self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
-                c.head_dim as i32, neox, self.qkv.ptr, kc, vc)?;
+            if let Some((wq, wk)) = &l.qk_norm {
+                // Qwen3: the norm needs whole heads between the matmul and RoPE, so the three
+                // steps the fused kernel does run apart.
+                launch!(dev, matvec as "matvec (qkv)", (row.div_ceil(4) as u32, 1), 128;
+                    l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, self.qkv.ptr, bias, 0i32)?;
+                launch!(dev, qk_norm, (1, (c.n_head + c.n_kv_head) as u32), 128;
+                    self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+                launch!(dev, rope_store, (1, 1), 256;
+                    self.qkv.ptr, 0u64, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
+                    c.n_kv_head as i32, c.head_dim as i32, neox, kc, vc, 0u64, 1i32)?;
+                unfused += 2;
+            } else {
+                launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
+                    l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
+                    self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
+                    c.head_dim as i32, neox, self.qkv.ptr, kc, vc)?;
+            }
             let args = (
                 self.qkv.ptr,
                 kc,
@@ -485,7 +498,7 @@ impl CudaSession {
             n += 7;
         }
         self.head(1)?;
-        Ok(n + 2)
+        Ok(n + unfused + 2)
     }
 
     /// One token: set the input id (unless the device already holds it), replay the graph.
@@ -728,6 +741,10 @@ impl CudaSession {
             let (kc, vc) = self.layer_cache(li);
             self.linear(&[&l.q, &l.k, &l.v], self.xb16.ptr, t, self.qkv.ptr, row)?;
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
+            if let Some((wq, wk)) = &l.qk_norm {
+                launch!(dev, qk_norm, (t as u32, (c.n_head + c.n_kv_head) as u32), 128;
+                    self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+            }
             launch!(dev, rope_store, (t as u32, 1), 256;
                 self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
                 c.n_kv_head as i32, c.head_dim as i32, neox, kc, vc, self.qperm.ptr, t as i32)?;

@@ -42,3 +42,18 @@ extern "C" __global__ void swiglu_f16(const float* gu, int f, int ntok, u16* h) 
   h[i] = f2h(g / (1.f + expf(-g)) * u);
 }
 
+
+// Per-head RMSNorm of the Q and K heads of T rows of a stacked Q/K/V buffer (row stride `row`
+// floats; the K heads follow the Q heads), in place, before RoPE (Qwen3). Grid (T, n_head +
+// n_kv_head); block 128.
+extern "C" __global__ void qk_norm(float* qkv, int row, int n_head, int hd, const float* wq, const float* wk,
+                                   float eps) {
+  __shared__ float red[32];
+  float* v = qkv + (u64)blockIdx.x * row + (u64)blockIdx.y * hd;
+  const float* w = (int)blockIdx.y < n_head ? wq : wk;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
+  ss = block_sum(ss, red);
+  float scale = rsqrtf(ss / hd + eps);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * scale * w[i];
+}
