@@ -246,9 +246,6 @@ macro_rules! signed_body {
     }};
 }
 
-/// Two weight rows (`$x0`, `$x1`) against one Q8_0 row: the activation block is loaded once for
-/// both, and the two accumulators are independent chains (decode, where there is one activation row).
-#[cfg(target_arch = "x86_64")]
 /// How far ahead of the block being read a decode kernel asks for weight bytes. Decode reads each
 /// weight once, and the hardware prefetcher alone left these kernels waiting on loads (perf: the
 /// samples sit on the instruction after each weight load) at 11–13 GB/s of the ~29 GB/s two cores
@@ -256,6 +253,9 @@ macro_rules! signed_body {
 /// A prefetch never faults, so reading past the matrix's end is harmless.
 pub const PREFETCH_AHEAD: usize = 3072;
 
+/// N weight rows (`$xs`) against one Q8_0 row: the activation block is loaded once for all, and
+/// the N accumulators are independent chains (decode, where there is one activation row).
+#[cfg(target_arch = "x86_64")]
 macro_rules! signed_body_rows {
     ($dot:ident, $n:expr, $nb:ident, $xs:ident, $y:ident, $bytes:expr, $decode:path) => {{
         let mut acc = [_mm256_setzero_ps(); $n];
