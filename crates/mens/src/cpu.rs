@@ -156,6 +156,7 @@ impl RunState {
 
 impl RunState {
     fn new(m: &Model, o: &SessionOptions) -> Self {
+        prepare_weights(m);
         let c = &m.config;
         let b = o.batch;
         let types = |ts: &[&crate::kernels::QTensor]| -> Vec<ActType> {
@@ -235,6 +236,20 @@ impl RunState {
             + (self.moe.order.len() + self.moe.at.len() + self.moe.starts.len()) * 4
             + self.moe.input.as_ref().map_or(0, |i| i.bytes())
     }
+}
+
+/// Make the CPU kernels' repacked weight copies now (in parallel, once per model), not in the
+/// first prompt's time.
+fn prepare_weights(m: &Model) {
+    let mut ws: Vec<&crate::kernels::QTensor> = Vec::new();
+    for l in &m.layers {
+        ws.extend([&l.q, &l.k, &l.v, &l.o]);
+        match &l.moe {
+            None => ws.extend([&l.gate, &l.up, &l.down]),
+            Some(moe) => ws.extend(moe.experts.iter().flat_map(|(g, u, d)| [g, u, d])),
+        }
+    }
+    crate::kernels::pool::pool().run(ws.len(), &|i| crate::kernels::prepare(ws[i]));
 }
 
 /// Bytes a session of these options allocates (KV cache + RunState), without allocating it.

@@ -42,6 +42,8 @@ pub struct QTensor {
     storage: Arc<Storage>,
     offset: usize,
     len: usize,
+    /// The CPU kernels' repacked copy (`kernels::x8`), made on first use, shared by clones.
+    x8: Arc<std::sync::OnceLock<Option<Box<[u8]>>>>,
 }
 
 impl QTensor {
@@ -81,6 +83,7 @@ impl QTensor {
             storage,
             offset,
             len,
+            x8: Default::default(),
         })
     }
 
@@ -102,6 +105,32 @@ impl QTensor {
             self.offset + r0 * rb,
             n * rb,
         )
+    }
+
+    /// The repacked copy, made by `make` the first time (None: this tensor is not repacked).
+    pub(crate) fn repacked(
+        &self,
+        make: impl FnOnce(&QTensor) -> Option<Box<[u8]>>,
+    ) -> Option<&[u8]> {
+        self.x8.get_or_init(|| make(self)).as_deref()
+    }
+
+    /// Give the mapped file pages of this tensor back to the kernel (after a repacked copy replaced
+    /// them): they are clean file pages, read again from the file if anything touches them later.
+    pub(crate) fn release_pages(&self) {
+        if let Storage::Mmap(m) = &*self.storage {
+            let page = 4096usize;
+            let start = m.as_ptr() as usize + self.offset;
+            let (a, b) = (
+                start.div_ceil(page) * page,
+                (start + self.len) / page * page,
+            );
+            if b > a {
+                // SAFETY: a range of whole pages inside the read-only private file mapping; the
+                // pages stay mapped and are re-read from the file on the next access.
+                unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
+            }
+        }
     }
 
     pub fn data(&self) -> &[u8] {

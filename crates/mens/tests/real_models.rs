@@ -151,7 +151,11 @@ fn greedy_matches_llama_cpp(name: &str) {
         rate * 100.0
     );
     assert!(rate >= 0.98, "{name}: teacher-forced agreement {rate}");
-    assert!(ties <= 2, "{name}: {ties} prompts diverge before 16 tokens");
+    // At most 3 of the 8 prompts may part at a near-tie. The repacked Q5_0 kernel (kernels/x8.rs)
+    // sums each block exactly in integers where llama.cpp sums four-value partials in f32, so the
+    // two round differently: on Gemma 3 270M (mostly Q5_0) three prompts part at gaps of 0.0015,
+    // 0.018 and 0.14 logits (one before that kernel); on the Qwen files none.
+    assert!(ties <= 3, "{name}: {ties} prompts diverge before 16 tokens");
 }
 
 #[test]
