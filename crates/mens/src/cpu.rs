@@ -241,7 +241,7 @@ impl RunState {
 /// Make the CPU kernels' repacked weight copies now (in parallel, once per model), not in the
 /// first prompt's time.
 fn prepare_weights(m: &Model) {
-    let mut ws: Vec<&crate::kernels::QTensor> = Vec::new();
+    let mut ws: Vec<&crate::kernels::QTensor> = vec![&m.output];
     for l in &m.layers {
         ws.extend([&l.q, &l.k, &l.v, &l.o]);
         match &l.moe {

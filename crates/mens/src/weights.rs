@@ -115,20 +115,26 @@ impl QTensor {
         self.x8.get_or_init(|| make(self)).as_deref()
     }
 
-    /// Give the mapped file pages of this tensor back to the kernel (after a repacked copy replaced
-    /// them): they are clean file pages, read again from the file if anything touches them later.
-    pub(crate) fn release_pages(&self) {
+    /// Give the mapped file pages of bytes `from..to` of this tensor back to the kernel (after a
+    /// repacked copy replaced them): clean file pages, read again from the file if anything touches
+    /// them later.
+    pub(crate) fn release_pages(&self, from: usize, to: usize) {
         if let Storage::Mmap(m) = &*self.storage {
             let page = 4096usize;
             let start = m.as_ptr() as usize + self.offset;
             let (a, b) = (
-                start.div_ceil(page) * page,
-                (start + self.len) / page * page,
+                (start + from).div_ceil(page) * page,
+                (start + to.min(self.len)) / page * page,
             );
             if b > a {
                 // SAFETY: a range of whole pages inside the read-only private file mapping; the
                 // pages stay mapped and are re-read from the file on the next access.
-                unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
+                // MADV_RANDOM: a later read of one row (a tied embedding's lookup) brings in its
+                // page, not the kernel's 128 KiB read-ahead around it.
+                unsafe {
+                    libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED);
+                    libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_RANDOM);
+                }
             }
         }
     }
@@ -147,6 +153,15 @@ impl QTensor {
 
     /// Dequantize row `r` into `out` (len = cols).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        // From the repacked copy when there is one: the mapped pages were given back.
+        if let Some(Some(g)) = self.x8.get() {
+            use crate::kernels::x8::{dequantize_row, Packed};
+            let p = match self.ttype {
+                TensorType::Q8_0 => Packed::Q8_0,
+                _ => Packed::Q5_0,
+            };
+            return dequantize_row(p, g, self.cols / 32, r, out);
+        }
         let rb = self.row_bytes();
         let row = &self.data()[r * rb..(r + 1) * rb];
         fn deq<T: GgmlType>(row: &[u8], out: &mut [f32]) {

@@ -362,9 +362,9 @@ fn rows_simd(
     let (acts, arb, d, s) = input.act_rows(act_type(w.ttype));
     let nb = w.cols / 32;
     #[cfg(target_arch = "x86_64")]
-    if kind == simd::Kind::Q5_0 && r0 % 8 == 0 && r1 % 8 == 0 {
-        if let Some(g) = repacked(level, w) {
-            return rows_x8(g, input, nb, out, stride, off, r0, r1);
+    if r0 % 8 == 0 && r1 % 8 == 0 {
+        if let Some((g, p)) = repacked(level, w) {
+            return rows_x8(g, p, input, nb, out, stride, off, r0, r1);
         }
     }
     let rb = w.row_bytes();
@@ -447,26 +447,47 @@ pub fn prepare(w: &QTensor) {
     let _ = w;
 }
 
-/// The repacked copy of a Q5_0 matrix of whole 8-row groups on a CPU with AVX-512 VNNI (made on
-/// first use, replacing the mapped pages), or None.
+/// The repacked copy of a Q5_0 or Q8_0 matrix of whole 8-row groups on a CPU with AVX-512 VNNI
+/// (made on first use, replacing the mapped pages), or None.
 #[cfg(target_arch = "x86_64")]
-fn repacked(level: simd::Level, w: &QTensor) -> Option<&[u8]> {
-    if level != simd::Level::Vnni || w.ttype != TensorType::Q5_0 || w.rows % 8 != 0 {
+fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
+    let p = match w.ttype {
+        TensorType::Q5_0 => x8::Packed::Q5_0,
+        TensorType::Q8_0 => x8::Packed::Q8_0,
+        _ => return None,
+    };
+    if level != simd::Level::Vnni || w.rows % 8 != 0 {
         return None;
     }
-    w.repacked(|w| {
-        let p = x8::repack_q5_0(w.data(), w.rows, w.cols / 32).into_boxed_slice();
-        w.release_pages();
-        Some(p)
-    })
+    let g = w.repacked(|w| {
+        // A chunk of rows at a time, each chunk's mapped pages given back as soon as it is copied,
+        // so that the source and the copy of a large matrix (an LM head) are never both resident.
+        let (nb, rb) = (w.cols / 32, w.row_bytes());
+        let gb = p.group_bytes() * nb;
+        let mut g = vec![0u8; w.rows / 8 * gb];
+        const CHUNK: usize = 1024;
+        for (c, out) in g.chunks_mut(CHUNK / 8 * gb).enumerate() {
+            let rows = out.len() / gb * 8;
+            let (from, to) = (c * CHUNK * rb, (c * CHUNK + rows) * rb);
+            let src = &w.data()[from..to];
+            match p {
+                x8::Packed::Q5_0 => x8::repack_q5_0(src, rows, nb, out),
+                x8::Packed::Q8_0 => x8::repack_q8_0(src, rows, nb, out),
+            }
+            w.release_pages(from, to);
+        }
+        Some(g.into_boxed_slice())
+    })?;
+    Some((g, p))
 }
 
-/// Rows `r0..r1` (whole groups of 8) of a repacked Q5_0 matrix, four activation rows at a time.
+/// Rows `r0..r1` (whole groups of 8) of a repacked matrix, four activation rows at a time.
 #[allow(unused_assignments)]
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn rows_x8(
     g: &[u8],
+    p: x8::Packed,
     input: &QuantizedInput,
     nb: usize,
     out: OutPtr,
@@ -478,25 +499,27 @@ fn rows_x8(
     let (acts, arb) = input.get(ActType::Q8_0);
     let (d, s) = (&input.q8_0_d, &input.q8_0_s);
     let t = input.rows;
-    assert!(g.len() >= r1 / 8 * nb * x8::GROUP_BYTES && acts.len() >= t * arb);
+    let gb = p.group_bytes();
+    assert!(g.len() >= r1 / 8 * nb * gb && acts.len() >= t * arb);
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     for grp in r0 / 8..r1 / 8 {
-        let gp = g[grp * nb * x8::GROUP_BYTES..].as_ptr();
+        let gp = g[grp * nb * gb..].as_ptr();
         let mut ti = 0;
         macro_rules! tile {
             ($T:literal) => {{
                 let mut o = [[0f32; 8]; $T];
                 // SAFETY: AVX-512 VNNI checked by `repacked`; bounds asserted above.
                 unsafe {
-                    x8::dot_q5_0::<$T>(
-                        nb,
-                        gp,
+                    let (qs, ds, ss) = (
                         &std::array::from_fn(|k| q(ti + k)),
                         &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
                         &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
-                        &mut o,
-                    )
+                    );
+                    match p {
+                        x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, &mut o),
+                        x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, &mut o),
+                    }
                 };
                 for (k, row) in o.iter().enumerate() {
                     for (l, v) in row.iter().enumerate() {
@@ -890,78 +913,107 @@ mod tests {
         }
     }
 
-    /// The repacked Q5_0 kernel (AVX-512 VNNI): against a scalar reference on the same quantized
-    /// numbers (exact integer block dots, so within f32 rounding of the scale products), every
-    /// activation row giving the same bits alone as in a batch of 1 to 9 rows (decode = prefill).
+    /// The repacked Q5_0 and Q8_0 kernels (AVX-512 VNNI): against a scalar reference on the same
+    /// quantized numbers (exact integer block dots, so within f32 rounding of the scale products),
+    /// every activation row giving the same bits alone as in a batch of 1 to 9 rows (decode =
+    /// prefill).
     #[test]
-    fn repacked_q5_0_matches_the_scalar_dot() {
+    fn repacked_matrices_match_the_scalar_dot() {
         #[cfg(target_arch = "x86_64")]
         {
             if simd::level() != simd::Level::Vnni {
-                eprintln!(
-                    "SKIP (not run, not passed): no AVX-512 VNNI, the repacked kernel is not used"
-                );
+                eprintln!("SKIP (not run, not passed): no AVX-512 VNNI, the repacked kernels are not used");
                 return;
             }
-            let (rows, cols) = (24, 320);
-            let w = random_tensor(rows, cols, TensorType::Q5_0, 21);
-            assert!(
-                repacked(simd::level(), &w).is_some(),
-                "the matrix is repacked"
-            );
-            let mut rng = rand::rngs::StdRng::seed_from_u64(22);
-            let x: Vec<f32> = (0..9 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
-            let nb = cols / 32;
-            let mut alone = vec![vec![0f32; rows]; 9];
-            for (ti, a) in alone.iter_mut().enumerate() {
-                let mut input = QuantizedInput::new(1, cols, &[ActType::Q8_0]);
-                input.set(&x[ti * cols..(ti + 1) * cols], 1);
-                matmul(&[(&w, 0)], &input, a, rows);
-                // The scalar reference: Σ_blocks dx·dy·Σ (q − 16)·y over the same quantized values.
-                let (yq, _) = input.get(ActType::Q8_0);
-                for r in 0..rows {
-                    let row = &w.data()[r * nb * 22..(r + 1) * nb * 22];
-                    let mut want = 0f64;
-                    for i in 0..nb {
-                        let b = &row[i * 22..(i + 1) * 22];
-                        let dx = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                        let yb = &yq[i * 34..(i + 1) * 34];
-                        let dy = f16::from_bits(u16::from_le_bytes([yb[0], yb[1]])).to_f32();
-                        let mut sumi = 0i64;
-                        for m in 0..32 {
-                            let lo = if m < 16 {
-                                b[6 + m] & 15
-                            } else {
-                                b[6 + m - 16] >> 4
-                            };
-                            let q = (lo as i64 | (((qh >> m) & 1) as i64) << 4) - 16;
-                            sumi += q * yb[2 + m] as i8 as i64;
-                        }
-                        want += dx as f64 * dy as f64 * sumi as f64;
-                    }
-                    let got = a[r] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * want.abs().max(1.0),
-                        "row {r} act {ti}: {got} vs {want}"
-                    );
-                }
+            for ttype in [TensorType::Q5_0, TensorType::Q8_0] {
+                repacked_matches(ttype);
             }
-            for t in 1..=9 {
-                let mut input = QuantizedInput::new(t, cols, &[ActType::Q8_0]);
-                input.set(&x[..t * cols], t);
-                let mut out = vec![0f32; t * rows];
-                matmul(&[(&w, 0)], &input, &mut out, rows);
-                for ti in 0..t {
-                    assert_eq!(
-                        out[ti * rows..(ti + 1) * rows]
-                            .iter()
-                            .map(|v| v.to_bits())
-                            .collect::<Vec<_>>(),
-                        alone[ti].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "batch of {t}, row {ti}"
-                    );
+        }
+    }
+
+    /// The value of element `m` of a Q5_0 or Q8_0 block `b`, as an integer.
+    #[cfg(target_arch = "x86_64")]
+    fn block_value(ttype: TensorType, b: &[u8], m: usize) -> i64 {
+        if ttype == TensorType::Q8_0 {
+            return b[2 + m] as i8 as i64;
+        }
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let lo = if m < 16 {
+            b[6 + m] & 15
+        } else {
+            b[6 + m - 16] >> 4
+        };
+        (lo as i64 | (((qh >> m) & 1) as i64) << 4) - 16
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn repacked_matches(ttype: TensorType) {
+        // More rows than one repacking chunk (1024), and not a multiple of it.
+        let (rows, cols) = (1040, 96);
+        let w = random_tensor(rows, cols, ttype, 21);
+        assert!(
+            repacked(simd::level(), &w).is_some(),
+            "the matrix is repacked"
+        );
+        let bb = w.row_bytes() / (cols / 32);
+        // Rows read back from the copy (a tied embedding's lookups) equal the file's.
+        let plain = QTensor::new(
+            ttype,
+            rows,
+            cols,
+            Arc::new(Storage::Bytes(w.data().to_vec())),
+            0,
+            w.bytes(),
+        )
+        .unwrap();
+        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+        for r in [0, 7, 8, 1039] {
+            w.dequantize_row(r, &mut a);
+            plain.dequantize_row(r, &mut b);
+            assert_eq!(a, b, "{ttype:?} row {r} from the repacked copy");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+        let x: Vec<f32> = (0..9 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let nb = cols / 32;
+        let mut alone = vec![vec![0f32; rows]; 9];
+        for (ti, a) in alone.iter_mut().enumerate() {
+            let mut input = QuantizedInput::new(1, cols, &[ActType::Q8_0]);
+            input.set(&x[ti * cols..(ti + 1) * cols], 1);
+            matmul(&[(&w, 0)], &input, a, rows);
+            // The scalar reference: Σ_blocks dx·dy·Σ q·y over the same quantized values.
+            let (yq, _) = input.get(ActType::Q8_0);
+            for r in 0..rows {
+                let row = &w.data()[r * nb * bb..(r + 1) * nb * bb];
+                let mut want = 0f64;
+                for i in 0..nb {
+                    let b = &row[i * bb..(i + 1) * bb];
+                    let dx = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                    let yb = &yq[i * 34..(i + 1) * 34];
+                    let dy = f16::from_bits(u16::from_le_bytes([yb[0], yb[1]])).to_f32();
+                    let sumi: i64 = (0..32)
+                        .map(|m| block_value(ttype, b, m) * yb[2 + m] as i8 as i64)
+                        .sum();
+                    want += dx as f64 * dy as f64 * sumi as f64;
                 }
+                let got = a[r] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{ttype:?} row {r} act {ti}: {got} vs {want}"
+                );
+            }
+        }
+        for t in 1..=9 {
+            let mut input = QuantizedInput::new(t, cols, &[ActType::Q8_0]);
+            input.set(&x[..t * cols], t);
+            let mut out = vec![0f32; t * rows];
+            matmul(&[(&w, 0)], &input, &mut out, rows);
+            for ti in 0..t {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&out[ti * rows..(ti + 1) * rows]),
+                    bits(&alone[ti]),
+                    "{ttype:?} batch of {t}, row {ti}"
+                );
             }
         }
     }

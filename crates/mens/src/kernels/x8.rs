@@ -1,4 +1,4 @@
-//! Q5_0 weights repacked for AVX-512 VNNI: eight rows interleaved four bytes at a time, so that one
+//! Q5_0 and Q8_0 weights repacked for AVX-512 VNNI: eight rows interleaved four bytes at a time, so that one
 //! `vpdpbusd` multiplies four values of one activation row with the same four values of eight
 //! weight rows, and its eight 32-bit lanes are those eight rows' partial dots. A block's whole
 //! integer dot is then exact, and the scale is applied once per block for eight rows together,
@@ -7,20 +7,82 @@
 //! the same for their formats). Decode and prefill both read this layout, so a token's numbers do
 //! not depend on its batch. The copy replaces the mapped pages it came from (`QTensor::x8`).
 //!
-//! A group of eight rows × one 32-value block is 176 bytes (8 × 22, as in the file): the eight
-//! scales (f16), then eight 32-bit masks holding each value's fifth bit, then 128 bytes of low
-//! nibbles. Values are stored unsigned (q + 16, 0..31): the kernel subtracts 16 · Σy per block,
-//! Σy being the activation block's integer sum.
+//! A group of eight rows × one 32-value block is as large as in the file. Q5_0: 176 bytes (8 × 22):
+//! the eight scales (f16), then eight 32-bit masks holding each value's fifth bit, then 128 bytes of
+//! low nibbles; values stored unsigned (q + 16, 0..31). Q8_0: 272 bytes (8 × 34): the eight scales,
+//! then 256 bytes of values stored unsigned (q + 128). The kernel subtracts the offset times Σy per
+//! block, Σy being the activation block's integer sum.
 
-pub const GROUP_BYTES: usize = 176;
+/// Which format a repacked matrix holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Packed {
+    Q5_0,
+    Q8_0,
+}
 
-/// Repack a Q5_0 matrix (`rows` a multiple of 8, `nb` blocks per row) into groups.
-pub fn repack_q5_0(src: &[u8], rows: usize, nb: usize) -> Vec<u8> {
-    assert!(rows % 8 == 0 && src.len() == rows * nb * 22);
-    let mut out = vec![0u8; rows / 8 * nb * GROUP_BYTES];
+impl Packed {
+    pub fn group_bytes(self) -> usize {
+        match self {
+            Packed::Q5_0 => 176,
+            Packed::Q8_0 => 272,
+        }
+    }
+}
+
+/// Row `r` of a repacked matrix (`nb` blocks per row) as f32, the file's values exactly (a tied
+/// embedding's lookup, once its mapped pages are given back).
+pub fn dequantize_row(p: Packed, g: &[u8], nb: usize, r: usize, out: &mut [f32]) {
+    let gb = p.group_bytes();
+    let (grp, lane) = (r / 8, r % 8);
+    for i in 0..nb {
+        let b = &g[(grp * nb + i) * gb..][..gb];
+        let d = half::f16::from_bits(u16::from_le_bytes([b[2 * lane], b[2 * lane + 1]])).to_f32();
+        for m in 0..32 {
+            let (j, byte) = (m / 4, lane * 4 + m % 4);
+            let q = match p {
+                Packed::Q8_0 => b[16 + 32 * j + byte] as i32 - 128,
+                Packed::Q5_0 => {
+                    let mask = u32::from_le_bytes([
+                        b[16 + 4 * j],
+                        b[17 + 4 * j],
+                        b[18 + 4 * j],
+                        b[19 + 4 * j],
+                    ]);
+                    let nib = b[48 + 32 * (j / 2) + byte];
+                    let lo = if j % 2 == 0 { nib & 15 } else { nib >> 4 };
+                    (lo as i32 | (((mask >> byte) & 1) as i32) << 4) - 16
+                }
+            };
+            out[i * 32 + m] = q as f32 * d;
+        }
+    }
+}
+
+/// Repack a Q8_0 matrix (`rows` a multiple of 8, `nb` blocks per row) into groups, into `out`.
+pub fn repack_q8_0(src: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
+    let gb = Packed::Q8_0.group_bytes();
+    assert!(rows % 8 == 0 && src.len() == rows * nb * 34 && out.len() == rows / 8 * nb * gb);
     for g in 0..rows / 8 {
         for i in 0..nb {
-            let o = &mut out[(g * nb + i) * GROUP_BYTES..][..GROUP_BYTES];
+            let o = &mut out[(g * nb + i) * gb..][..gb];
+            for r in 0..8 {
+                let b = &src[((g * 8 + r) * nb + i) * 34..][..34];
+                o[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
+                for m in 0..32 {
+                    o[16 + 32 * (m / 4) + r * 4 + m % 4] = b[2 + m] ^ 0x80;
+                }
+            }
+        }
+    }
+}
+
+/// Repack a Q5_0 matrix (`rows` a multiple of 8, `nb` blocks per row) into groups, into `out`.
+pub fn repack_q5_0(src: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
+    let gb = Packed::Q5_0.group_bytes();
+    assert!(rows % 8 == 0 && src.len() == rows * nb * 22 && out.len() == rows / 8 * nb * gb);
+    for g in 0..rows / 8 {
+        for i in 0..nb {
+            let o = &mut out[(g * nb + i) * gb..][..gb];
             for r in 0..8 {
                 let b = &src[((g * 8 + r) * nb + i) * 22..][..22];
                 o[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
@@ -43,7 +105,6 @@ pub fn repack_q5_0(src: &[u8], rows: usize, nb: usize) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// Σ over rows `8g..8g+8` of groups: the dot of each with `T` Q8_0 activation rows (quants `q`,
@@ -54,7 +115,7 @@ pub fn repack_q5_0(src: &[u8], rows: usize, nb: usize) -> Vec<u8> {
 /// AVX-512 VNNI, VL and BW; `g` holds `nb` groups; each activation row `nb` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl,avx512bw")]
-pub unsafe fn dot_q5_0<const T: usize>(
+pub unsafe fn dot<const T: usize, const Q8: bool>(
     nb: usize,
     g: *const u8,
     q: &[*const u8; T],
@@ -65,28 +126,38 @@ pub unsafe fn dot_q5_0<const T: usize>(
     use std::arch::x86_64::*;
     let low = _mm256_set1_epi8(15);
     let sixteen = _mm256_set1_epi8(16);
+    let (gb, offset) = if Q8 { (272, 128) } else { (176, 16) };
     let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nb {
-        let b = g.add(i * GROUP_BYTES);
-        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::simd::PREFETCH_AHEAD) as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::simd::PREFETCH_AHEAD + 64) as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::simd::PREFETCH_AHEAD + 128) as *const i8);
+        let b = g.add(i * gb);
+        let mut l = 0;
+        while l < gb {
+            let ahead = b.wrapping_add(super::simd::PREFETCH_AHEAD + l);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            l += 64;
+        }
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
-        let masks = b.add(16) as *const u32;
         let mut w = [_mm256_setzero_si256(); 8];
-        for k in 0..4 {
-            let n = _mm256_loadu_si256(b.add(48 + 32 * k) as *const __m256i);
-            let (lo, hi) = (
-                _mm256_and_si256(n, low),
-                _mm256_and_si256(_mm256_srli_epi16(n, 4), low),
-            );
-            w[2 * k] = _mm256_mask_add_epi8(lo, masks.add(2 * k).read_unaligned(), lo, sixteen);
-            w[2 * k + 1] =
-                _mm256_mask_add_epi8(hi, masks.add(2 * k + 1).read_unaligned(), hi, sixteen);
+        if Q8 {
+            for (j, wj) in w.iter_mut().enumerate() {
+                *wj = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
+            }
+        } else {
+            let masks = b.add(16) as *const u32;
+            for k in 0..4 {
+                let n = _mm256_loadu_si256(b.add(48 + 32 * k) as *const __m256i);
+                let (lo, hi) = (
+                    _mm256_and_si256(n, low),
+                    _mm256_and_si256(_mm256_srli_epi16(n, 4), low),
+                );
+                w[2 * k] = _mm256_mask_add_epi8(lo, masks.add(2 * k).read_unaligned(), lo, sixteen);
+                w[2 * k + 1] =
+                    _mm256_mask_add_epi8(hi, masks.add(2 * k + 1).read_unaligned(), hi, sixteen);
+            }
         }
         for t in 0..T {
             let y = q[t].add(i * 34 + 2);
-            let mut sum = _mm256_set1_epi32(-16 * *s[t].add(i));
+            let mut sum = _mm256_set1_epi32(-offset * *s[t].add(i));
             for (j, wj) in w.iter().enumerate() {
                 let yj = _mm256_set1_epi32((y.add(4 * j) as *const i32).read_unaligned());
                 sum = _mm256_dpbusd_epi32(sum, *wj, yj);
@@ -115,11 +186,13 @@ mod tests {
         let x: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let src = quantize(TensorType::Q5_0, &x);
         let nb = cols / 32;
-        let p = repack_q5_0(&src, rows, nb);
+        let mut p = vec![0u8; rows / 8 * nb * Packed::Q5_0.group_bytes()];
+        repack_q5_0(&src, rows, nb, &mut p);
         for r in 0..rows {
             for i in 0..nb {
                 let b = &src[(r * nb + i) * 22..][..22];
-                let o = &p[((r / 8) * nb + i) * GROUP_BYTES..][..GROUP_BYTES];
+                let gb = Packed::Q5_0.group_bytes();
+                let o = &p[((r / 8) * nb + i) * gb..][..gb];
                 let rr = r % 8;
                 assert_eq!(&o[2 * rr..2 * rr + 2], &b[..2]);
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
