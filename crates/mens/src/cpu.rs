@@ -144,13 +144,17 @@ struct MoeState {
     out: Vec<f32>,
 }
 
-impl RunState {
-    /// The RoPE table of layer `l`.
-    fn rope(&self, c: &crate::model::Config, l: usize) -> &RopeTable {
-        match &self.rope_swa {
-            Some(t) if c.window(l) != usize::MAX => t,
-            _ => &self.rope,
-        }
+/// The RoPE table of layer `l`: the sliding-window layers' own where the model has one. (A function
+/// of the two fields, not of `RunState`, so that it can be borrowed beside its other buffers.)
+fn layer_rope<'a>(
+    rope: &'a RopeTable,
+    sliding: &'a Option<RopeTable>,
+    c: &crate::model::Config,
+    l: usize,
+) -> &'a RopeTable {
+    match sliding {
+        Some(t) if c.window(l) != usize::MAX => t,
+        _ => rope,
     }
 }
 
@@ -352,7 +356,7 @@ impl Sequence {
         let delta = dst as isize - src as isize;
         let mut row = vec![0f32; hd];
         for l in 0..c.n_layer {
-            let rope = run.rope(c, l);
+            let rope = layer_rope(&run.rope, &run.rope_swa, c, l);
             let (mut k, mut v, cap) = self.kv.layer(l);
             for h in 0..c.n_kv_head {
                 let base = h * cap;
@@ -423,10 +427,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             &mut r.qkv,
             row,
         );
-        let rope = match &r.rope_swa {
-            Some(t) if c.window(li) != usize::MAX => t,
-            _ => &r.rope,
-        };
+        let rope = layer_rope(&r.rope, &r.rope_swa, c, li);
         let mut first = 0;
         for (seq, toks) in parts.iter_mut() {
             let n = toks.len();

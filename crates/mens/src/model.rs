@@ -200,10 +200,15 @@ fn tensor_info<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
 
 /// A matrix with `rows` outputs of `cols` inputs (GGUF dims = [cols, rows]).
 fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+    shaped(g, name, &[cols as u64, rows as u64], rows, cols)
+}
+
+/// Tensor `name`, which must have exactly the GGUF dims `dims`, as a matrix of `rows` × `cols`.
+fn shaped(g: &Gguf, name: &str, dims: &[u64], rows: usize, cols: usize) -> Result<QTensor> {
     let t = tensor_info(g, name)?;
-    if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
+    if t.dims.as_slice() != dims {
         return Err(Error::Model(format!(
-            "tensor {name} has shape {:?}, expected [{cols}, {rows}]",
+            "tensor {name} has shape {:?}, expected {dims:?}",
             t.dims
         )));
     }
@@ -219,20 +224,12 @@ fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
 
 /// `n` matrices of `rows` × `cols` stacked (GGUF dims = [cols, rows, n]), as one of n · rows rows.
 fn stacked(g: &Gguf, name: &str, rows: usize, cols: usize, n: usize) -> Result<QTensor> {
-    let t = tensor_info(g, name)?;
-    if t.dims.as_slice() != [cols as u64, rows as u64, n as u64] {
-        return Err(Error::Model(format!(
-            "tensor {name} has shape {:?}, expected [{cols}, {rows}, {n}]",
-            t.dims
-        )));
-    }
-    QTensor::new(
-        t.ttype,
+    shaped(
+        g,
+        name,
+        &[cols as u64, rows as u64, n as u64],
         n * rows,
         cols,
-        g.storage.clone(),
-        t.offset as usize,
-        t.bytes as usize,
     )
 }
 

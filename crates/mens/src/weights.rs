@@ -156,11 +156,9 @@ impl QTensor {
         // From the repacked copy when there is one: the mapped pages were given back.
         if let Some(Some(g)) = self.x8.get() {
             use crate::kernels::x8::{dequantize_row, Packed};
-            let p = match self.ttype {
-                TensorType::Q8_0 => Packed::Q8_0,
-                _ => Packed::Q5_0,
-            };
-            return dequantize_row(p, g, self.cols / 32, r, out);
+            if let Some(p) = Packed::of(self.ttype) {
+                return dequantize_row(p, g, self.cols / 32, r, out);
+            }
         }
         let rb = self.row_bytes();
         let row = &self.data()[r * rb..(r + 1) * rb];

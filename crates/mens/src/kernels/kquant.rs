@@ -111,17 +111,6 @@ macro_rules! kquant_kernels {
             _mm_cvtss_f32(s)
         }
 
-        /// Ask for the cache lines of the weight block `PREFETCH_AHEAD` bytes past `b` (see there).
-        #[inline(always)]
-        unsafe fn prefetch(b: *const u8, bytes: usize) {
-            let ahead = b.wrapping_add(super::super::simd::PREFETCH_AHEAD);
-            let mut o = 0;
-            while o < bytes {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
-                o += 64;
-            }
-        }
-
         /// The Q8_K block's scale d (f32, its first 4 bytes).
         #[inline(always)]
         unsafe fn q8k_d(yb: *const u8) -> f32 {
@@ -227,7 +216,7 @@ macro_rules! kquant_kernels {
             let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = x.add(i * Q2K_BYTES);
-                prefetch(b, Q2K_BYTES);
+                super::super::simd::prefetch(b, Q2K_BYTES);
                 let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
                 let ms = _mm_loadu_si128(b as *const __m128i);
                 let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
@@ -274,7 +263,7 @@ macro_rules! kquant_kernels {
             let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = x.add(i * Q3K_BYTES);
-                prefetch(b, Q3K_BYTES);
+                super::super::simd::prefetch(b, Q3K_BYTES);
                 let d = f16_at(b.add(108));
                 let mut a = [0u32; 3];
                 std::ptr::copy_nonoverlapping(b.add(96), a.as_mut_ptr() as *mut u8, 12);
@@ -352,7 +341,7 @@ macro_rules! kquant_kernels {
             let block = if Q5 { Q5K_BYTES } else { Q4K_BYTES };
             for i in 0..nb {
                 let b = x.add(i * block);
-                prefetch(b, block);
+                super::super::simd::prefetch(b, block);
                 let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
                 let u = q4k_scales(b.add(4));
                 let mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
@@ -428,7 +417,7 @@ macro_rules! kquant_kernels {
             let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = x.add(i * Q6K_BYTES);
-                prefetch(b, Q6K_BYTES);
+                super::super::simd::prefetch(b, Q6K_BYTES);
                 let (ql, qh, sc) = (b, b.add(128), b.add(192));
                 let d = f16_at(b.add(208));
                 let scales = _mm_loadu_si128(sc as *const __m128i);

@@ -451,11 +451,7 @@ pub fn prepare(w: &QTensor) {
 /// (made on first use, replacing the mapped pages), or None.
 #[cfg(target_arch = "x86_64")]
 fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
-    let p = match w.ttype {
-        TensorType::Q5_0 => x8::Packed::Q5_0,
-        TensorType::Q8_0 => x8::Packed::Q8_0,
-        _ => return None,
-    };
+    let p = x8::Packed::of(w.ttype)?;
     if level != simd::Level::Vnni || w.rows % 8 != 0 {
         return None;
     }

@@ -253,6 +253,19 @@ macro_rules! signed_body {
 /// A prefetch never faults, so reading past the matrix's end is harmless.
 pub const PREFETCH_AHEAD: usize = 3072;
 
+/// Ask for the cache lines of the `bytes` of weights `PREFETCH_AHEAD` past `b` (SSE: every x86-64).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn prefetch(b: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = b.wrapping_add(PREFETCH_AHEAD);
+    let mut o = 0;
+    while o < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
 /// N weight rows (`$xs`) against one Q8_0 row: the activation block is loaded once for all, and
 /// the N accumulators are independent chains (decode, where there is one activation row).
 #[cfg(target_arch = "x86_64")]
@@ -264,7 +277,7 @@ macro_rules! signed_body_rows {
             let dy = _mm256_broadcast_ss(&*$y.d.add(i));
             for r in 0..$n {
                 let xb = $xs[r].add(i * $bytes);
-                _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(super::PREFETCH_AHEAD) as *const i8);
+                super::prefetch(xb, 1);
                 let qx = $decode(xb);
                 let p =
                     _mm256_cvtepi32_ps($dot!(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)));

@@ -21,6 +21,15 @@ pub enum Packed {
 }
 
 impl Packed {
+    /// The repacked format of a tensor type, if it has one.
+    pub fn of(t: crate::gguf::TensorType) -> Option<Packed> {
+        match t {
+            crate::gguf::TensorType::Q5_0 => Some(Packed::Q5_0),
+            crate::gguf::TensorType::Q8_0 => Some(Packed::Q8_0),
+            _ => None,
+        }
+    }
+
     pub fn group_bytes(self) -> usize {
         match self {
             Packed::Q5_0 => 176,
@@ -60,48 +69,54 @@ pub fn dequantize_row(p: Packed, g: &[u8], nb: usize, r: usize, out: &mut [f32])
 
 /// Repack a Q8_0 matrix (`rows` a multiple of 8, `nb` blocks per row) into groups, into `out`.
 pub fn repack_q8_0(src: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
-    let gb = Packed::Q8_0.group_bytes();
-    assert!(rows % 8 == 0 && src.len() == rows * nb * 34 && out.len() == rows / 8 * nb * gb);
-    for g in 0..rows / 8 {
-        for i in 0..nb {
-            let o = &mut out[(g * nb + i) * gb..][..gb];
-            for r in 0..8 {
-                let b = &src[((g * 8 + r) * nb + i) * 34..][..34];
-                o[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
-                for m in 0..32 {
-                    o[16 + 32 * (m / 4) + r * 4 + m % 4] = b[2 + m] ^ 0x80;
-                }
-            }
+    repack(Packed::Q8_0, src, rows, nb, out, |o, r, b| {
+        for m in 0..32 {
+            o[16 + 32 * (m / 4) + r * 4 + m % 4] = b[2 + m] ^ 0x80;
         }
-    }
+    })
 }
 
 /// Repack a Q5_0 matrix (`rows` a multiple of 8, `nb` blocks per row) into groups, into `out`.
 pub fn repack_q5_0(src: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
-    let gb = Packed::Q5_0.group_bytes();
-    assert!(rows % 8 == 0 && src.len() == rows * nb * 22 && out.len() == rows / 8 * nb * gb);
+    repack(Packed::Q5_0, src, rows, nb, out, |o, r, b| {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        for m in 0..32 {
+            let lo = if m < 16 {
+                b[6 + m] & 15
+            } else {
+                b[6 + m - 16] >> 4
+            };
+            let hi = (qh >> m) & 1;
+            // Value m of row r: register j = m / 4, byte r * 4 + m % 4 of it.
+            let (j, byte) = (m / 4, r * 4 + m % 4);
+            let mask = &mut o[16 + 4 * j..16 + 4 * j + 4];
+            mask[byte / 8] |= (hi as u8) << (byte % 8);
+            // Registers 2k and 2k + 1 share 32 bytes: low and high nibbles.
+            let nib = &mut o[48 + 32 * (j / 2) + byte];
+            *nib |= if j % 2 == 0 { lo } else { lo << 4 };
+        }
+    })
+}
+
+/// The loop both formats share: for each group of eight rows and each block, the eight scales
+/// first, then `place(group block, row in the group, the row's block in the file)` for the values.
+fn repack(
+    p: Packed,
+    src: &[u8],
+    rows: usize,
+    nb: usize,
+    out: &mut [u8],
+    place: impl Fn(&mut [u8], usize, &[u8]),
+) {
+    let (gb, bb) = (p.group_bytes(), p.group_bytes() / 8);
+    assert!(rows % 8 == 0 && src.len() == rows * nb * bb && out.len() == rows / 8 * nb * gb);
     for g in 0..rows / 8 {
         for i in 0..nb {
             let o = &mut out[(g * nb + i) * gb..][..gb];
             for r in 0..8 {
-                let b = &src[((g * 8 + r) * nb + i) * 22..][..22];
+                let b = &src[((g * 8 + r) * nb + i) * bb..][..bb];
                 o[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                for m in 0..32 {
-                    let lo = if m < 16 {
-                        b[6 + m] & 15
-                    } else {
-                        b[6 + m - 16] >> 4
-                    };
-                    let hi = (qh >> m) & 1;
-                    // Value m of row r: register j = m / 4, byte r * 4 + m % 4 of it.
-                    let (j, byte) = (m / 4, r * 4 + m % 4);
-                    let mask = &mut o[16 + 4 * j..16 + 4 * j + 4];
-                    mask[byte / 8] |= (hi as u8) << (byte % 8);
-                    // Registers 2k and 2k + 1 share 32 bytes: low and high nibbles.
-                    let nib = &mut o[48 + 32 * (j / 2) + byte];
-                    *nib |= if j % 2 == 0 { lo } else { lo << 4 };
-                }
+                place(o, r, b);
             }
         }
     }
@@ -130,12 +145,7 @@ pub unsafe fn dot<const T: usize, const Q8: bool>(
     let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nb {
         let b = g.add(i * gb);
-        let mut l = 0;
-        while l < gb {
-            let ahead = b.wrapping_add(super::simd::PREFETCH_AHEAD + l);
-            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-            l += 64;
-        }
+        super::simd::prefetch(b, gb);
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
         let mut w = [_mm256_setzero_si256(); 8];
         if Q8 {
