@@ -2,7 +2,9 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|kv|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
+# batched runner and perplexity on a q8_0 cache.
 # `concurrency`: `mens bench --backend cuda --concurrency 1,4,16,64` (the server's batched runner
 # without HTTP) on each shape.
 # `batch`: `mens serve --backend cuda --parallel N` under N streaming clients (256 prompt tokens,
@@ -37,7 +39,8 @@ synth() {
 
 if [ "$MODE" = test ] || [ "$MODE" = all ]; then
   echo "== CUDA tests"
-  MENS_CUDA_MODEL=$(synth 0.5b) "$BIN/cuda-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "rel L2|agreement|SKIP|test result|panicked|FAILED|error" | head -60
+  mkdir -p "$OUT/dump"
+  MENS_CUDA_DUMP="$OUT/dump" MENS_CUDA_MODEL=$(synth 0.5b) "$BIN/cuda-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "rel L2|agreement|SKIP|test result|panicked|FAILED|error" | head -60
 fi
 
 if [ "$MODE" = serve ] || [ "$MODE" = all ]; then
@@ -147,6 +150,31 @@ if [ "$MODE" = concurrency ] || [ "$MODE" = all ]; then
       --concurrency 1,4,16,64 --concurrency-prompt 256 --gen 256 -q --json "$OUT/concurrency-$s.json" \
       2>&1 | grep -E "sequences together|TTFT|error|Error" | sed "s/^/synth $s: /" | tee -a "$OUT/concurrency.txt"
   done
+fi
+
+if [ "$MODE" = kv ]; then
+  # Issue 21: decode at depth 8192 with an f16, q8_0 and q4_0 cache (K and V alike), alternating
+  # twice; then the context that fits, the batched runner and perplexity on a q8_0 cache.
+  m=$(synth 7b)
+  for round in 1 2; do
+    for t in f16 q8_0 q4_0; do
+      fl=""; [ $t = f16-flash ] && { fl=flash; t=f16; }
+      MENS_CUDA_PREFILL_ATTN=$fl "$BIN/mens" bench -m "$m" --backend cuda --prompt 8192 --steps 0 --reps 1 \
+        --paired 0 --depth 0,8192 --gen 128 -ctk $t -ctv $t --md /tmp/kv.md -q >/dev/null 2>/tmp/kv.err \
+        || tail -3 /tmp/kv.err
+      echo "round $round, cache $t ${fl:+(flash prefill attention)}: $(grep -E '^\| (prefill|tg)' /tmp/kv.md | cut -d'|' -f2,3 | tr '\n' ';')"
+    done
+  done | tee "$OUT/kv-depth.txt"
+  for t in f16 q8_0 q4_0; do
+    "$BIN/mens" run --backend cuda -m "$m" -p "x" -n 1 -ctk $t -ctv $t 2>&1 | grep -E "memory plan" | sed "s/^/$t: /"
+  done | tee "$OUT/kv-plan.txt"
+  "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 --concurrency 1,16 \
+    --concurrency-prompt 256 --gen 128 -ctk q8_0 -ctv q8_0 -q 2>&1 | tail -6 | tee "$OUT/kv-concurrency.txt"
+  m5=$(synth 0.5b)
+  head -c 200000 README.md > /tmp/ppl.txt
+  for b in cuda cpu; do
+    echo "perplexity --backend $b, q8_0 cache: $("$BIN/mens" perplexity --backend $b -m "$m5" -f /tmp/ppl.txt -c 256 --chunks 4 -ctk q8_0 -ctv q8_0 2>/dev/null | tail -1)"
+  done | tee "$OUT/kv-perplexity.txt"
 fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then

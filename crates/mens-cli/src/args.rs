@@ -74,7 +74,7 @@ pub(crate) struct ModelArgs {
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub(crate) backend: BackendArg,
     /// What the KV cache stores for K (also `-ctk`): f16, q8_0 (about half the memory) or q4_0
-    /// (about a quarter); quantized caches run on the CPU backend only so far.
+    /// (about a quarter). CUDA takes one type for K and V; Metal f16 only.
     #[arg(long, default_value = "f16")]
     pub(crate) cache_type_k: String,
     /// What the KV cache stores for V (also `-ctv`): f16, q8_0 or q4_0.

@@ -80,7 +80,7 @@ pub struct LoadOptions {
     pub memory_budget: Option<u64>,
     /// Sequences admitted together (the server's slots).
     pub slots: usize,
-    /// What the KV cache stores for K and V (`-ctk` / `-ctv`; quantized on the CPU only so far).
+    /// What the KV cache stores for K and V (`-ctk` / `-ctv`; CUDA: one type for both; Metal: f16).
     pub cache: (KvType, KvType),
     /// Render chat templates in a helper process (see [`Isolation`]).
     pub isolation: Option<Isolation>,
@@ -113,12 +113,19 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
             )));
         }
     }
-    if o.cache != (KvType::F16, KvType::F16) && o.backend != Backend::Cpu {
+    if o.cache != (KvType::F16, KvType::F16) && o.backend == Backend::Metal {
         return Err(Error::InvalidArgument(format!(
-            "a {}/{} KV cache runs on the CPU backend only so far (this run: {}); use f16 or --backend cpu",
+            "a {}/{} KV cache runs on the CPU and CUDA backends (this run: metal); use f16 or --backend cpu",
             o.cache.0.name(),
             o.cache.1.name(),
-            o.backend.name()
+        )));
+    }
+    #[cfg(feature = "cuda")]
+    if o.backend == Backend::Cuda && o.cache.0 != o.cache.1 {
+        return Err(Error::InvalidArgument(format!(
+            "the CUDA backend needs K and V of one cache type (this run: -ctk {} -ctv {}), as llama.cpp's CUDA build; use the same type for both, or --backend cpu",
+            o.cache.0.name(),
+            o.cache.1.name(),
         )));
     }
     let t0 = Instant::now();
@@ -345,25 +352,27 @@ impl Target {
         log: &mut dyn FnMut(String),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
-        use crate::cuda::{batch_bytes, CudaBatch, GpuModel};
+        use crate::cuda::{batch_bytes, check_cache, CudaBatch, GpuModel};
         let t0 = Instant::now();
-        let (dev, free) = open_cuda(log)?;
         let c = &self.model.config;
+        let kv = check_cache(c, self.options.cache())?;
+        let (dev, free) = open_cuda(log)?;
         let ctx = self.cuda_ctx(
             &dev.name,
             free,
             &format!("{slots} CUDA sequences"),
-            |ctx| batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx)),
+            |ctx| batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv),
             "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
         )?;
         let n = c.n_layer;
         let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
-        let b = CudaBatch::new(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens)?;
+        let b = CudaBatch::with_cache(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens, kv)?;
         let m = b.memory();
         log(format!(
-            "memory plan: weights {} MiB, KV pool {} MiB ({slots} slots × {ctx} tokens), buffers {} MiB on the GPU; in {:.2} s",
+            "memory plan: weights {} MiB, KV pool {} MiB ({slots} slots × {ctx} tokens, {}), buffers {} MiB on the GPU; in {:.2} s",
             self.model.weight_bytes() >> 20,
             m.kv_cache >> 20,
+            kv.name(),
             m.buffers >> 20,
             t0.elapsed().as_secs_f64()
         ));
@@ -387,25 +396,27 @@ impl Target {
         log: &mut dyn FnMut(String),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
-        use crate::cuda::{session_bytes, CudaSession, GpuModel};
+        use crate::cuda::{check_cache, session_bytes, CudaSession, GpuModel};
         let t0 = Instant::now();
-        let (dev, free) = open_cuda(log)?;
         let c = &self.model.config;
+        let kv = check_cache(c, self.options.cache())?;
+        let (dev, free) = open_cuda(log)?;
         let ctx = self.cuda_ctx(
             &dev.name,
             free,
             "a CUDA session",
-            |ctx| session_bytes(c, ctx, CUDA_UBATCH.min(ctx)),
+            |ctx| session_bytes(c, ctx, CUDA_UBATCH.min(ctx), kv),
             "use a smaller --ctx-size or model",
         )?;
         let n = c.n_layer;
         let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
-        let s = CudaSession::new(Arc::new(model), ctx, CUDA_UBATCH)?;
+        let s = CudaSession::with_cache(Arc::new(model), ctx, CUDA_UBATCH, kv)?;
         log(format!(
-            "memory plan: weights {} MiB, KV cache {} MiB, buffers {} MiB on the GPU; context {ctx} tokens; in {:.2} s",
+            "memory plan: weights {} MiB, KV cache {} MiB ({}), buffers {} MiB on the GPU; context {ctx} tokens; in {:.2} s",
             self.model.weight_bytes() >> 20,
             s.kv_cache_bytes() >> 20,
-            (session_bytes(c, ctx, CUDA_UBATCH.min(ctx)) - s.kv_cache_bytes() as u64) >> 20,
+            kv.name(),
+            (session_bytes(c, ctx, CUDA_UBATCH.min(ctx), kv) - s.kv_cache_bytes() as u64) >> 20,
             t0.elapsed().as_secs_f64()
         ));
         Ok(Box::new(s))

@@ -513,14 +513,17 @@ impl Measure<'_> {
                     let ctx = self.random(d.max(1));
                     self.s.truncate(0);
                     self.s.forward(&ctx, Logits::Last)?;
+                    // The first token is the prompt's (on a GPU, sampling it waits for the
+                    // prefill): the clock starts after it, then times `gen` decode steps.
+                    let mut next = self.s.sample(&mut self.greedy)?;
                     let t0 = Instant::now();
                     for _ in 0..gen {
-                        let next = self.s.sample(&mut self.greedy)?;
                         if cached {
                             self.s.forward(&[next], Logits::Last)?;
                         } else {
                             self.s.rerun(&[next], &mut self.scratch)?;
                         }
+                        next = self.s.sample(&mut self.greedy)?;
                     }
                     tps.push(gen as f64 / t0.elapsed().as_secs_f64());
                     if cached {

@@ -50,16 +50,16 @@ fn decode_bytes(c: &Config, slots: usize, ctx: usize) -> usize {
         + 4096
 }
 
-/// Bytes of KV pool for `slots` sequences of `ctx` tokens.
-fn pool_bytes(c: &Config, slots: usize, ctx: usize) -> usize {
-    2 * slots * c.n_layer * ctx * c.kv_dim() * 2
+/// Bytes of KV pool for `slots` sequences of `ctx` tokens of cache type `kv`.
+fn pool_bytes(c: &Config, slots: usize, ctx: usize, kv: KvType) -> usize {
+    slots * super::session::cache_bytes(c, ctx, kv)
 }
 
-/// Bytes a batch of `slots` sequences of `ctx` tokens (prompts `ubatch` at a time) allocates on
-/// the device.
-pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize) -> u64 {
-    let engine = session_bytes(c, ctx, ubatch) as usize - pool_bytes(c, 1, ctx);
-    (pool_bytes(c, slots, ctx) + engine + decode_bytes(c, slots, ctx)) as u64
+/// Bytes a batch of `slots` sequences of `ctx` tokens (prompts `ubatch` at a time, cache type
+/// `kv`) allocates on the device.
+pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
+    let engine = session_bytes(c, ctx, ubatch, kv) as usize - pool_bytes(c, 1, ctx, kv);
+    (pool_bytes(c, slots, ctx, kv) + engine + decode_bytes(c, slots, ctx)) as u64
 }
 
 /// Kernels of a batched decode step.
@@ -87,7 +87,9 @@ pub struct CudaBatch {
     ctx: usize,
     ubatch: usize,
     step_tokens: usize,
-    /// The pool: [slot][layer][ctx][kv_dim] f16.
+    /// What the pool stores (K and V alike).
+    kv: KvType,
+    /// The pool: [slot][layer][ctx] rows of kv_row_bytes.
     kc: Buf,
     vc: Buf,
     tokens: Vec<Vec<u32>>,
@@ -146,14 +148,27 @@ impl CudaBatch {
         ubatch: usize,
         step_tokens: usize,
     ) -> Result<Self> {
+        Self::with_cache(model, slots, ctx, ubatch, step_tokens, KvType::F16)
+    }
+
+    /// As [`CudaBatch::new`], with a cache that stores K and V as `kv` (see [`check_cache`]).
+    pub fn with_cache(
+        model: Arc<GpuModel>,
+        slots: usize,
+        ctx: usize,
+        ubatch: usize,
+        step_tokens: usize,
+        kv: KvType,
+    ) -> Result<Self> {
         let c = model.config.clone();
+        check_cache(&c, (kv, kv))?;
         if slots == 0 || slots > 1024 || ctx == 0 || ctx > i32::MAX as usize / 2 {
             return Err(Error::InvalidArgument(
                 "a CUDA batch needs 1 to 1024 slots and a context > 0".into(),
             ));
         }
         let ubatch = ubatch.clamp(1, ctx);
-        let need = batch_bytes(&c, slots, ctx, ubatch);
+        let need = batch_bytes(&c, slots, ctx, ubatch, kv);
         let dev = model.dev.clone();
         let (free, _) = dev.mem_info()?;
         if need + (256 << 20) > free {
@@ -164,7 +179,7 @@ impl CudaBatch {
                 free >> 20
             )));
         }
-        let engine = CudaSession::engine(model.clone(), ctx, ubatch)?;
+        let engine = CudaSession::engine(model.clone(), ctx, ubatch, kv)?;
         let (d, q, f, v) = (c.dim, c.q_dim(), c.ffn_dim, c.vocab_size);
         let wide = d.max(q);
         let splits = ctx.div_ceil(SPLIT);
@@ -175,11 +190,12 @@ impl CudaBatch {
                 .map_err(|e| err("memset", e))?;
             Ok(b)
         };
-        let pool = pool_bytes(&c, slots, ctx) / 2;
+        let pool = pool_bytes(&c, slots, ctx, kv) / 2;
         let host_len = 4 * s + s + 2;
         let host = unsafe { drv::malloc_host(4 * host_len, 0) }
             .map_err(|e| err("pinned memory", e))? as *mut i32;
         let mut b = CudaBatch {
+            kv,
             kc: zeros(pool)?,
             vc: zeros(pool)?,
             x: zeros(4 * s * d)?,
@@ -278,11 +294,17 @@ impl CudaBatch {
 
     /// The slot's region of the pool (layer 0).
     fn slot_cache(&self, slot: usize) -> (u64, u64) {
-        let per = (self.model.config.n_layer * self.ctx * self.model.config.kv_dim() * 2) as u64;
+        let per = self.slot_stride();
         (
             self.kc.ptr + slot as u64 * per,
             self.vc.ptr + slot as u64 * per,
         )
+    }
+
+    /// Bytes between two slots' regions of the pool.
+    fn slot_stride(&self) -> u64 {
+        let c = &self.model.config;
+        (c.n_layer * self.ctx * kv_row_bytes(self.kv, c.kv_dim())) as u64
     }
 
     /// Attention blocks per (row, KV head): enough blocks in all to fill the GPU twice over.
@@ -317,8 +339,9 @@ impl CudaBatch {
         let splits = self.ctx.div_ceil(SPLIT) as i32;
         let workers = self.workers(bp) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let slot_stride = (c.n_layer * self.ctx * kv) as u64;
-        let layer = (self.ctx * kv * 2) as u64;
+        let slot_stride = self.slot_stride();
+        let layer = (self.ctx * kv_row_bytes(self.kv, kv)) as u64;
+        let quantized = self.kv != KvType::F16;
         let (cos, sin) = self.engine.rope();
         let b = bp as i32;
         let v = c.vocab_size;
@@ -344,15 +367,9 @@ impl CudaBatch {
                 o16,
             );
             let _ = li;
-            if c.head_dim == 64 {
-                launch!(dev, attn_decode64_b, grid, 256;
-                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                    args.9, args.10, args.11, args.12, args.13, args.14, args.15)
-            } else {
-                launch!(dev, attn_decode128_b, grid, 256;
-                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                    args.9, args.10, args.11, args.12, args.13, args.14, args.15)
-            }
+            launch!(dev, [dev.attn_decode(c.head_dim, self.kv, true)], grid, 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                args.9, args.10, args.11, args.12, args.13, args.14, args.15, self.qkv.ptr)
         };
         launch!(dev, embed, (bp as u32, 1), 128; m.embedding.seg, d, tok, self.x.ptr)?;
         let norm = |w: u64| -> Result<()> {
@@ -371,6 +388,8 @@ impl CudaBatch {
                 self.kc.ptr + li as u64 * layer,
                 self.vc.ptr + li as u64 * layer,
             );
+            // A quantized pool: the writers leave K and V in qkv, the attention kernel stores them.
+            let (wk, wv) = if quantized { (0, 0) } else { (kc, vc) };
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
             let rest = m
                 .layers
@@ -380,14 +399,14 @@ impl CudaBatch {
                 launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (qkv)", dev.h16_grid(row, c.dim), 256;
                     l.q.seg, l.k.seg, l.v.seg, d, self.x16.ptr, b, self.qkv.ptr, row as i32, 0u64,
                     bias, 0i32, part, counters)?;
-                if let Some((wq, wk)) = &l.qk_norm {
+                if let Some((wq, wkn)) = &l.qk_norm {
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
-                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
                     n += 1;
                 }
                 launch!(dev, rope_store_b, (bp as u32, 1), 256;
                     self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
-                    c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, kc, vc)?;
+                    c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                 att(li, kc, vc, self.x16.ptr)?;
                 launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (attn_output + residual)", dev.h16_grid(c.dim, q), 256;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.x16.ptr, b, self.x.ptr, d, 0u64,
@@ -404,22 +423,22 @@ impl CudaBatch {
                 norm(rest.ptr)?;
                 n += 9;
             } else {
-                if let Some((wq, wk)) = &l.qk_norm {
+                if let Some((wq, wkn)) = &l.qk_norm {
                     // Qwen3: matmul, per-head norm, then RoPE and the cache write (see the session).
                     launch!(dev, matmul_q8 as "matmul_q8 (qkv)", (row.div_ceil(4) as u32, 1), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, self.qkv.ptr,
                         row as i32, 0u64, bias, 0i32)?;
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
-                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
                     launch!(dev, rope_store_b, (bp as u32, 1), 256;
                         self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
-                        c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, kc, vc)?;
+                        c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                     n += 2;
                 } else {
                     launch!(dev, qkv_rope_b, ((row / 2).div_ceil(4) as u32, 1), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
                         slot, slot_stride, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
-                        self.q.ptr, kc, vc)?;
+                        self.q.ptr, wk, wv, self.qkv.ptr)?;
                 }
                 att(li, kc, vc, 0)?;
                 launch!(dev, matmul_q8 as "matmul_q8 (attn_output + residual)", (c.dim.div_ceil(4) as u32, 1), 128;
@@ -722,7 +741,13 @@ impl Runner for CudaBatch {
     }
     fn memory(&self) -> Memory {
         let kv = self.kc.bytes + self.vc.bytes;
-        let all = batch_bytes(&self.model.config, self.slots, self.ctx, self.ubatch) as usize;
+        let all = batch_bytes(
+            &self.model.config,
+            self.slots,
+            self.ctx,
+            self.ubatch,
+            self.kv,
+        ) as usize;
         Memory {
             kv_cache: kv,
             buffers: all.saturating_sub(kv),
@@ -732,19 +757,21 @@ impl Runner for CudaBatch {
         Some((1, self.graph_kernels))
     }
     fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>> {
-        Ok(Box::new(CudaSession::new(
+        Ok(Box::new(CudaSession::with_cache(
             self.model.clone(),
             ctx,
             self.ubatch,
+            self.kv,
         )?))
     }
     fn batch_sibling(&self, slots: usize, ctx: usize, step: usize) -> Result<Box<dyn Runner>> {
-        Ok(Box::new(CudaBatch::new(
+        Ok(Box::new(CudaBatch::with_cache(
             self.model.clone(),
             slots,
             ctx,
             self.ubatch,
             step,
+            self.kv,
         )?))
     }
 }

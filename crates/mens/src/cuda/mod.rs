@@ -14,7 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::TensorType;
-use crate::model::{Config, Model};
+use crate::model::{Config, KvType, Model};
 use crate::rope::{RopeStyle, RopeTable};
 use crate::runner::Logits;
 use crate::sample::Sampler;
@@ -109,7 +109,53 @@ kernels!(
     matmul_h16_8,
     rope_store_b,
     qk_norm,
+    attn_decode64_q8,
+    attn_decode128_q8,
+    attn_decode64_q4,
+    attn_decode128_q4,
+    attn_decode64_b_q8,
+    attn_decode128_b_q8,
+    attn_decode64_b_q4,
+    attn_decode128_b_q4,
+    flash_prefill64_q8,
+    flash_prefill128_q8,
+    flash_prefill64_q4,
+    flash_prefill128_q4,
+    kv_quant_q8,
+    kv_quant_q4,
+    kv_to_f16_q8,
+    kv_to_f16_q4,
 );
+
+/// Bytes of one KV cache row of `kvd` values (kv_row_bytes in kernels/common.cuh): f16, or the
+/// q8_0 / q4_0 quants, then the f16 block scales, padded to 16 bytes.
+pub fn kv_row_bytes(t: KvType, kvd: usize) -> usize {
+    match t {
+        KvType::F16 => 2 * kvd,
+        KvType::Q8_0 => (kvd + kvd / 16).next_multiple_of(16),
+        KvType::Q4_0 => (kvd / 2 + kvd / 16).next_multiple_of(16),
+    }
+}
+
+/// The cache types the CUDA kernels read: K and V of one type (as llama.cpp's CUDA build without
+/// GGML_CUDA_FA_ALL_QUANTS), whole 32-value blocks per head for the quantized ones.
+pub fn check_cache(c: &Config, cache: (KvType, KvType)) -> Result<KvType> {
+    if cache.0 != cache.1 {
+        return Err(Error::InvalidArgument(format!(
+            "the CUDA backend needs K and V of one cache type (f16, q8_0 or q4_0 for both; this run: {}/{}), as llama.cpp's CUDA build; mixed types run on --backend cpu",
+            cache.0.name(),
+            cache.1.name()
+        )));
+    }
+    if cache.0 != KvType::F16 && c.head_dim % 32 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a {} KV cache needs a head size that is a multiple of 32 (this model: {})",
+            cache.0.name(),
+            c.head_dim
+        )));
+    }
+    Ok(cache.0)
+}
 
 /// Weight rows per block of the tensor-core matmul (MT in kernels/batch.cu).
 const H16_ROWS: usize = 16;
@@ -415,6 +461,56 @@ impl Device {
         Ok(totals)
     }
 
+    /// Decode attention for head size `hd` over a cache of type `t`, alone or for a batch.
+    fn attn_decode(&self, hd: usize, t: KvType, batch: bool) -> (&'static str, sys::CUfunction) {
+        let f = &self.f;
+        match (hd == 64, t, batch) {
+            (true, KvType::F16, false) => ("attn_decode64", f.attn_decode64),
+            (false, KvType::F16, false) => ("attn_decode128", f.attn_decode128),
+            (true, KvType::Q8_0, false) => ("attn_decode64_q8", f.attn_decode64_q8),
+            (false, KvType::Q8_0, false) => ("attn_decode128_q8", f.attn_decode128_q8),
+            (true, KvType::Q4_0, false) => ("attn_decode64_q4", f.attn_decode64_q4),
+            (false, KvType::Q4_0, false) => ("attn_decode128_q4", f.attn_decode128_q4),
+            (true, KvType::F16, true) => ("attn_decode64_b", f.attn_decode64_b),
+            (false, KvType::F16, true) => ("attn_decode128_b", f.attn_decode128_b),
+            (true, KvType::Q8_0, true) => ("attn_decode64_b_q8", f.attn_decode64_b_q8),
+            (false, KvType::Q8_0, true) => ("attn_decode128_b_q8", f.attn_decode128_b_q8),
+            (true, KvType::Q4_0, true) => ("attn_decode64_b_q4", f.attn_decode64_b_q4),
+            (false, KvType::Q4_0, true) => ("attn_decode128_b_q4", f.attn_decode128_b_q4),
+        }
+    }
+
+    /// Flash prefill attention for head size `hd` over a cache of type `t`.
+    fn flash_prefill(&self, hd: usize, t: KvType) -> (&'static str, sys::CUfunction) {
+        let f = &self.f;
+        match (hd == 64, t) {
+            (true, KvType::F16) => ("flash_prefill64", f.flash_prefill64),
+            (false, KvType::F16) => ("flash_prefill128", f.flash_prefill128),
+            (true, KvType::Q8_0) => ("flash_prefill64_q8", f.flash_prefill64_q8),
+            (false, KvType::Q8_0) => ("flash_prefill128_q8", f.flash_prefill128_q8),
+            (true, KvType::Q4_0) => ("flash_prefill64_q4", f.flash_prefill64_q4),
+            (false, KvType::Q4_0) => ("flash_prefill128_q4", f.flash_prefill128_q4),
+        }
+    }
+
+    /// The quantizer of new cache rows for a quantized cache type (None for f16).
+    fn kv_quant(&self, t: KvType) -> Option<(&'static str, sys::CUfunction)> {
+        match t {
+            KvType::F16 => None,
+            KvType::Q8_0 => Some(("kv_quant_q8", self.f.kv_quant_q8)),
+            KvType::Q4_0 => Some(("kv_quant_q4", self.f.kv_quant_q4)),
+        }
+    }
+
+    /// The f16 converter of a quantized cache's rows (None for f16).
+    fn kv_to_f16(&self, t: KvType) -> Option<(&'static str, sys::CUfunction)> {
+        match t {
+            KvType::F16 => None,
+            KvType::Q8_0 => Some(("kv_to_f16_q8", self.f.kv_to_f16_q8)),
+            KvType::Q4_0 => Some(("kv_to_f16_q4", self.f.kv_to_f16_q4)),
+        }
+    }
+
     /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
     fn matmul_h16(&self, b: usize) -> sys::CUfunction {
         match b {
@@ -503,10 +599,17 @@ arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20);
 
 /// `launch!(dev, kernel, grid, block; args...)`: the argument values must have the kernel's C
 /// types (u64 for pointers, i32 for int, f32 for float, `Seg` for a matrix).
 macro_rules! launch {
+    ($dev:expr, [$nf:expr], $grid:expr, $block:expr; $($a:expr),+ $(,)?) => {{
+        let mut vals = ($($a,)+);
+        let mut p = ArgPtrs::ptrs(&mut vals);
+        let (name, f) = $nf;
+        $dev.launch(name, f, $grid, $block, &mut p)
+    }};
     ($dev:expr, ($f:expr) as $name:literal, $grid:expr, $block:expr; $($a:expr),+ $(,)?) => {{
         let mut vals = ($($a,)+);
         let mut p = ArgPtrs::ptrs(&mut vals);

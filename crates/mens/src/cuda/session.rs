@@ -46,8 +46,13 @@ pub struct CudaSession {
     ctx: usize,
     ubatch: usize,
     tokens: Vec<u32>,
+    /// What the cache stores (K and V alike).
+    kv: KvType,
     kc: Buf,
     vc: Buf,
+    /// A quantized cache's rows as f16 for prefill's cuBLAS attention ([ctx][kv_dim] each).
+    k16: Buf,
+    v16: Buf,
     /// The cache this session runs on when it is a batch's prefill engine (a slot of the batch's
     /// pool) instead of its own `kc`/`vc`.
     kv_ext: Option<(u64, u64)>,
@@ -101,14 +106,25 @@ fn max_group_values(c: &Config) -> usize {
         .max(c.dim * c.ffn_dim)
 }
 
-/// Bytes a CUDA session of `ctx` tokens and prefill batch `ubatch` allocates on the device.
-pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize) -> u64 {
+/// Bytes of a `ctx`-token KV cache of type `kv` (K and V, every layer).
+pub(super) fn cache_bytes(c: &Config, ctx: usize, kv: KvType) -> usize {
+    2 * c.n_layer * ctx * kv_row_bytes(kv, c.kv_dim())
+}
+
+/// Bytes a CUDA session of `ctx` tokens, prefill batch `ubatch` and cache type `kv` allocates on
+/// the device.
+pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
     let max_group = max_group_values(c);
-    let (d, q, kv, f, v) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.vocab_size);
-    let row = q + 2 * kv;
+    let (d, q, kvd, f, v) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.vocab_size);
+    let row = q + 2 * kvd;
     let splits = ctx.div_ceil(SPLIT);
     let b = ubatch;
-    let kvc = 2 * c.n_layer * ctx * kv * 2;
+    let kvc = cache_bytes(c, ctx, kv);
+    let f16_rows = if kv == KvType::F16 {
+        0
+    } else {
+        2 * ctx * kvd * 2
+    };
     let rope = 2 * ctx * c.head_dim / 2 * 4;
     let dec = 4 * (b * d + b * row)
         + d.max(q) * 2
@@ -124,22 +140,39 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize) -> u64 {
         + c.n_head * b.min(ATT_QUERIES) * ctx * 6
         + 4 * b * q
         + 4 * b;
-    (kvc + rope + dec + pre + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
+    (kvc + f16_rows + rope + dec + pre + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
 }
 
 impl CudaSession {
-    /// A session of `ctx` tokens; prompts are processed `ubatch` tokens at a time.
+    /// A session of `ctx` tokens with an f16 cache; prompts are processed `ubatch` tokens at a time.
     pub fn new(model: Arc<GpuModel>, ctx: usize, ubatch: usize) -> Result<Self> {
-        Self::make(model, ctx, ubatch, true)
+        Self::make(model, ctx, ubatch, true, KvType::F16)
+    }
+
+    /// A session whose cache stores K and V as `kv` (see [`check_cache`]).
+    pub fn with_cache(model: Arc<GpuModel>, ctx: usize, ubatch: usize, kv: KvType) -> Result<Self> {
+        check_cache(&model.config, (kv, kv))?;
+        Self::make(model, ctx, ubatch, true, kv)
     }
 
     /// A session without a cache of its own, for a batch to run prompts with: it runs on the cache
     /// given by [`CudaSession::use_cache`].
-    pub(super) fn engine(model: Arc<GpuModel>, ctx: usize, ubatch: usize) -> Result<Self> {
-        Self::make(model, ctx, ubatch, false)
+    pub(super) fn engine(
+        model: Arc<GpuModel>,
+        ctx: usize,
+        ubatch: usize,
+        kv: KvType,
+    ) -> Result<Self> {
+        Self::make(model, ctx, ubatch, false, kv)
     }
 
-    fn make(model: Arc<GpuModel>, ctx: usize, ubatch: usize, own_kv: bool) -> Result<Self> {
+    fn make(
+        model: Arc<GpuModel>,
+        ctx: usize,
+        ubatch: usize,
+        own_kv: bool,
+        kvt: KvType,
+    ) -> Result<Self> {
         let c = model.config.clone();
         if ctx == 0 || ubatch == 0 || ctx > i32::MAX as usize / 2 {
             return Err(Error::InvalidArgument(
@@ -148,8 +181,9 @@ impl CudaSession {
         }
         let ubatch = ubatch.min(ctx);
         let max_group = max_group_values(&c);
-        let kv_bytes = c.n_layer * ctx * c.kv_dim() * 2;
-        let need = session_bytes(&c, ctx, ubatch) - if own_kv { 0 } else { 2 * kv_bytes as u64 };
+        let kv_bytes = cache_bytes(&c, ctx, kvt) / 2;
+        let need =
+            session_bytes(&c, ctx, ubatch, kvt) - if own_kv { 0 } else { 2 * kv_bytes as u64 };
         let dev = model.dev.clone();
         let (free, _) = dev.mem_info()?;
         if need + (256 << 20) > free {
@@ -206,6 +240,17 @@ impl CudaSession {
             probs: a(2 * c.n_head * b.min(ATT_QUERIES) * ctx)?,
             o: a(4 * b * q)?,
             toks: a(4 * b)?,
+            k16: a(if kvt == KvType::F16 {
+                16
+            } else {
+                2 * ctx * c.kv_dim()
+            })?,
+            v16: a(if kvt == KvType::F16 {
+                16
+            } else {
+                2 * ctx * c.kv_dim()
+            })?,
+            kv: kvt,
             kc,
             vc,
             kv_ext: if own_kv { None } else { Some((0, 0)) },
@@ -289,9 +334,14 @@ impl CudaSession {
         self.kc.bytes + self.vc.bytes
     }
 
+    /// What the cache stores.
+    pub fn cache_type(&self) -> KvType {
+        self.kv
+    }
+
     fn layer_cache(&self, li: usize) -> (u64, u64) {
         let c = &self.model.config;
-        let per = (self.ctx * c.kv_dim() * 2) as u64;
+        let per = (self.ctx * kv_row_bytes(self.kv, c.kv_dim())) as u64;
         let (k, v) = self.kv_ext.unwrap_or((self.kc.ptr, self.vc.ptr));
         (k + li as u64 * per, v + li as u64 * per)
     }
@@ -438,25 +488,28 @@ impl CudaSession {
         launch!(dev, rmsnorm_q8, (1, 1), 1024;
             self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
         n += 2;
+        let quant = dev.kv_quant(self.kv);
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
+            // A quantized cache: the writers leave K and V in qkv, the attention kernel stores them.
+            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kc, vc) };
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
-            if let Some((wq, wk)) = &l.qk_norm {
+            if let Some((wq, wk_norm)) = &l.qk_norm {
                 // Qwen3: the norm needs whole heads between the matmul and RoPE, so the three
                 // steps the fused kernel does run apart.
                 launch!(dev, matvec as "matvec (qkv)", (row.div_ceil(4) as u32, 1), 128;
                     l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, self.qkv.ptr, bias, 0i32)?;
                 launch!(dev, qk_norm, (1, (c.n_head + c.n_kv_head) as u32), 128;
-                    self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+                    self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk_norm.ptr, eps)?;
                 launch!(dev, rope_store, (1, 1), 256;
                     self.qkv.ptr, 0u64, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
-                    c.n_kv_head as i32, c.head_dim as i32, neox, kc, vc, 0u64, 1i32)?;
+                    c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, 0u64, 1i32)?;
                 unfused += 2;
             } else {
                 launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
                     l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
                     self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
-                    c.head_dim as i32, neox, self.qkv.ptr, kc, vc)?;
+                    c.head_dim as i32, neox, self.qkv.ptr, wk, wv)?;
             }
             let args = (
                 self.qkv.ptr,
@@ -472,15 +525,9 @@ impl CudaSession {
                 self.aq.ptr,
                 self.ad.ptr,
             );
-            if c.head_dim == 64 {
-                launch!(dev, attn_decode64, (c.n_kv_head as u32, splits), 256;
-                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                    args.9, args.10, args.11)?;
-            } else {
-                launch!(dev, attn_decode128, (c.n_kv_head as u32, splits), 256;
-                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                    args.9, args.10, args.11)?;
-            }
+            launch!(dev, [dev.attn_decode(c.head_dim, self.kv, false)], (c.n_kv_head as u32, splits), 256;
+                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                args.9, args.10, args.11)?;
             launch!(dev, matvec as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
             launch!(dev, rmsnorm_q8, (1, 1), 1024;
@@ -592,7 +639,13 @@ impl CudaSession {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
-        let (kc, vc) = self.layer_cache(li);
+        let (mut kc, mut vc) = self.layer_cache(li);
+        if let Some(f) = dev.kv_to_f16(self.kv) {
+            // A quantized cache: its rows as f16 first (the GEMMs read f16).
+            launch!(dev, [f], ((pos0 + t) as u32, 2), 128;
+                kc, vc, c.kv_dim() as i32, self.k16.ptr, self.v16.ptr)?;
+            (kc, vc) = (self.k16.ptr, self.v16.ptr);
+        }
         let g = c.n_head / c.n_kv_head;
         let hd = c.head_dim;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -700,13 +753,8 @@ impl CudaSession {
             scale,
             self.xb16.ptr,
         );
-        if c.head_dim == 64 {
-            launch!(dev, flash_prefill64, grid, 256;
-                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
-        } else {
-            launch!(dev, flash_prefill128, grid, 256;
-                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
-        }
+        launch!(dev, [dev.flash_prefill(c.head_dim, self.kv)], grid, 256;
+            args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
     }
 
     /// A prompt, `ubatch` tokens at a time; leaves the last token's logits and greedy id.
@@ -737,8 +785,10 @@ impl CudaSession {
         launch!(dev, embed, (t as u32, 1), 128; m.embedding.seg, d as i32, self.toks.ptr, self.x.ptr)?;
         launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
             self.x.ptr, 0u64, m.layers[0].attn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
+        let quant = dev.kv_quant(self.kv);
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
+            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kc, vc) };
             self.linear(&[&l.q, &l.k, &l.v], self.xb16.ptr, t, self.qkv.ptr, row)?;
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
             if let Some((wq, wk)) = &l.qk_norm {
@@ -747,7 +797,11 @@ impl CudaSession {
             }
             launch!(dev, rope_store, (t as u32, 1), 256;
                 self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
-                c.n_kv_head as i32, c.head_dim as i32, neox, kc, vc, self.qperm.ptr, t as i32)?;
+                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32)?;
+            if let Some(kq) = quant {
+                launch!(dev, [kq], (t as u32, 2), 256;
+                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos.ptr, 0u64, 0u64, kc, vc)?;
+            }
             if flash_prefill() {
                 self.attention_flash(li, t)?;
             } else {
@@ -812,10 +866,12 @@ impl crate::runner::Runner for CudaSession {
         self.ctx
     }
     fn sibling(&self, ctx: usize) -> Result<Box<dyn crate::runner::Runner>> {
-        Ok(Box::new(CudaSession::new(
+        Ok(Box::new(CudaSession::make(
             self.model.clone(),
             ctx,
             self.ubatch,
+            true,
+            self.kv,
         )?))
     }
     fn batch_sibling(
@@ -824,12 +880,13 @@ impl crate::runner::Runner for CudaSession {
         ctx: usize,
         step: usize,
     ) -> Result<Box<dyn crate::runner::Runner>> {
-        Ok(Box::new(super::CudaBatch::new(
+        Ok(Box::new(super::CudaBatch::with_cache(
             self.model.clone(),
             slots,
             ctx,
             self.ubatch,
             step,
+            self.kv,
         )?))
     }
     fn max_step_tokens(&self) -> usize {
@@ -851,7 +908,7 @@ impl crate::runner::Runner for CudaSession {
     }
     fn memory(&self) -> crate::runner::Memory {
         let kv = CudaSession::kv_cache_bytes(self);
-        let all = session_bytes(&self.model.config, self.ctx, self.ubatch) as usize;
+        let all = session_bytes(&self.model.config, self.ctx, self.ubatch, self.kv) as usize;
         crate::runner::Memory {
             kv_cache: kv,
             buffers: all.saturating_sub(kv),

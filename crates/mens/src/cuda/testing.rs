@@ -194,6 +194,41 @@ impl Device {
         Ok((q, row(&kc)?, row(&vc)?))
     }
 
+    /// `rows` rows of K and V values (f32, [rows][kv_dim] each) stored as cache rows of type `t`
+    /// by the kv_quant kernel (positions 0..rows): the K and V cache bytes (kv_row_bytes a row).
+    pub fn test_kv_quant(
+        &self,
+        t: KvType,
+        k: &[f32],
+        v: &[f32],
+        kvd: usize,
+    ) -> Result<(Vec<u8>, Vec<u8>)> {
+        self.bind()?;
+        let rows = k.len() / kvd;
+        let row = 3 * kvd; // the kernels' qkv row: Q (here kv_dim wide), K, V
+        let mut qkv = vec![f32::NAN; rows * row];
+        for r in 0..rows {
+            qkv[r * row + kvd..][..kvd].copy_from_slice(&k[r * kvd..][..kvd]);
+            qkv[r * row + 2 * kvd..][..kvd].copy_from_slice(&v[r * kvd..][..kvd]);
+        }
+        let x = self.upload(&qkv)?;
+        let rb = kv_row_bytes(t, kvd);
+        let (kc, vc) = (
+            self.upload(&vec![0xAAu8; rows * rb])?,
+            self.upload(&vec![0xAAu8; rows * rb])?,
+        );
+        let p = self.upload(&[0i32])?;
+        let f = self
+            .kv_quant(t)
+            .ok_or_else(|| Error::InvalidArgument("f16 has no quantizer".into()))?;
+        launch!(self, [f], (rows as u32, 2), 256;
+            x.ptr, row as i32, kvd as i32, kvd as i32, p.ptr, 0u64, 0u64, kc.ptr, vc.ptr)?;
+        let (mut ko, mut vo) = (vec![0u8; rows * rb], vec![0u8; rows * rb]);
+        self.read(&kc, 0, &mut ko)?;
+        self.read(&vc, 0, &mut vo)?;
+        Ok((ko, vo))
+    }
+
     /// One query (all heads) against `len` cached positions by the split decode attention kernel,
     /// its output quantized to q8 and read back dequantized.
     pub fn test_attention(
@@ -201,11 +236,32 @@ impl Device {
         q: &[f32],
         k: &[half::f16],
         v: &[half::f16],
-        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        dims: (usize, usize, usize),
         len: usize,
     ) -> Result<Vec<f32>> {
+        let b = |x: &[half::f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+        let new_kv = vec![0f32; 2 * dims.1 * dims.2];
+        Ok(self
+            .test_attention_cache(q, &new_kv, &b(k), &b(v), KvType::F16, dims, len)?
+            .0)
+    }
+
+    /// As [`Device::test_attention`], on cache rows of type `t` (kv_row_bytes each). A quantized
+    /// cache's last row is stored by the kernel from `new_kv` (that row's K, then V, as f32): the
+    /// output, then the K and V cache bytes after the call.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub fn test_attention_cache(
+        &self,
+        q: &[f32],
+        new_kv: &[f32],
+        k: &[u8],
+        v: &[u8],
+        t: KvType,
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        len: usize,
+    ) -> Result<(Vec<f32>, Vec<u8>, Vec<u8>)> {
         self.bind()?;
-        let qb = self.upload(q)?;
+        let qb = self.upload(&[q, new_kv].concat())?;
         let (kc, vc) = (self.upload(k)?, self.upload(v)?);
         let p = self.upload(&[len as i32 - 1])?;
         let splits = len.div_ceil(SPLIT);
@@ -230,14 +286,13 @@ impl Device {
             aq.ptr,
             ad.ptr,
         );
-        if head_dim == 64 {
-            launch!(self, attn_decode64, (n_kv_head as u32, splits as u32), 256;
-                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
-        } else {
-            launch!(self, attn_decode128, (n_kv_head as u32, splits as u32), 256;
-                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
-        }
-        self.dequant_q8(&aq, &ad, qd)
+        launch!(self, [self.attn_decode(head_dim, t, false)], (n_kv_head as u32, splits as u32), 256;
+            args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
+        let out = self.dequant_q8(&aq, &ad, qd)?;
+        let (mut ko, mut vo) = (vec![0u8; k.len()], vec![0u8; v.len()]);
+        self.read(&kc, 0, &mut ko)?;
+        self.read(&vc, 0, &mut vo)?;
+        Ok((out, ko, vo))
     }
     /// `t` queries (rows of `q_dim`, at positions pos0..pos0 + t) against `pos0 + t` cached
     /// positions by the prefill attention kernel; output widened from f16.
@@ -246,6 +301,22 @@ impl Device {
         q: &[f32],
         k: &[half::f16],
         v: &[half::f16],
+        dims: (usize, usize, usize),
+        pos0: usize,
+        t: usize,
+    ) -> Result<Vec<f32>> {
+        let b = |x: &[half::f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+        self.test_flash_cache(q, &b(k), &b(v), KvType::F16, dims, pos0, t)
+    }
+
+    /// As [`Device::test_flash`], on cache rows of type `kt` (kv_row_bytes each).
+    #[allow(clippy::too_many_arguments)]
+    pub fn test_flash_cache(
+        &self,
+        q: &[f32],
+        k: &[u8],
+        v: &[u8],
+        kt: KvType,
         (n_head, n_kv_head, head_dim): (usize, usize, usize),
         pos0: usize,
         t: usize,
@@ -274,13 +345,8 @@ impl Device {
             scale,
             out.ptr,
         );
-        if head_dim == 64 {
-            launch!(self, flash_prefill64, grid, 256;
-                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
-        } else {
-            launch!(self, flash_prefill128, grid, 256;
-                args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
-        }
+        launch!(self, [self.flash_prefill(head_dim, kt)], grid, 256;
+            args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
         let mut h = vec![0u16; t * qd];
         self.read(&out, 0, &mut h)?;
         Ok(h.iter()

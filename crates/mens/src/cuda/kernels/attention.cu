@@ -5,55 +5,111 @@
 // threads. HD (head dim) is a template parameter so that the K row loads unroll.
 // A block (kv head `kvh`, worker `worker` of `workers`) takes splits worker, worker + workers, ...
 // of a sequence of `len` keys.
-template <int HD>
-__device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, int len,
+// T: the cache type (T_F16, T_Q8_0 or T_Q4_0; kv_row_bytes), dequantized in registers. A
+// quantized cache gets its new row here: the writers left the step's K and V as f32 at kv_new
+// (V kv_dim after K), and the block that owns the last split stores the KV head's part of row
+// len - 1 before reading it (no other block reads that row).
+template <int HD, int T>
+__device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
                               int n_head, int n_kv_head, float scale, float* part_o, float2* part_ml,
                               u32* counters, i8* aq, float2* ad, int kvh, int worker, int workers,
-                              u16* o16 = 0) {
+                              u16* o16, const float* kv_new) {
   constexpr int QUADS = HD / 4, GROUPS = 256 / QUADS;
-  __shared__ float qs[MAXG * HD];
+  // Q in shared memory, a quarter of a head (PD values) per scoring thread, each quarter one
+  // float past the last so that the four quarters fall in different banks.
+  constexpr int PD = HD / 4, QS = 4 * (PD + 1);
+  __shared__ float qs[MAXG * QS];
   __shared__ float sc[MAXG * SPLIT];
   __shared__ float red[GROUPS * MAXG * HD];
   __shared__ bool last;
   int tid = threadIdx.x;
-  int g = n_head / n_kv_head, kvd = n_kv_head * HD;
+  int g = n_head / n_kv_head, kvd = n_kv_head * HD, rb = kv_row_bytes(T, kvd);
   int ns = (len + SPLIT - 1) / SPLIT;
   if (worker >= ns) return;  // workers past the sequence take no part
-  for (int i = tid; i < g * HD; i += blockDim.x) qs[i] = qkv[kvh * g * HD + i] * scale;
-  __syncthreads();
+  for (int i = tid; i < g * HD; i += blockDim.x) {
+    int h = i / HD, d = i % HD;
+    qs[h * QS + (d / PD) * (PD + 1) + d % PD] = qkv[kvh * g * HD + i] * scale;
+  }
   int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+  if (T != T_F16 && (ns - 1) % workers == worker) {
+    // K blocks then V blocks of this head, a warp each.
+    for (int b = w; b < HD / 16; b += nw) {
+      int v = b >= HD / 32, j = kvh * (HD / 32) + b % (HD / 32);
+      u8* row = (u8*)(v ? vc : kc) + (u64)(len - 1) * rb;
+      kv_store_block<T>(kv_new[v * kvd + j * 32 + lane], row, kvd, j, lane);
+    }
+  }
+  __syncthreads();
   int mine = 0;
   for (int split = worker; split < ns; split += workers) {
   mine++;
   int k0 = split * SPLIT;
   int n = min(SPLIT, len - k0);
-  if (tid < n) {
-    const uint4* kr = (const uint4*)(kc + (u64)(k0 + tid) * kvd + kvh * HD);
-    uint4 u[HD / 8];
+  // Scores: four threads per key, each a quarter of the head's dimensions (one 16-byte load
+  // per 8 f16 values, whole q8_0/q4_0 blocks), summed with two shuffles.
+  {
+    int kq = tid >> 2, part = tid & 3;
+    float kv[PD];
+    if (kq < n) {
+      const u8* krow = kc + (u64)(k0 + kq) * rb;
+      int d0 = kvh * HD + part * PD;
+      if (T == T_F16) {
+        const uint4* p = (const uint4*)(krow + 2 * d0);
+        uint4 u[PD / 8];
 #pragma unroll
-    for (int d8 = 0; d8 < HD / 8; d8++) u[d8] = kr[d8];
-    float acc[MAXG];
+        for (int i = 0; i < PD / 8; i++) u[i] = p[i];
 #pragma unroll
-    for (int h = 0; h < MAXG; h++) acc[h] = 0.f;
+        for (int i = 0; i < PD / 8; i++) {
+          kv[8 * i] = h2f(u[i].x & 0xffff); kv[8 * i + 1] = h2f(u[i].x >> 16);
+          kv[8 * i + 2] = h2f(u[i].y & 0xffff); kv[8 * i + 3] = h2f(u[i].y >> 16);
+          kv[8 * i + 4] = h2f(u[i].z & 0xffff); kv[8 * i + 5] = h2f(u[i].z >> 16);
+          kv[8 * i + 6] = h2f(u[i].w & 0xffff); kv[8 * i + 7] = h2f(u[i].w >> 16);
+        }
+      } else if (T == T_Q8_0) {
+        const uint4* p = (const uint4*)(krow + d0);
+        uint4 u[PD / 16];
 #pragma unroll
-    for (int d8 = 0; d8 < HD / 8; d8++) {
-      float kv[8];
-      kv[0] = h2f(u[d8].x & 0xffff); kv[1] = h2f(u[d8].x >> 16);
-      kv[2] = h2f(u[d8].y & 0xffff); kv[3] = h2f(u[d8].y >> 16);
-      kv[4] = h2f(u[d8].z & 0xffff); kv[5] = h2f(u[d8].z >> 16);
-      kv[6] = h2f(u[d8].w & 0xffff); kv[7] = h2f(u[d8].w >> 16);
+        for (int i = 0; i < PD / 16; i++) u[i] = p[i];
+        float d = kv_scale(T, krow, kvd, d0);
 #pragma unroll
-      for (int h = 0; h < MAXG; h++) {
-        if (h < g) {
-          const float* q = qs + h * HD + d8 * 8;
+        for (int i = 0; i < PD / 16; i++) {
+          u32 w4[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
 #pragma unroll
-          for (int e = 0; e < 8; e++) acc[h] += q[e] * kv[e];
+          for (int k = 0; k < 16; k++) kv[16 * i + k] = d * sbyte(w4[k >> 2], k & 3);
+        }
+      } else {
+        // The 16 bytes of the block hold values i (low nibble) and i + 16 (high nibble).
+        uint4 u = *(const uint4*)(krow + (d0 >> 5) * 16);
+        float d = kv_scale(T, krow, kvd, d0);
+        u32 w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < PD; e++) {
+          int i = (d0 & 31) + e;  // value index in the block (PD = 16: one half, PD = 32: all)
+          int sh = i >= 16 ? 4 : 0, byte = i & 15;
+          kv[e] = d * (float)((int)((w4[byte >> 2] >> (8 * (byte & 3) + sh)) & 15) - 8);
         }
       }
-    }
+    } else {
 #pragma unroll
-    for (int h = 0; h < MAXG; h++)
-      if (h < g) sc[h * SPLIT + tid] = acc[h];
+      for (int e = 0; e < PD; e++) kv[e] = 0.f;
+    }
+    float acc[MAXG];
+#pragma unroll
+    for (int h = 0; h < MAXG; h++) {
+      acc[h] = 0.f;
+      if (h < g) {
+        const float* q = qs + h * QS + part * (PD + 1);
+#pragma unroll
+        for (int e = 0; e < PD; e++) acc[h] += q[e] * kv[e];
+      }
+      acc[h] += __shfl_xor_sync(0xffffffff, acc[h], 1);
+      acc[h] += __shfl_xor_sync(0xffffffff, acc[h], 2);
+    }
+    if (kq < n && part == 0) {
+#pragma unroll
+      for (int h = 0; h < MAXG; h++)
+        if (h < g) sc[h * SPLIT + kq] = acc[h];
+    }
   }
   __syncthreads();
   // Softmax pieces per head: warp w takes heads w, w+8, ...
@@ -76,11 +132,11 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, in
   float a[4][MAXG];
 #pragma unroll
   for (int h = 0; h < MAXG; h++) a[0][h] = a[1][h] = a[2][h] = a[3][h] = 0.f;
-  const uint2* vr = (const uint2*)(vc + (u64)k0 * kvd + kvh * HD) + dq;
+  const u8* vbase = vc + (u64)k0 * rb;
 #pragma unroll 4
   for (int k = kg; k < n; k += GROUPS) {
-    uint2 v = vr[(u64)k * (kvd / 4)];
-    float v0 = h2f(v.x & 0xffff), v1 = h2f(v.x >> 16), v2 = h2f(v.y & 0xffff), v3 = h2f(v.y >> 16);
+    float4 v = kv_get4<T>(vbase + (u64)k * rb, kvd, kvh * HD + 4 * dq);
+    float v0 = v.x, v1 = v.y, v2 = v.z, v3 = v.w;
 #pragma unroll
     for (int h = 0; h < MAXG; h++)
       if (h < g) {
@@ -117,15 +173,33 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, in
   __threadfence();
   for (int b = w; b < g * HD / 32; b += nw) {
     int h = kvh * g + (b * 32) / HD, d = (b * 32) % HD + lane;
+    // The max and the denominator with the lanes across splits; the numerator (a dimension per
+    // lane) with eight splits' loads in flight: at long contexts this loop is latency-bound.
     float m = NEG_INF;
-    for (int s = 0; s < ns; s++) m = fmaxf(m, __ldcg(&part_ml[s * n_head + h]).x);
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < ns; s++) {
+    for (int s = lane; s < ns; s += 32) m = fmaxf(m, __ldcg(&part_ml[s * n_head + h]).x);
+    m = warp_max(m);
+    float den = 0.f;
+    for (int s = lane; s < ns; s += 32) {
       float2 ml = __ldcg(&part_ml[s * n_head + h]);
-      float e = expf(ml.x - m);
-      den += ml.y * e;
-      num += __ldcg(&part_o[((u64)s * n_head + h) * HD + d]) * e;
+      den += ml.y * expf(ml.x - m);
     }
+    den = warp_sum(den);
+    float acc8[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc8[k] = 0.f;
+    int s = 0;
+    for (; s + 8 <= ns; s += 8) {
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        float2 ml = __ldcg(&part_ml[(s + k) * n_head + h]);
+        acc8[k] += __ldcg(&part_o[((u64)(s + k) * n_head + h) * HD + d]) * expf(ml.x - m);
+      }
+    }
+    for (; s < ns; s++) {
+      float2 ml = __ldcg(&part_ml[s * n_head + h]);
+      acc8[0] += __ldcg(&part_o[((u64)s * n_head + h) * HD + d]) * expf(ml.x - m);
+    }
+    float num = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) + ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]));
     int i = h * HD + d;
     if (o16)
       o16[i] = f2h(num / den);  // f16 for the batch's tensor-core matmul
@@ -134,18 +208,19 @@ __device__ void attn_decode_t(const float* qkv, const u16* kc, const u16* vc, in
   }
   if (tid == 0) counters[kvh] = 0;
 }
-extern "C" __global__ void attn_decode64(const float* qkv, const u16* kc, const u16* vc, const int* pos, int n_head,
-                                         int n_kv_head, float scale, float* part_o, float2* part_ml,
-                                         u32* counters, i8* aq, float2* ad) {
-  attn_decode_t<64>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,
-                    blockIdx.x, blockIdx.y, gridDim.y);
-}
-extern "C" __global__ void attn_decode128(const float* qkv, const u16* kc, const u16* vc, const int* pos, int n_head,
-                                          int n_kv_head, float scale, float* part_o, float2* part_ml,
-                                          u32* counters, i8* aq, float2* ad) {
-  attn_decode_t<128>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,
-                     blockIdx.x, blockIdx.y, gridDim.y);
-}
+#define ATTN_DECODE(NAME, HD, T)                                                                          \
+  extern "C" __global__ void NAME(const float* qkv, u8* kc, u8* vc, const int* pos, int n_head,                \
+                                  int n_kv_head, float scale, float* part_o, float2* part_ml, u32* counters,  \
+                                  i8* aq, float2* ad) {                                                       \
+    attn_decode_t<HD, T>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,  \
+                         blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD);                            \
+  }
+ATTN_DECODE(attn_decode64, 64, T_F16)
+ATTN_DECODE(attn_decode128, 128, T_F16)
+ATTN_DECODE(attn_decode64_q8, 64, T_Q8_0)
+ATTN_DECODE(attn_decode128_q8, 128, T_Q8_0)
+ATTN_DECODE(attn_decode64_q4, 64, T_Q4_0)
+ATTN_DECODE(attn_decode128_q4, 128, T_Q4_0)
 
 // Prefill attention, step 2 of 3 (between two cuBLAS batched GEMMs): causal softmax of the scores
 // S [kv_head][t*g + j][L] (row stride ld) of `ntok` queries starting at query t0 of the batch into
@@ -195,8 +270,8 @@ extern "C" __global__ void unpermute_f16(const float* o, u16* att, int n_head, i
 // the KV head's cache rows in place. Output: att [t][head * HD] in f16 for the O GEMM.
 #define FA_Q 64
 #define FA_K 32
-template <int HD>
-__device__ void flash_prefill_t(const float* qkv, const u16* kc, const u16* vc, const int* pos, int ntok,
+template <int HD, int T>
+__device__ void flash_prefill_t(const float* qkv, const u8* kc, const u8* vc, const int* pos, int ntok,
                                 int n_head, int n_kv_head, float scale, u16* att) {
   constexpr int QD = HD / 4, Q4 = QD / 4, R4 = HD / 4;
   __shared__ float4 ks[FA_K * R4];
@@ -205,7 +280,7 @@ __device__ void flash_prefill_t(const float* qkv, const u16* kc, const u16* vc, 
   int qi = threadIdx.x >> 2, quarter = threadIdx.x & 3;
   int t = blockIdx.x * FA_Q + qi;
   int pos0 = *pos;
-  int row = (n_head + 2 * n_kv_head) * HD, kvd = n_kv_head * HD;
+  int row = (n_head + 2 * n_kv_head) * HD, kvd = n_kv_head * HD, rb = kv_row_bytes(T, kvd);
   bool active = t < ntok;
   float q[QD], acc[QD];
 #pragma unroll
@@ -222,10 +297,8 @@ __device__ void flash_prefill_t(const float* qkv, const u16* kc, const u16* vc, 
       int key = k0 + i / R4, d4 = i % R4;
       float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
       if (key <= kmax) {
-        uint2 a = *(const uint2*)(kc + (u64)key * kvd + kvh * HD + 4 * d4);
-        uint2 b = *(const uint2*)(vc + (u64)key * kvd + kvh * HD + 4 * d4);
-        kv = make_float4(h2f(a.x & 0xffff), h2f(a.x >> 16), h2f(a.y & 0xffff), h2f(a.y >> 16));
-        vv = make_float4(h2f(b.x & 0xffff), h2f(b.x >> 16), h2f(b.y & 0xffff), h2f(b.y >> 16));
+        kv = kv_get4<T>(kc + (u64)key * rb, kvd, kvh * HD + 4 * d4);
+        vv = kv_get4<T>(vc + (u64)key * rb, kvd, kvh * HD + 4 * d4);
       }
       ks[i] = kv;
       vs[i] = vv;
@@ -280,12 +353,15 @@ __device__ void flash_prefill_t(const float* qkv, const u16* kc, const u16* vc, 
     for (int d = 0; d < QD; d++) o[d] = f2h(acc[d] * inv);
   }
 }
-extern "C" __global__ void __launch_bounds__(256, 2) flash_prefill64(const float* qkv, const u16* kc, const u16* vc, const int* pos, int ntok,
-                                           int n_head, int n_kv_head, float scale, u16* att) {
-  flash_prefill_t<64>(qkv, kc, vc, pos, ntok, n_head, n_kv_head, scale, att);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) flash_prefill128(const float* qkv, const u16* kc, const u16* vc, const int* pos, int ntok,
-                                            int n_head, int n_kv_head, float scale, u16* att) {
-  flash_prefill_t<128>(qkv, kc, vc, pos, ntok, n_head, n_kv_head, scale, att);
-}
-
+#define FLASH_PREFILL(NAME, HD, T)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                     \
+      NAME(const float* qkv, const u8* kc, const u8* vc, const int* pos, int ntok, int n_head, int n_kv_head, \
+           float scale, u16* att) {                                                                        \
+    flash_prefill_t<HD, T>(qkv, kc, vc, pos, ntok, n_head, n_kv_head, scale, att);                         \
+  }
+FLASH_PREFILL(flash_prefill64, 64, T_F16)
+FLASH_PREFILL(flash_prefill128, 128, T_F16)
+FLASH_PREFILL(flash_prefill64_q8, 64, T_Q8_0)
+FLASH_PREFILL(flash_prefill128_q8, 128, T_Q8_0)
+FLASH_PREFILL(flash_prefill64_q4, 64, T_Q4_0)
+FLASH_PREFILL(flash_prefill128_q4, 128, T_Q4_0)

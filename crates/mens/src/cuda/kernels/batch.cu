@@ -300,12 +300,13 @@ extern "C" __global__ void __launch_bounds__(1024) glu_q8_b(Seg gate, Seg up, in
 }
 
 // Q/K/V for B rows: the three matrices stacked, bias, RoPE at pos[b], K and V into cache slot
-// slot[b], Q (rounded to f16) into q [B][n_head * hd]. One warp per pair of rows that RoPE rotates
-// together (see qkv_rope).
+// slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K and V as f32 into their
+// places in qkv [B][row], for kv_quant), Q (rounded to f16) into q [B][n_head * hd]. One warp per
+// pair of rows that RoPE rotates together (see qkv_rope).
 extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
                                       const float* bias, const float* cosv, const float* sinv, const int* pos,
                                       const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
-                                      int neox, float* q, u16* kc, u16* vc) {
+                                      int neox, float* q, u8* kc8, u8* vc8, float* qkv) {
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
@@ -334,19 +335,28 @@ extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8
     if (ps < 0) continue;  // padding
     float x0 = pick(xa, lane) + ba, x1 = pick(xb, lane) + bb;
     u64 so = (u64)slot[b] * slot_stride;
+    u16* kc = (u16*)(kc8 + so);
+    u16* vc = (u16*)(vc8 + so);
+    float* st = qkv + (u64)b * (qd + 2 * kvd);
     if (h < n_head + n_kv_head) {
       float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
       float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
       if (h < n_head) {
         q[(u64)b * qd + ra] = h2f(f2h(y0));
         q[(u64)b * qd + rb] = h2f(f2h(y1));
+      } else if (!kc8) {
+        st[ra] = y0;
+        st[rb] = y1;
       } else {
-        u64 o = so + (u64)ps * kvd + (h - n_head) * hd;
+        u64 o = (u64)ps * kvd + (h - n_head) * hd;
         kc[o + ra - h * hd] = f2h(y0);
         kc[o + rb - h * hd] = f2h(y1);
       }
+    } else if (!vc8) {
+      st[ra] = x0;
+      st[rb] = x1;
     } else {
-      u64 o = so + (u64)ps * kvd + (h - n_head - n_kv_head) * hd;
+      u64 o = (u64)ps * kvd + (h - n_head - n_kv_head) * hd;
       vc[o + ra - h * hd] = f2h(x0);
       vc[o + rb - h * hd] = f2h(x1);
     }
@@ -355,35 +365,36 @@ extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
-// The output goes to o16 [B][q_dim] in f16 when o16 is set, else to aq/ad in q8.
-template <int HD>
-__device__ void attn_decode_b(const float* q, const u16* kc, const u16* vc, const int* pos, const int* slot,
+// Slots are slot_stride bytes apart in the pool. The output goes to o16 [B][q_dim] in f16 when o16
+// is set, else to aq/ad in q8.
+template <int HD, int T>
+__device__ void attn_decode_b(const float* q, u8* kc, u8* vc, const int* pos, const int* slot,
                               u64 slot_stride, int n_head, int n_kv_head, float scale, int splits, float* part_o,
-                              float2* part_ml, u32* counters, i8* aq, float2* ad, u16* o16) {
+                              float2* part_ml, u32* counters, i8* aq, float2* ad, u16* o16, const float* qkv) {
   int b = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head;
   int p = pos[b];
   if (p < 0) return;
   int qd = n_head * HD;
   u64 so = (u64)slot[b] * slot_stride;
-  attn_decode_t<HD>(q + (u64)b * qd, kc + so, vc + so, p + 1, n_head, n_kv_head, scale,
-                    part_o + (u64)b * splits * qd, part_ml + (u64)b * splits * n_head, counters + b * n_kv_head,
-                    aq + (u64)b * qd, ad + (u64)b * (qd / 32), kvh, blockIdx.y, gridDim.y,
-                    o16 ? o16 + (u64)b * qd : 0);
+  attn_decode_t<HD, T>(q + (u64)b * qd, kc + so, vc + so, p + 1, n_head, n_kv_head, scale,
+                       part_o + (u64)b * splits * qd, part_ml + (u64)b * splits * n_head, counters + b * n_kv_head,
+                       aq + (u64)b * qd, ad + (u64)b * (qd / 32), kvh, blockIdx.y, gridDim.y,
+                       o16 ? o16 + (u64)b * qd : 0, qkv + (u64)b * (qd + 2 * n_kv_head * HD) + qd);
 }
-extern "C" __global__ void attn_decode64_b(const float* q, const u16* kc, const u16* vc, const int* pos,
-                                           const int* slot, u64 slot_stride, int n_head, int n_kv_head, float scale,
-                                           int splits, float* part_o, float2* part_ml, u32* counters, i8* aq,
-                                           float2* ad, u16* o16) {
-  attn_decode_b<64>(q, kc, vc, pos, slot, slot_stride, n_head, n_kv_head, scale, splits, part_o, part_ml,
-                    counters, aq, ad, o16);
-}
-extern "C" __global__ void attn_decode128_b(const float* q, const u16* kc, const u16* vc, const int* pos,
-                                            const int* slot, u64 slot_stride, int n_head, int n_kv_head,
-                                            float scale, int splits, float* part_o, float2* part_ml, u32* counters,
-                                            i8* aq, float2* ad, u16* o16) {
-  attn_decode_b<128>(q, kc, vc, pos, slot, slot_stride, n_head, n_kv_head, scale, splits, part_o, part_ml,
-                     counters, aq, ad, o16);
-}
+#define ATTN_DECODE_B(NAME, HD, T)                                                                          \
+  extern "C" __global__ void NAME(const float* q, u8* kc, u8* vc, const int* pos, const int* slot,             \
+                                  u64 slot_stride, int n_head, int n_kv_head, float scale, int splits,        \
+                                  float* part_o, float2* part_ml, u32* counters, i8* aq, float2* ad,          \
+                                  u16* o16, const float* qkv) {                                               \
+    attn_decode_b<HD, T>(q, kc, vc, pos, slot, slot_stride, n_head, n_kv_head, scale, splits, part_o,         \
+                         part_ml, counters, aq, ad, o16, qkv);                                                \
+  }
+ATTN_DECODE_B(attn_decode64_b, 64, T_F16)
+ATTN_DECODE_B(attn_decode128_b, 128, T_F16)
+ATTN_DECODE_B(attn_decode64_b_q8, 64, T_Q8_0)
+ATTN_DECODE_B(attn_decode128_b_q8, 128, T_Q8_0)
+ATTN_DECODE_B(attn_decode64_b_q4, 64, T_Q4_0)
+ATTN_DECODE_B(attn_decode128_b_q4, 128, T_Q4_0)
 
 // Greedy for B rows: grid (blocks, B); row b's logits are rows[orow[b]] (row stride n), its
 // choice goes to ids[orow[b]] (padding rows too: their orow is a scratch row).
@@ -705,15 +716,18 @@ MATMUL_H16(4)
 MATMUL_H16(8)
 
 // After the stacked Q/K/V matmul (bias added there), per row b: RoPE at pos[b] on Q and K, K and V
-// into cache slot slot[b], Q (rounded to f16) into q [B][n_head * hd]. Grid B; block 256.
-extern "C" __global__ void rope_store_b(const float* qkv, const float* cosv, const float* sinv, const int* pos,
+// into cache slot slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K rotated in
+// place in qkv, for kv_quant), Q (rounded to f16) into q [B][n_head * hd]. Grid B; block 256.
+extern "C" __global__ void rope_store_b(float* qkv, const float* cosv, const float* sinv, const int* pos,
                                         const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
-                                        int neox, float* q, u16* kc, u16* vc) {
+                                        int neox, float* q, u8* kc8, u8* vc8) {
   int b = blockIdx.x, ps = pos[b];
   if (ps < 0) return;  // padding
   int half = hd / 2, kvd = n_kv_head * hd, qd = n_head * hd, row = qd + 2 * kvd;
-  const float* x = qkv + (u64)b * row;
-  u64 so = (u64)slot[b] * slot_stride + (u64)ps * kvd;
+  float* x = qkv + (u64)b * row;
+  u64 so = (u64)ps * kvd;
+  u16* kc = (u16*)(kc8 + (u64)slot[b] * slot_stride);
+  u16* vc = (u16*)(vc8 + (u64)slot[b] * slot_stride);
   for (int p = threadIdx.x; p < (n_head + 2 * n_kv_head) * half; p += blockDim.x) {
     int h = p / half, k = p % half;
     int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
@@ -724,11 +738,14 @@ extern "C" __global__ void rope_store_b(const float* qkv, const float* cosv, con
       if (h < n_head) {
         q[(u64)b * qd + ra] = h2f(f2h(y0));
         q[(u64)b * qd + rb] = h2f(f2h(y1));
+      } else if (!kc8) {
+        x[ra] = y0;
+        x[rb] = y1;
       } else {
         kc[so + ra - qd] = f2h(y0);
         kc[so + rb - qd] = f2h(y1);
       }
-    } else {
+    } else if (vc8) {
       vc[so + ra - qd - kvd] = f2h(x0);
       vc[so + rb - qd - kvd] = f2h(x1);
     }

@@ -84,3 +84,64 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
   }
 }
 
+
+// KV cache rows. f16: kv_dim values. q8_0 / q4_0 (`-ctk/-ctv`): ggml's blocks of 32 with ggml's
+// rounding, laid out for aligned loads: the row's quants first (q4_0: ggml's nibble order within
+// a block, values i and i + 16 in byte i), then its f16 block scales, padded to 16 bytes.
+// Dequantized as ggml does: d * q (q8_0), d * (nibble - 8) (q4_0).
+__device__ __forceinline__ int kv_row_bytes(int t, int kvd) {
+  if (t == T_F16) return 2 * kvd;
+  int q = t == T_Q8_0 ? kvd : kvd / 2;
+  return (q + kvd / 16 + 15) & ~15;
+}
+__device__ __forceinline__ float kv_scale(int t, const u8* row, int kvd, int d) {
+  return h2f(*(const u16*)(row + (t == T_Q8_0 ? kvd : kvd / 2) + 2 * (d >> 5)));
+}
+__device__ __forceinline__ float sbyte(u32 w, int k) { return (float)((int)(w << (24 - 8 * k)) >> 24); }
+// Values d..d+3 (d a multiple of 4) of a cache row.
+template <int T>
+__device__ __forceinline__ float4 kv_get4(const u8* row, int kvd, int d) {
+  if (T == T_F16) {
+    uint2 u = *(const uint2*)(row + 2 * d);
+    return make_float4(h2f(u.x & 0xffff), h2f(u.x >> 16), h2f(u.y & 0xffff), h2f(u.y >> 16));
+  } else if (T == T_Q8_0) {
+    u32 u = *(const u32*)(row + d);
+    float s = kv_scale(T, row, kvd, d);
+    return make_float4(s * sbyte(u, 0), s * sbyte(u, 1), s * sbyte(u, 2), s * sbyte(u, 3));
+  } else {
+    int i = d & 31, sh = i >= 16 ? 4 : 0;
+    u32 u = *(const u32*)(row + (d >> 5) * 16 + (i & 15)) >> sh;
+    float s = kv_scale(T, row, kvd, d);
+    return make_float4(s * (float)((int)(u & 15) - 8), s * (float)((int)((u >> 8) & 15) - 8),
+                       s * (float)((int)((u >> 16) & 15) - 8), s * (float)((int)((u >> 24) & 15) - 8));
+  }
+}
+// One warp stores block j (values 32 j .. 32 j + 31) of a quantized cache row from lane's value
+// x, with ggml's rounding: q8_0 d = max|x| / 127, q = rint(x / d); q4_0 d = -(the value of largest
+// magnitude, the first on ties) / 8, q = min(15, trunc(x / d + 8.5)).
+template <int T>
+__device__ __forceinline__ void kv_store_block(float x, u8* row, int kvd, int j, int lane) {
+  if (T == T_Q8_0) {
+    float amax = warp_max(fabsf(x));
+    float id = amax != 0.f ? 127.f / amax : 0.f;
+    row[j * 32 + lane] = (u8)(i8)__float2int_rn(x * id);
+    if (lane == 0) *(u16*)(row + kvd + 2 * j) = f2h(amax / 127.f);
+  } else {
+    float a = fabsf(x);
+    int at = lane;
+    for (int o = 16; o > 0; o >>= 1) {
+      float a2 = __shfl_xor_sync(0xffffffff, a, o);
+      int at2 = __shfl_xor_sync(0xffffffff, at, o);
+      if (a2 > a || (a2 == a && at2 < at)) {
+        a = a2;
+        at = at2;
+      }
+    }
+    float d = __shfl_sync(0xffffffff, x, at) / -8.f;
+    float id = d != 0.f ? 1.f / d : 0.f;
+    int q = min(15, (int)__fadd_rn(__fmul_rn(x, id), 8.5f));
+    int hi = __shfl_down_sync(0xffffffff, q, 16);
+    if (lane < 16) row[j * 16 + lane] = (u8)(q | (hi << 4));
+    if (lane == 0) *(u16*)(row + kvd / 2 + 2 * j) = f2h(d);
+  }
+}

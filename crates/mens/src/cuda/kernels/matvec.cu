@@ -287,8 +287,9 @@ extern "C" __global__ void __launch_bounds__(1024) matvec_glu_q8(Seg gate, Seg u
   if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
 }
 
-// Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos, Q
-// (rounded to f16, as llama.cpp's flash attention reads it) into qkv. One warp per pair of rows
+// Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos (with
+// kc = 0, a quantized cache: K and V as f32 into their places in qkv, for kv_quant), Q (rounded to
+// f16, as llama.cpp's flash attention reads it) into qkv. One warp per pair of rows
 // that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are paired
 // the same way, unrotated.
 extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
@@ -325,11 +326,17 @@ extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* 
     if (h < n_head) {
       qkv[ra] = h2f(f2h(y0));
       qkv[rb] = h2f(f2h(y1));
+    } else if (!kc) {
+      qkv[ra] = y0;
+      qkv[rb] = y1;
     } else {
       int o = ps * kvd + (h - n_head) * hd;
       kc[o + ra - h * hd] = f2h(y0);
       kc[o + rb - h * hd] = f2h(y1);
     }
+  } else if (!vc) {
+    qkv[ra] = x0;
+    qkv[rb] = x1;
   } else {
     int o = ps * kvd + (h - n_head - n_kv_head) * hd;
     vc[o + ra - h * hd] = f2h(x0);

@@ -146,7 +146,8 @@ extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
   }
 }
 
-// Q/K/V bias, RoPE on Q and K, K and V into the f16 cache at positions pos0 + t. Q is rounded to
+// Q/K/V bias, RoPE on Q and K, K and V into the f16 cache at positions pos0 + t (with kc = 0, a
+// quantized cache: K rotated in place in qkv, for kv_quant; V stays there). Q is rounded to
 // f16 (as llama.cpp's flash attention reads it); with qperm it is also written in f16, grouped by
 // KV head ([kv_head][t][j][hd]) for the prefill GEMMs. Grid: tokens; block: 256 threads.
 extern "C" __global__ void rope_store(float* qkv, const float* bias, const float* cosv, const float* sinv,
@@ -179,11 +180,69 @@ extern "C" __global__ void rope_store(float* qkv, const float* bias, const float
         q[a] = h0;
         q[b] = h1;
       }
+    } else if (!kc) {
+      v[a] = y0;
+      v[b] = y1;
     } else {
       kc[(u64)p * kvd + (h - n_head) * hd + a] = f2h(y0);
       kc[(u64)p * kvd + (h - n_head) * hd + b] = f2h(y1);
     }
   }
-  for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[(u64)p * kvd + i] = f2h(r[qd + kvd + i]);
+  if (vc)
+    for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[(u64)p * kvd + i] = f2h(r[qd + kvd + i]);
 }
 
+// A quantized cache (q8_0 / q4_0, see kv_row_bytes): the n rows of K and V left as f32 in qkv
+// (row stride `row`; K at qd, V at qd + kvd) into the cache, with ggml's rounding. Row t goes to
+// position pos[t] of slot slot[t] (a batch; pos < 0 is padding), or without slots to *pos + t.
+// Grid (n, 2): K, then V; block 256, a warp per block of 32 values.
+template <int T>
+__device__ void kv_quant_t(const float* qkv, int row, int qd, int kvd, const int* pos, const int* slot,
+                           u64 slot_stride, u8* kc, u8* vc) {
+  int t = blockIdx.x, p;
+  u64 so = 0;
+  if (slot) {
+    p = pos[t];
+    if (p < 0) return;
+    so = (u64)slot[t] * slot_stride;
+  } else {
+    p = *pos + t;
+  }
+  const float* src = qkv + (u64)t * row + qd + blockIdx.y * kvd;
+  u8* dst = (blockIdx.y ? vc : kc) + so + (u64)p * kv_row_bytes(T, kvd);
+  int lane = threadIdx.x & 31;
+  for (int j = threadIdx.x >> 5; j < kvd / 32; j += blockDim.x >> 5)
+    kv_store_block<T>(src[j * 32 + lane], dst, kvd, j, lane);
+}
+extern "C" __global__ void kv_quant_q8(const float* qkv, int row, int qd, int kvd, const int* pos, const int* slot,
+                                       u64 slot_stride, u8* kc, u8* vc) {
+  kv_quant_t<T_Q8_0>(qkv, row, qd, kvd, pos, slot, slot_stride, kc, vc);
+}
+extern "C" __global__ void kv_quant_q4(const float* qkv, int row, int qd, int kvd, const int* pos, const int* slot,
+                                       u64 slot_stride, u8* kc, u8* vc) {
+  kv_quant_t<T_Q4_0>(qkv, row, qd, kvd, pos, slot, slot_stride, kc, vc);
+}
+
+
+// Prefill on a quantized cache: the first `rows` rows of a layer's K and V as f16 [rows][kvd]
+// for the cuBLAS attention (llama.cpp's CUDA flash attention converts a quantized cache to f16
+// the same way for batches of queries). Grid (rows, 2); block 128, four values a thread.
+template <int T>
+__device__ void kv_to_f16_t(const u8* kc, const u8* vc, int kvd, u16* k16, u16* v16) {
+  u64 r = blockIdx.x;
+  const u8* row = (blockIdx.y ? vc : kc) + r * kv_row_bytes(T, kvd);
+  u16* out = (blockIdx.y ? v16 : k16) + r * kvd;
+  for (int d = 4 * threadIdx.x; d < kvd; d += 4 * blockDim.x) {
+    float4 x = kv_get4<T>(row, kvd, d);
+    uint2 u;
+    u.x = (u32)f2h(x.x) | ((u32)f2h(x.y) << 16);
+    u.y = (u32)f2h(x.z) | ((u32)f2h(x.w) << 16);
+    *(uint2*)(out + d) = u;
+  }
+}
+extern "C" __global__ void kv_to_f16_q8(const u8* kc, const u8* vc, int kvd, u16* k16, u16* v16) {
+  kv_to_f16_t<T_Q8_0>(kc, vc, kvd, k16, v16);
+}
+extern "C" __global__ void kv_to_f16_q4(const u8* kc, const u8* vc, int kvd, u16* k16, u16* v16) {
+  kv_to_f16_t<T_Q4_0>(kc, vc, kvd, k16, v16);
+}
