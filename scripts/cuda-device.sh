@@ -41,6 +41,8 @@ if [ "$MODE" = test ] || [ "$MODE" = all ]; then
   echo "== CUDA tests"
   mkdir -p "$OUT/dump"
   MENS_CUDA_DUMP="$OUT/dump" MENS_CUDA_MODEL=$(synth 0.5b) "$BIN/cuda-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "rel L2|agreement|SKIP|test result|panicked|FAILED|error" | head -60
+  echo "== the model-file check on synth 1.5b"
+  MENS_CUDA_MODEL=$(synth 1.5b) "$BIN/cuda-test" model_file --nocapture 2>&1 | tee "$OUT/cuda-tests-1.5b.log" | grep -E "rel L2|agreement|test result|panicked" | head -10
 fi
 
 if [ "$MODE" = serve ] || [ "$MODE" = all ]; then

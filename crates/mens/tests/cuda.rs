@@ -230,14 +230,12 @@ fn tiny(spec: SynthSpec) -> Arc<Model> {
     Arc::new(Model::from_gguf(Gguf::from_bytes(synth_model(&spec)).unwrap()).unwrap())
 }
 
-/// GPU against CPU on one model: prefill logits, then `steps` teacher-forced random tokens
-/// (relative L2 of the logits per step, argmax agreement), then greedy generation.
-/// `strict`: every step within 2e-2 (the tiny models). Otherwise (a deep random-weight model,
-/// whose near-ties amplify rounding: CPU, GPU prefill and GPU decode each disagree with the other
-/// two by more than 1 at some steps) the medians are bounded and the worst steps reported.
-/// GPU against CPU on `model`: prefill, `steps` teacher-forced decode steps, free-running greedy.
-/// `strict`: bounds on the worst step and argmax agreement, and at least 8 equal greedy
-/// tokens; else bounds on the medians only.
+/// GPU against CPU on `model`: prefill logits, then `steps` teacher-forced random tokens
+/// (relative L2 of the logits per step, argmax agreement), then free-running greedy.
+/// `strict` (the tiny models): every step within 2e-2, 90% argmax agreement, at least 8 equal
+/// greedy tokens. Otherwise (a real-shape random-weight file, 24+ layers: rounding that differs
+/// by 0.4% per matmul between engines grows to a median of 8% in the logits, which are nearly
+/// flat) the bounds of [`model_file_bounds`].
 fn compare(model: Arc<Model>, dev: Arc<Device>, ctx: usize, steps: usize, seed: u64, strict: bool) {
     compare_with(model, dev, ctx, steps, seed, strict, 8, KvType::F16)
 }
@@ -275,7 +273,8 @@ fn compare_with(
     g.forward(&prompt, Logits::Last).unwrap();
     let e = rel_l2(g.logits().unwrap(), s.logits());
     eprintln!("{}: prefill logits rel L2 {e:.2e}", c.name);
-    assert!(e < 2e-2, "prefill: rel L2 {e}");
+    let prefill_bound = if strict { 2e-2 } else { MODEL_FILE_MEDIAN };
+    assert!(e < prefill_bound, "prefill: rel L2 {e}");
     let (mut errs, mut agree) = (Vec::new(), 0);
     // Each step's GPU prefill of the whole sequence (the cuBLAS path), for the worst step's report.
     let mut pre_errs = Vec::new();
@@ -393,6 +392,12 @@ fn compare_with(
         assert!(worst < bound, "worst step: rel L2 {worst}");
         assert!(agree * 10 >= steps * 9, "argmax agreement {agree}/{steps}");
     } else {
+        let (worst_bound, agree_min) = model_file_bounds();
+        assert!(worst < worst_bound, "worst step: rel L2 {worst}");
+        assert!(
+            agree as f64 >= agree_min * steps as f64,
+            "argmax agreement {agree}/{steps}"
+        );
         let mut pd: Vec<f64> = pre_errs.iter().map(|p| p.1).collect();
         pd.sort_by(f64::total_cmp);
         eprintln!(
@@ -401,12 +406,12 @@ fn compare_with(
             pd[steps / 2]
         );
         assert!(
-            sorted[steps / 2] < 5e-2,
+            sorted[steps / 2] < MODEL_FILE_MEDIAN,
             "median rel L2 {}",
             sorted[steps / 2]
         );
         assert!(
-            pd[steps / 2] < 5e-2,
+            pd[steps / 2] < MODEL_FILE_MEDIAN,
             "GPU decode vs prefill median {}",
             pd[steps / 2]
         );
@@ -539,6 +544,20 @@ fn cpu_only_architectures_are_a_clear_error_on_the_gpu() {
         assert!(e.contains(what) && e.contains("CPU backend only"), "{e}");
     }
 }
+
+/// Bounds for a real-shape random-weight file (`mens synth --shape`): worst teacher-forced step's
+/// rel L2, and the share of steps whose argmax agrees (the medians: below 0.12). Measured between
+/// engines on the CPU over 159 positions (docs/benchmarks.md, session 11): on synth 0.5B mens's
+/// AVX-512, AVX2 and portable kernel sets differ from one another by medians of 5.6–5.9e-2 (worst
+/// 8.8e-2), and from llama.cpp by 8.1e-2 (worst 1.1e-1, argmax 124/159); on synth 1.5B by 4.1e-2
+/// (worst 4.9e-2) and 4.9e-2 (worst 5.7e-2, argmax 143/159). Before the synth weights were made
+/// zero-mean, single steps differed by 0.86–1.3.
+fn model_file_bounds() -> (f64, f64) {
+    (0.25, 0.7)
+}
+
+/// The bound on medians (and on a single prefill's logits) for such a file.
+const MODEL_FILE_MEDIAN: f64 = 0.12;
 
 /// A model given by MENS_CUDA_MODEL (the device script passes `mens synth` Q4_K_M models).
 #[test]
@@ -901,8 +920,9 @@ fn batch_greedy(
 #[test]
 fn batch_decodes_like_each_request_alone() {
     let Some(dev) = device() else { return };
-    let model = match std::env::var_os("MENS_CUDA_MODEL") {
-        Some(p) => Arc::new(Model::open(std::path::Path::new(&p)).unwrap()),
+    let file = std::env::var_os("MENS_CUDA_MODEL");
+    let model = match &file {
+        Some(p) => Arc::new(Model::open(std::path::Path::new(p)).unwrap()),
         None => tiny(SynthSpec::tiny_qwen2()),
     };
     let v = model.config.vocab_size as u32;
@@ -975,8 +995,14 @@ fn batch_decodes_like_each_request_alone() {
         "tensor-core batch vs single session, 3 × 32 teacher-forced steps: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/96",
         errs[errs.len() - 1]
     );
+    // A real-shape random-weight file amplifies rounding (see model_file_bounds).
+    let bound = if file.is_some() {
+        MODEL_FILE_MEDIAN
+    } else {
+        1e-2
+    };
     assert!(
-        median < 1e-2,
+        median < bound,
         "batch and session logits differ: median rel L2 {median}"
     );
     // Sampling on the device and on the host from a batch slot.
