@@ -76,14 +76,16 @@ pub(crate) fn probe(args: ProbeArgs) -> Result<()> {
         println!("cuda budget:     {} = {}", gib(c.bytes), c.how);
     }
     if let (Some(path), Ok(b)) = (&args.model, &b) {
-        model_fit(path, b)?;
+        let cuda_bytes = cuda.as_ref().and_then(|c| c.as_ref().ok()).map(|c| c.bytes);
+        model_fit(path, b, cuda_bytes)?;
     }
     Ok(())
 }
 
 /// For each KV cache type: bytes per token, the context that fits `b` (capped at the trained
-/// context, as `mens run` chooses it) and the most the budget would hold without that cap.
-fn model_fit(path: &std::path::Path, b: &mens::memory::Budget) -> Result<()> {
+/// context, as `mens run` chooses it) and the most the budget would hold without that cap; with a
+/// CUDA device (`cuda`: its budget), the context a CUDA session of that type gets.
+fn model_fit(path: &std::path::Path, b: &mens::memory::Budget, cuda: Option<u64>) -> Result<()> {
     use mens::cpu::SessionOptions;
     use mens::memory::{estimate_slots, fit_context_slots};
     use mens::model::KvType;
@@ -126,7 +128,16 @@ fn model_fit(path: &std::path::Path, b: &mens::memory::Budget) -> Result<()> {
             ),
             Err(e) => println!("{name:<17}does not fit: {e}"),
         }
+        #[cfg(feature = "cuda")]
+        if let Some(cb) = cuda {
+            match mens::load::cuda_session_fit(&model, cb, t) {
+                Some(ctx) => println!("{:<17}context {ctx} tokens fits on the GPU", ""),
+                None => println!("{:<17}does not fit the GPU", ""),
+            }
+        }
     }
+    #[cfg(not(feature = "cuda"))]
+    let _ = cuda;
     Ok(())
 }
 

@@ -195,6 +195,24 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
     })
 }
 
+/// The largest GPU context that `fits`, from 256 up to the trained context (at most 128 Ki tokens).
+#[cfg(any(feature = "cuda", feature = "metal"))]
+fn gpu_fit(model: &Model, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    let hi = model.config.train_ctx.min(1 << 17);
+    largest_fit(256.min(hi), hi, fits)
+}
+
+/// The context a CUDA session with cache type `kv` gets when `-c` is not given, for a device
+/// budget of `budget` bytes (free memory less [`memory::CUDA_MARGIN`]): what `mens probe` prints.
+#[cfg(feature = "cuda")]
+pub fn cuda_session_fit(model: &Model, budget: u64, kv: KvType) -> Option<usize> {
+    let c = &model.config;
+    let w = model.weight_bytes();
+    gpu_fit(model, |ctx| {
+        w + crate::cuda::session_bytes(c, ctx, CUDA_UBATCH.min(ctx), kv) <= budget
+    })
+}
+
 /// The model, its tokenizer and its chat template from a parsed file: the one way every caller
 /// (the CLI, the server, the fuzz target, the tests) builds them.
 pub fn from_gguf(g: Gguf) -> Result<(Model, Tokenizer, ChatTemplate)> {
@@ -387,7 +405,7 @@ impl Target {
             return self.options.ctx;
         }
         let hi = self.model.config.train_ctx.min(1 << 17);
-        largest_fit(256.min(hi), hi, fits).unwrap_or(256.min(hi))
+        gpu_fit(&self.model, fits).unwrap_or(256.min(hi))
     }
 
     #[cfg(feature = "cuda")]

@@ -1347,3 +1347,37 @@ fn cuda_cache_types_are_checked() {
     assert_eq!(mens::cuda::kv_row_bytes(KvType::Q4_0, 512), 288);
     assert_eq!(mens::cuda::kv_row_bytes(KvType::F16, 512), 1024);
 }
+
+/// `mens probe` and the automatic CUDA context: a quantized cache fits more context in the same
+/// device budget (no GPU needed), by the cache's share of what a context token costs. A 24-layer
+/// model with a 7B's head layout per KV head (the prefill's score buffer, n_head × 512 × 6 bytes
+/// per context token, is the other large share on a GPU).
+#[test]
+fn quantized_cache_fits_more_context_on_the_gpu() {
+    let m = tiny(SynthSpec {
+        ctx: 1 << 17,
+        n_layer: 24,
+        ..SynthSpec::tiny_qwen2()
+    });
+    let c = &m.config;
+    let f16 = mens::cuda::session_bytes(c, 65536, 2048, KvType::F16);
+    let budget = m.weight_bytes() + f16;
+    let fit = |t| mens::load::cuda_session_fit(&m, budget, t).unwrap();
+    let (a, b, q) = (fit(KvType::F16), fit(KvType::Q8_0), fit(KvType::Q4_0));
+    let kv = |t| 2 * c.n_layer * mens::cuda::kv_row_bytes(t, c.kv_dim());
+    eprintln!(
+        "one budget: f16 {a}, q8_0 {b} ({:.2}x), q4_0 {q} ({:.2}x) tokens; cache {} / {} / {} bytes a token, scores {}",
+        b as f64 / a as f64,
+        q as f64 / a as f64,
+        kv(KvType::F16),
+        kv(KvType::Q8_0),
+        kv(KvType::Q4_0),
+        c.n_head * 512 * 6
+    );
+    assert!((65536..65536 + 64).contains(&a), "f16 {a}");
+    assert!(
+        b > a * 11 / 10 && q > b,
+        "q8_0 {b}, q4_0 {q} against f16 {a}"
+    );
+    assert!(mens::load::cuda_session_fit(&m, m.weight_bytes(), KvType::F16).is_none());
+}
