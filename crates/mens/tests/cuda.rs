@@ -912,6 +912,43 @@ fn batch_greedy(
     out
 }
 
+/// `prompt` in batch slot `slot` and in session `s` (both emptied first), then `steps` tokens of the
+/// session's greedy choice fed to both: per step, the batch logits' rel L2 against the session's
+/// and whether their argmax agrees.
+fn batch_against_session(
+    b: &mut CudaBatch,
+    s: &mut CudaSession,
+    prompt: &[u32],
+    slot: usize,
+    steps: usize,
+    greedy: &mut Sampler,
+) -> Vec<(f64, bool)> {
+    s.truncate(0);
+    b.truncate_slot(slot, 0);
+    s.forward(prompt, Logits::Last).unwrap();
+    b.step(&mut [Part {
+        slot,
+        tokens: prompt,
+        logits: Logits::Last,
+    }])
+    .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let a = s.logits().unwrap().to_vec();
+        let c = b.slot_logits(slot).unwrap();
+        let t = g_next(s, greedy);
+        out.push((rel_l2(&c, &a), mens::sample::argmax(&c) == t));
+        s.forward(&[t], Logits::Last).unwrap();
+        b.step(&mut [Part {
+            slot,
+            tokens: &[t],
+            logits: Logits::Last,
+        }])
+        .unwrap();
+    }
+    out
+}
+
 /// The check: N requests decoded together give the same greedy tokens as each decoded
 /// alone (first 32 tokens, every request), for N = 1, 7, 64, with either kernel family at every
 /// batch size; with the default mix (matrix-vector alone, dp4a up to 15 rows, tensor cores from
@@ -965,28 +1002,9 @@ fn batch_decodes_like_each_request_alone() {
     let mut errs = Vec::new();
     let mut agree = 0;
     for i in [0usize, 9, 40] {
-        s.truncate(0);
-        b.truncate_slot(i, 0);
-        s.forward(&prompts[i], Logits::Last).unwrap();
-        b.step(&mut [Part {
-            slot: i,
-            tokens: &prompts[i],
-            logits: Logits::Last,
-        }])
-        .unwrap();
-        for _ in 0..32 {
-            let a = s.logits().unwrap().to_vec();
-            let c = b.slot_logits(i).unwrap();
-            errs.push(rel_l2(&c, &a));
-            let t = g_next(&mut s, &mut greedy);
-            agree += (mens::sample::argmax(&c) == t) as usize;
-            s.forward(&[t], Logits::Last).unwrap();
-            b.step(&mut [Part {
-                slot: i,
-                tokens: &[t],
-                logits: Logits::Last,
-            }])
-            .unwrap();
+        for (e, same) in batch_against_session(&mut b, &mut s, &prompts[i], i, 32, &mut greedy) {
+            errs.push(e);
+            agree += same as usize;
         }
     }
     errs.sort_by(f64::total_cmp);
@@ -1293,28 +1311,9 @@ fn quantized_cache_batch_decodes_like_alone() {
     b.set_kernels(BatchKernels::Dp4a).unwrap();
     let mut s = CudaSession::with_cache(gm, 256, 64, KvType::Q8_0).unwrap();
     let mut greedy = Sampler::new(SamplerConfig::greedy(), v as usize).unwrap();
-    let mut worst = 0f64;
-    let i = 5;
-    b.truncate_slot(i, 0);
-    s.forward(&prompts[i], Logits::Last).unwrap();
-    b.step(&mut [Part {
-        slot: i,
-        tokens: &prompts[i],
-        logits: Logits::Last,
-    }])
-    .unwrap();
-    for _ in 0..24 {
-        let a = s.logits().unwrap().to_vec();
-        worst = worst.max(rel_l2(&b.slot_logits(i).unwrap(), &a));
-        let t = g_next(&mut s, &mut greedy);
-        s.forward(&[t], Logits::Last).unwrap();
-        b.step(&mut [Part {
-            slot: i,
-            tokens: &[t],
-            logits: Logits::Last,
-        }])
-        .unwrap();
-    }
+    let worst = batch_against_session(&mut b, &mut s, &prompts[5], 5, 24, &mut greedy)
+        .iter()
+        .fold(0f64, |w, e| w.max(e.0));
     eprintln!("q8_0 pool, dp4a batch against the q8_0 session: worst logits rel L2 {worst:.2e}");
     assert!(worst < 1e-4, "batch and session differ: {worst}");
 }
