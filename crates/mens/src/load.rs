@@ -120,14 +120,6 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
             o.cache.1.name(),
         )));
     }
-    #[cfg(feature = "cuda")]
-    if o.backend == Backend::Cuda && o.cache.0 != o.cache.1 {
-        return Err(Error::InvalidArgument(format!(
-            "the CUDA backend needs K and V of one cache type (this run: -ctk {} -ctv {}), as llama.cpp's CUDA build; use the same type for both, or --backend cpu",
-            o.cache.0.name(),
-            o.cache.1.name(),
-        )));
-    }
     let t0 = Instant::now();
     let (model, tokenizer, mut template) = from_gguf(Gguf::open(&o.path)?)?;
     if let Some(iso) = &o.isolation {

@@ -668,8 +668,8 @@ mod tests {
     /// The random weights of the real-shape files have no mean worth the name: for every type the
     /// generator writes, the mean of a tensor's values is under 2% of their spread (random
     /// fluctuation alone: 0.3%; before the fix, Q5_0 stood at 5%), and so is the mean of every run
-    /// of 256 values. With a mean, the residual stream of a deep model grows along one direction and the file sits near
-    /// an instability (see `random_blocks`).
+    /// of 256 values. With a mean, the residual stream of a deep model grows along one direction
+    /// and the file sits near an instability (see `random_blocks`).
     #[test]
     fn random_weights_have_zero_mean() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);

@@ -111,6 +111,16 @@ pub(super) fn cache_bytes(c: &Config, ctx: usize, kv: KvType) -> usize {
     2 * c.n_layer * ctx * kv_row_bytes(kv, c.kv_dim())
 }
 
+/// Bytes of each of K and V of one layer as f16, which prefill's cuBLAS attention reads when the
+/// cache is quantized (none for an f16 cache).
+fn f16_copy_bytes(c: &Config, ctx: usize, kv: KvType) -> usize {
+    if kv == KvType::F16 {
+        0
+    } else {
+        ctx * c.kv_dim() * 2
+    }
+}
+
 /// Bytes a CUDA session of `ctx` tokens, prefill batch `ubatch` and cache type `kv` allocates on
 /// the device.
 pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
@@ -120,11 +130,7 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
     let splits = ctx.div_ceil(SPLIT);
     let b = ubatch;
     let kvc = cache_bytes(c, ctx, kv);
-    let f16_rows = if kv == KvType::F16 {
-        0
-    } else {
-        2 * ctx * kvd * 2
-    };
+    let f16_rows = 2 * f16_copy_bytes(c, ctx, kv);
     let rope = 2 * ctx * c.head_dim / 2 * 4;
     let dec = 4 * (b * d + b * row)
         + d.max(q) * 2
@@ -240,16 +246,8 @@ impl CudaSession {
             probs: a(2 * c.n_head * b.min(ATT_QUERIES) * ctx)?,
             o: a(4 * b * q)?,
             toks: a(4 * b)?,
-            k16: a(if kvt == KvType::F16 {
-                16
-            } else {
-                2 * ctx * c.kv_dim()
-            })?,
-            v16: a(if kvt == KvType::F16 {
-                16
-            } else {
-                2 * ctx * c.kv_dim()
-            })?,
+            k16: a(f16_copy_bytes(&c, ctx, kvt))?,
+            v16: a(f16_copy_bytes(&c, ctx, kvt))?,
             kv: kvt,
             kc,
             vc,
@@ -332,11 +330,6 @@ impl CudaSession {
             return 0;
         }
         self.kc.bytes + self.vc.bytes
-    }
-
-    /// What the cache stores.
-    pub fn cache_type(&self) -> KvType {
-        self.kv
     }
 
     fn layer_cache(&self, li: usize) -> (u64, u64) {
@@ -488,11 +481,11 @@ impl CudaSession {
         launch!(dev, rmsnorm_q8, (1, 1), 1024;
             self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
         n += 2;
-        let quant = dev.kv_quant(self.kv);
+        let quantized = self.kv != KvType::F16;
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
             // A quantized cache: the writers leave K and V in qkv, the attention kernel stores them.
-            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kc, vc) };
+            let (wk, wv) = if quantized { (0, 0) } else { (kc, vc) };
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
             if let Some((wq, wk_norm)) = &l.qk_norm {
                 // Qwen3: the norm needs whole heads between the matmul and RoPE, so the three
@@ -800,7 +793,7 @@ impl CudaSession {
                 c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32)?;
             if let Some(kq) = quant {
                 launch!(dev, [kq], (t as u32, 2), 256;
-                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos.ptr, 0u64, 0u64, kc, vc)?;
+                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos.ptr, kc, vc)?;
             }
             if flash_prefill() {
                 self.attention_flash(li, t)?;

@@ -222,7 +222,7 @@ impl Device {
             .kv_quant(t)
             .ok_or_else(|| Error::InvalidArgument("f16 has no quantizer".into()))?;
         launch!(self, [f], (rows as u32, 2), 256;
-            x.ptr, row as i32, kvd as i32, kvd as i32, p.ptr, 0u64, 0u64, kc.ptr, vc.ptr)?;
+            x.ptr, row as i32, kvd as i32, kvd as i32, p.ptr, kc.ptr, vc.ptr)?;
         let (mut ko, mut vo) = (vec![0u8; rows * rb], vec![0u8; rows * rb]);
         self.read(&kc, 0, &mut ko)?;
         self.read(&vc, 0, &mut vo)?;

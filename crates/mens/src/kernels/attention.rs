@@ -205,7 +205,7 @@ impl Path {
             );
             // SAFETY: `pairs` says AVX-512VL (and the Avx2 path's features) are present and hd is
             // 64, and k and v hold n rows (asserted above).
-            unsafe { attend2_avx512vl::<8>(q, k, v, stride, n, scale, [o0, o1]) };
+            unsafe { attend2_avx512vl(q, k, v, stride, n, scale, [o0, o1]) };
             return;
         }
         self.attend(q[0], k, v, stride, n, scale, o0);
@@ -577,14 +577,14 @@ unsafe fn attend_avx2<const L: usize>(
     attend_heads::<L, 1>([q.as_ptr()], k, v, stride, n, scale, [out.as_mut_ptr()])
 }
 
-/// Two query heads of one KV group in one pass over the keys: each K and V row is loaded and
-/// widened once for both, and each head's arithmetic is exactly [`attend_avx2`]'s (the same bits,
-/// tested). With AVX-512VL for its 32 vector registers (two heads' accumulators fill the 16 of
-/// AVX2), still 256-bit (see `attend_avx2`).
+/// Two query heads of 64 values of one KV group in one pass over the keys: each K and V row is
+/// loaded and widened once for both, and each head's arithmetic is exactly [`attend_avx2`]'s (the
+/// same bits, tested). With AVX-512VL for its 32 vector registers (two heads' accumulators fill the
+/// 16 of AVX2), still 256-bit (see `attend_avx2`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend2_avx512vl<const L: usize>(
+unsafe fn attend2_avx512vl(
     q: [&[f32]; 2],
     k: &[f16],
     v: &[f16],
@@ -594,7 +594,7 @@ unsafe fn attend2_avx512vl<const L: usize>(
     out: [&mut [f32]; 2],
 ) {
     let [o0, o1] = out;
-    attend_heads::<L, 2>(
+    attend_heads::<8, 2>(
         [q[0].as_ptr(), q[1].as_ptr()],
         k,
         v,

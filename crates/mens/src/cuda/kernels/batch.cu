@@ -301,8 +301,8 @@ extern "C" __global__ void __launch_bounds__(1024) glu_q8_b(Seg gate, Seg up, in
 
 // Q/K/V for B rows: the three matrices stacked, bias, RoPE at pos[b], K and V into cache slot
 // slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K and V as f32 into their
-// places in qkv [B][row], for kv_quant), Q (rounded to f16) into q [B][n_head * hd]. One warp per
-// pair of rows that RoPE rotates together (see qkv_rope).
+// places in qkv [B][row], which the attention kernel stores), Q (rounded to f16) into
+// q [B][n_head * hd]. One warp per pair of rows that RoPE rotates together (see qkv_rope).
 extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
                                       const float* bias, const float* cosv, const float* sinv, const int* pos,
                                       const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
@@ -717,7 +717,8 @@ MATMUL_H16(8)
 
 // After the stacked Q/K/V matmul (bias added there), per row b: RoPE at pos[b] on Q and K, K and V
 // into cache slot slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K rotated in
-// place in qkv, for kv_quant), Q (rounded to f16) into q [B][n_head * hd]. Grid B; block 256.
+// place in qkv, which the attention kernel stores), Q (rounded to f16) into q [B][n_head * hd].
+// Grid B; block 256.
 extern "C" __global__ void rope_store_b(float* qkv, const float* cosv, const float* sinv, const int* pos,
                                         const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
                                         int neox, float* q, u8* kc8, u8* vc8) {

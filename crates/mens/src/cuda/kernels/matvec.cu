@@ -288,10 +288,10 @@ extern "C" __global__ void __launch_bounds__(1024) matvec_glu_q8(Seg gate, Seg u
 }
 
 // Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos (with
-// kc = 0, a quantized cache: K and V as f32 into their places in qkv, for kv_quant), Q (rounded to
-// f16, as llama.cpp's flash attention reads it) into qkv. One warp per pair of rows
-// that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are paired
-// the same way, unrotated.
+// kc = 0, a quantized cache: K and V as f32 into their places in qkv, which the attention kernel
+// stores), Q (rounded to f16, as llama.cpp's flash attention reads it) into qkv. One warp per pair
+// of rows that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are
+// paired the same way, unrotated.
 extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                     const float* bias, const float* cosv, const float* sinv, const int* pos,
                                     int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc) {

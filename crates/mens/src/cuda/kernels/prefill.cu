@@ -147,7 +147,8 @@ extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
 }
 
 // Q/K/V bias, RoPE on Q and K, K and V into the f16 cache at positions pos0 + t (with kc = 0, a
-// quantized cache: K rotated in place in qkv, for kv_quant; V stays there). Q is rounded to
+// quantized cache: K rotated in place in qkv, where kv_quant or the decode attention kernel
+// stores it from; V stays there). Q is rounded to
 // f16 (as llama.cpp's flash attention reads it); with qperm it is also written in f16, grouped by
 // KV head ([kv_head][t][j][hd]) for the prefill GEMMs. Grid: tokens; block: 256 threads.
 extern "C" __global__ void rope_store(float* qkv, const float* bias, const float* cosv, const float* sinv,
@@ -192,35 +193,24 @@ extern "C" __global__ void rope_store(float* qkv, const float* bias, const float
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[(u64)p * kvd + i] = f2h(r[qd + kvd + i]);
 }
 
-// A quantized cache (q8_0 / q4_0, see kv_row_bytes): the n rows of K and V left as f32 in qkv
-// (row stride `row`; K at qd, V at qd + kvd) into the cache, with ggml's rounding. Row t goes to
-// position pos[t] of slot slot[t] (a batch; pos < 0 is padding), or without slots to *pos + t.
-// Grid (n, 2): K, then V; block 256, a warp per block of 32 values.
+// Prefill on a quantized cache (q8_0 / q4_0, see kv_row_bytes): the n rows of K and V left as f32
+// in qkv (row stride `row`; K at qd, V at qd + kvd) into cache positions *pos + t, with ggml's
+// rounding. (Decode stores its row in the attention kernel.) Grid (n, 2): K, then V; block 256, a
+// warp per block of 32 values.
 template <int T>
-__device__ void kv_quant_t(const float* qkv, int row, int qd, int kvd, const int* pos, const int* slot,
-                           u64 slot_stride, u8* kc, u8* vc) {
-  int t = blockIdx.x, p;
-  u64 so = 0;
-  if (slot) {
-    p = pos[t];
-    if (p < 0) return;
-    so = (u64)slot[t] * slot_stride;
-  } else {
-    p = *pos + t;
-  }
+__device__ void kv_quant_t(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc) {
+  int t = blockIdx.x;
   const float* src = qkv + (u64)t * row + qd + blockIdx.y * kvd;
-  u8* dst = (blockIdx.y ? vc : kc) + so + (u64)p * kv_row_bytes(T, kvd);
+  u8* dst = (blockIdx.y ? vc : kc) + (u64)(*pos + t) * kv_row_bytes(T, kvd);
   int lane = threadIdx.x & 31;
   for (int j = threadIdx.x >> 5; j < kvd / 32; j += blockDim.x >> 5)
     kv_store_block<T>(src[j * 32 + lane], dst, kvd, j, lane);
 }
-extern "C" __global__ void kv_quant_q8(const float* qkv, int row, int qd, int kvd, const int* pos, const int* slot,
-                                       u64 slot_stride, u8* kc, u8* vc) {
-  kv_quant_t<T_Q8_0>(qkv, row, qd, kvd, pos, slot, slot_stride, kc, vc);
+extern "C" __global__ void kv_quant_q8(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc) {
+  kv_quant_t<T_Q8_0>(qkv, row, qd, kvd, pos, kc, vc);
 }
-extern "C" __global__ void kv_quant_q4(const float* qkv, int row, int qd, int kvd, const int* pos, const int* slot,
-                                       u64 slot_stride, u8* kc, u8* vc) {
-  kv_quant_t<T_Q4_0>(qkv, row, qd, kvd, pos, slot, slot_stride, kc, vc);
+extern "C" __global__ void kv_quant_q4(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc) {
+  kv_quant_t<T_Q4_0>(qkv, row, qd, kvd, pos, kc, vc);
 }
 
 
