@@ -103,6 +103,11 @@ impl KvType {
         }
     }
 
+    /// Whether rows of this type are stored rotated (`kernels::kv::hadamard32`): the block types.
+    pub fn rotated(self) -> bool {
+        self != KvType::F16
+    }
+
     /// Bytes of one head's row of `head_dim` values (a multiple of 32 for the block types).
     pub fn row_bytes(self, head_dim: usize) -> usize {
         match self {

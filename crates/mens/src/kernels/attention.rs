@@ -427,7 +427,13 @@ fn attend_quant_body(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out
     let quant_k = k.t != KvType::F16;
     if quant_k {
         for h in 0..heads {
-            super::act_quant::q8_0_ggml(&qs[h * hd..(h + 1) * hd], &mut qq[h][..nb * 34]);
+            let mut q = [0f32; MAX_HEAD_DIM];
+            let q = &mut q[..hd];
+            q.copy_from_slice(&qs[h * hd..(h + 1) * hd]);
+            if k.t.rotated() {
+                super::kv::hadamard32(q);
+            }
+            super::act_quant::q8_0_ggml(q, &mut qq[h][..nb * 34]);
             for (b, d) in qd[h][..nb].iter_mut().enumerate() {
                 *d = f16::from_le_bytes([qq[h][b * 34], qq[h][b * 34 + 1]]).to_f32();
             }
@@ -489,43 +495,86 @@ fn attend_quant_body(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out
     let f16_v = v.t == KvType::F16;
     let mut max = [f32::NEG_INFINITY; GROUP];
     let mut sum = [0f32; GROUP];
-    let mut sc = [0f32; GROUP];
-    for p in 0..n {
-        if !f16_v {
-            v.load(p, vrow);
+    // Eight keys at a time: their scores, the running max after each, and vs = expf(s − max
+    // after) on 8 lanes; then the sequential updates (where the max moves, ms = expf(max before −
+    // max after) one at a time), the same arithmetic as one key at a time.
+    let mut raw = [[0f32; GROUP]; 8];
+    for p0 in (0..n).step_by(8) {
+        let m = (n - p0).min(8);
+        for (i, r) in raw[..m].iter_mut().enumerate() {
+            scores(p0 + i, r);
         }
-        scores(p, &mut sc);
+        let mut sv = [[0f32; 8]; GROUP];
+        let mut before = [[0f32; 8]; GROUP];
+        let mut vs = [[0f32; 8]; GROUP];
         for h in 0..heads {
-            let acc = &mut acc[h][..hd];
-            let s = sc[h] * scale;
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if s > max[h] {
-                ms = expf(max[h] - s);
-                max[h] = s;
-                for a in acc.iter_mut() {
-                    *a = if f16_v { round_f16(*a * ms) } else { *a * ms };
+            let mut after = [0f32; 8];
+            for i in 0..m {
+                let s = raw[i][h] * scale;
+                sv[h][i] = s;
+                before[h][i] = max[h];
+                if s > max[h] {
+                    max[h] = s;
                 }
-            } else {
-                vs = expf(s - max[h]);
+                after[i] = max[h];
             }
-            if f16_v {
-                for (a, x) in acc.iter_mut().zip(&v.f16()[p * hd..(p + 1) * hd]) {
-                    *a = round_f16(x.to_f32().mul_add(vs, *a));
-                }
-            } else {
-                for (a, x) in acc.iter_mut().zip(vrow.iter()) {
-                    *a = x.mul_add(vs, *a);
+            vs[h] = exp8(std::array::from_fn(|i| sv[h][i] - after[i]));
+        }
+        for i in 0..m {
+            let p = p0 + i;
+            if !f16_v {
+                super::kv::load(v.t, v.row_bytes(p), vrow);
+            }
+            for h in 0..heads {
+                let acc = &mut acc[h][..hd];
+                let (s, b) = (sv[h][i], before[h][i]);
+                let vs = if s > b {
+                    let ms = expf(b - s);
+                    for a in acc.iter_mut() {
+                        *a = if f16_v { round_f16(*a * ms) } else { *a * ms };
+                    }
+                    sum[h] = sum[h].mul_add(ms, 1.0);
+                    1.0
+                } else {
+                    sum[h] += vs[h][i];
+                    vs[h][i]
+                };
+                if f16_v {
+                    for (a, x) in acc.iter_mut().zip(&v.f16()[p * hd..(p + 1) * hd]) {
+                        *a = round_f16(x.to_f32().mul_add(vs, *a));
+                    }
+                } else {
+                    for (a, x) in acc.iter_mut().zip(vrow.iter()) {
+                        *a = x.mul_add(vs, *a);
+                    }
                 }
             }
-            sum[h] = sum[h].mul_add(ms, vs);
         }
     }
     for h in 0..heads {
         let inv = if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] };
-        for (o, a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc[h][..hd]) {
+        let o = &mut out[h * hd..(h + 1) * hd];
+        for (o, a) in o.iter_mut().zip(&acc[h][..hd]) {
             *o = a * inv;
         }
+        if v.t.rotated() {
+            super::kv::hadamard32(o);
+        }
     }
+}
+
+/// [`expf`] of 8 values: `expf8` where the CPU has AVX2, else one at a time (the same bits).
+#[inline(always)]
+fn exp8(x: [f32; 8]) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::level() != super::simd::Level::None {
+        use std::arch::x86_64::*;
+        let mut o = [0f32; 8];
+        // SAFETY: AVX2 and FMA are present (the level says so).
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), expf8(_mm256_loadu_ps(x.as_ptr()))) };
+        return o;
+    }
+    x.map(expf)
 }
 
 /// `expf` on 8 lanes (AVX2: the table read by a gather).

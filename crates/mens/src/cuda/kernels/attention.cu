@@ -31,6 +31,15 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     qs[h * QS + (d / PD) * (PD + 1) + d % PD] = qkv[kvh * g * HD + i] * scale;
   }
   int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+  if (T != T_F16) {
+    // Q rotated as the cache's blocks are (hadamard32), a warp a block.
+    __syncthreads();
+    for (int b = w; b < g * HD / 32; b += nw) {
+      int h = b / (HD / 32), d = (b % (HD / 32)) * 32 + lane;
+      float* x = qs + h * QS + (d / PD) * (PD + 1) + d % PD;
+      *x = hadamard32(*x, lane);
+    }
+  }
   if (T != T_F16 && (ns - 1) % workers == worker) {
     // K blocks then V blocks of this head, a warp each.
     for (int b = w; b < HD / 16; b += nw) {
@@ -201,10 +210,12 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     }
     float num = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) + ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]));
     int i = h * HD + d;
+    float o = num / den;
+    if (T != T_F16) o = hadamard32(o, lane);  // back from the V blocks' rotation
     if (o16)
-      o16[i] = f2h(num / den);  // f16 for the batch's tensor-core matmul
+      o16[i] = f2h(o);  // f16 for the batch's tensor-core matmul
     else
-      quant_lane(num / den, aq + (i & ~31), ad + i / 32);
+      quant_lane(o, aq + (i & ~31), ad + i / 32);
   }
   if (tid == 0) counters[kvh] = 0;
 }
@@ -302,6 +313,15 @@ __device__ void flash_prefill_t(const float* qkv, const u8* kc, const u8* vc, co
       }
       ks[i] = kv;
       vs[i] = vv;
+    }
+    if (T != T_F16) {
+      // The tile's rows back from the cache's rotation (hadamard32), a warp a block.
+      __syncthreads();
+      int lane = threadIdx.x & 31;
+      for (int b = threadIdx.x >> 5; b < 2 * FA_K * HD / 32; b += blockDim.x >> 5) {
+        float* x = (float*)(b < FA_K * HD / 32 ? ks : vs) + (b % (FA_K * HD / 32)) * 32 + lane;
+        *x = hadamard32(*x, lane);
+      }
     }
     __syncthreads();
     float s[FA_K];

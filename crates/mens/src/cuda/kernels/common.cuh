@@ -116,11 +116,24 @@ __device__ __forceinline__ float4 kv_get4(const u8* row, int kvd, int d) {
                        s * (float)((int)((u >> 16) & 15) - 8), s * (float)((int)((u >> 24) & 15) - 8));
   }
 }
+// The normalised 32-point Walsh-Hadamard transform across a warp (lane i holds value i of a
+// block): the butterflies of kernels/kv.rs::hadamard32 in the same order, so the bits agree. Its
+// own inverse. A quantized cache stores its blocks rotated (one large value spread over the
+// block); attention rotates Q the same way and its output back.
+__device__ __forceinline__ float hadamard32(float x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    float y = __shfl_xor_sync(0xffffffff, x, o);
+    x = (lane & o) ? y - x : x + y;
+  }
+  return x * 0.17677669529663687f;
+}
 // One warp stores block j (values 32 j .. 32 j + 31) of a quantized cache row from lane's value
-// x, with ggml's rounding: q8_0 d = max|x| / 127, q = rint(x / d); q4_0 d = -(the value of largest
-// magnitude, the first on ties) / 8, q = min(15, trunc(x / d + 8.5)).
+// x, rotated (hadamard32), with ggml's rounding: q8_0 d = max|x| / 127, q = rint(x / d); q4_0
+// d = -(the value of largest magnitude, the first on ties) / 8, q = min(15, trunc(x / d + 8.5)).
 template <int T>
 __device__ __forceinline__ void kv_store_block(float x, u8* row, int kvd, int j, int lane) {
+  x = hadamard32(x, lane);
   if (T == T_Q8_0) {
     float amax = warp_max(fabsf(x));
     float id = amax != 0.f ? 127.f / amax : 0.f;

@@ -217,17 +217,17 @@ extern "C" __global__ void kv_quant_q4(const float* qkv, int row, int qd, int kv
 // Prefill on a quantized cache: the first `rows` rows of a layer's K and V as f16 [rows][kvd]
 // for the cuBLAS attention (llama.cpp's CUDA flash attention converts a quantized cache to f16
 // the same way for batches of queries). Grid (rows, 2); block 128, four values a thread.
+// The rows come back from the cache's rotation (hadamard32): a warp a block of 32 values.
 template <int T>
 __device__ void kv_to_f16_t(const u8* kc, const u8* vc, int kvd, u16* k16, u16* v16) {
   u64 r = blockIdx.x;
   const u8* row = (blockIdx.y ? vc : kc) + r * kv_row_bytes(T, kvd);
   u16* out = (blockIdx.y ? v16 : k16) + r * kvd;
-  for (int d = 4 * threadIdx.x; d < kvd; d += 4 * blockDim.x) {
-    float4 x = kv_get4<T>(row, kvd, d);
-    uint2 u;
-    u.x = (u32)f2h(x.x) | ((u32)f2h(x.y) << 16);
-    u.y = (u32)f2h(x.z) | ((u32)f2h(x.w) << 16);
-    *(uint2*)(out + d) = u;
+  int lane = threadIdx.x & 31;
+  for (int d = threadIdx.x; d < kvd; d += blockDim.x) {
+    float4 x4 = kv_get4<T>(row, kvd, d & ~3);
+    float x = (d & 3) == 0 ? x4.x : (d & 3) == 1 ? x4.y : (d & 3) == 2 ? x4.z : x4.w;
+    out[d] = f2h(hadamard32(x, lane));
   }
 }
 extern "C" __global__ void kv_to_f16_q8(const u8* kc, const u8* vc, int kvd, u16* k16, u16* v16) {
