@@ -43,8 +43,20 @@ const MAXG: usize = 8;
 pub const TOPK_MAX: usize = 64;
 const TOPK_BLOCKS: usize = 64;
 const ARGMAX_BLOCKS: usize = 32;
-/// Queries per attention sub-batch in prefill (bounds the score buffer).
+/// Queries per attention sub-batch in prefill, at most (bounds the score buffer).
 const ATT_QUERIES: usize = 512;
+/// The prefill score buffer's size, at most (f32 scores and f16 probabilities, 6 bytes each):
+/// at long contexts the sub-batches shrink (to 16 queries at the least) rather than the buffer
+/// growing with the context, so a quantized cache's saving buys context on a GPU too.
+const SCORE_BYTES: usize = 1 << 30;
+
+/// Queries per prefill attention sub-batch for a session of `ctx` tokens taking prompts `ubatch`
+/// tokens at a time.
+fn att_queries(c: &Config, ctx: usize, ubatch: usize) -> usize {
+    (SCORE_BYTES / (6 * c.n_head * ctx).max(1))
+        .clamp(16, ATT_QUERIES)
+        .min(ubatch)
+}
 /// Queries per block of the flash prefill attention kernel (FA_Q in kernels/attention.cu).
 const FA_Q: usize = 64;
 
@@ -702,6 +714,6 @@ mod session;
 #[doc(hidden)]
 pub mod testing;
 
-pub use batch::{batch_bytes, BatchKernels, CudaBatch};
+pub use batch::{batch_bytes, BatchKernels, CudaBatch, VERIFY_ROWS};
 pub use model::GpuModel;
 pub use session::{session_bytes, CudaSession, DeviceSampling};

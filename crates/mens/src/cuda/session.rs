@@ -143,7 +143,7 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
         + 4 * b * 2 * f
         + 2 * b * f
         + 2 * b * q
-        + c.n_head * b.min(ATT_QUERIES) * ctx * 6
+        + c.n_head * att_queries(c, ctx, b) * ctx * 6
         + 4 * b * q
         + 4 * b;
     (kvc + f16_rows + rope + dec + pre + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
@@ -242,8 +242,8 @@ impl CudaSession {
             gu: a(4 * b * 2 * f)?,
             h16: a(2 * b * f)?,
             qperm: a(2 * b * q)?,
-            scores: a(4 * c.n_head * b.min(ATT_QUERIES) * ctx)?,
-            probs: a(2 * c.n_head * b.min(ATT_QUERIES) * ctx)?,
+            scores: a(4 * c.n_head * att_queries(&c, ctx, b) * ctx)?,
+            probs: a(2 * c.n_head * att_queries(&c, ctx, b) * ctx)?,
             o: a(4 * b * q)?,
             toks: a(4 * b)?,
             k16: a(f16_copy_bytes(&c, ctx, kvt))?,
@@ -627,7 +627,7 @@ impl CudaSession {
 
     /// Causal attention of `t` new queries (Q grouped by KV head in `qperm`) against the first
     /// pos0 + t cache entries of layer `li`, into xb16 as [t][q_dim] f16. Queries go in
-    /// sub-batches of ATT_QUERIES so that the score buffer stays n_head × ATT_QUERIES × ctx.
+    /// sub-batches of `att_queries` so that the score buffer stays within SCORE_BYTES.
     fn attention_prefill(&self, li: usize, t: usize, pos0: usize) -> Result<()> {
         let m = &self.model;
         let dev = &m.dev;
@@ -652,8 +652,9 @@ impl CudaSession {
         };
         let f16 = blas_sys::cudaDataType::CUDA_R_16F;
         let f32t = blas_sys::cudaDataType::CUDA_R_32F;
-        for t0 in (0..t).step_by(ATT_QUERIES) {
-            let n = ATT_QUERIES.min(t - t0);
+        let per = att_queries(c, self.ctx, self.ubatch);
+        for t0 in (0..t).step_by(per) {
+            let n = per.min(t - t0);
             let l = pos0 + t0 + n; // keys the last query of this sub-batch sees
             let rows = n * g;
             // Per KV head: Q rows of this sub-batch start at t0 * g; batch strides cover all t.
