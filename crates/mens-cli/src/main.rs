@@ -164,14 +164,25 @@ pub(crate) fn load(args: &ModelArgs, slots: usize) -> Result<Loaded> {
 
 /// A sequence on the loaded backend, with a progress bar while a GPU is loaded.
 pub(crate) fn runner(l: &Loaded) -> Result<Box<dyn Runner>> {
+    runner_for(l, false)
+}
+
+/// [`runner`], for speculative decoding when `spec`: on CUDA a batch of one slot, whose decode
+/// graph verifies the proposals as rows at consecutive positions (a CUDA session verifies them
+/// one position at a time).
+pub(crate) fn runner_for(l: &Loaded, spec: bool) -> Result<Box<dyn Runner>> {
     let bar = indicatif::ProgressBar::new(l.model.config.n_layer as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("uploading {bar:40} {pos}/{len} layers")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let r = l.runner(&mut |m| eprintln!("mens: {m}"), &mut |i, _| {
-        bar.set_position(i as u64)
-    });
+    let mut log = |m| eprintln!("mens: {m}");
+    let mut progress = |i, _| bar.set_position(i as u64);
+    let r = if spec && l.backend == Backend::Cuda {
+        l.target().batch_runner(1, 512, &mut log, &mut progress)
+    } else {
+        l.runner(&mut log, &mut progress)
+    };
     bar.finish_and_clear();
     Ok(r?)
 }

@@ -2,7 +2,7 @@
 
 use crate::args::{ChatArgs, RunArgs};
 use crate::chat_input::{self, Entry, Input, HELP};
-use crate::{load, print_memory, runner};
+use crate::{load, print_memory, runner, runner_for};
 use anyhow::Result;
 use mens::chat::Message;
 use mens::fim::{fim_prompt, FimInput};
@@ -151,7 +151,7 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
     config.validate()?;
     let prompt = prompt_text(&args)?;
     let l = load(&args.model, 1)?;
-    let mut sess = runner(&l)?;
+    let mut sess = runner_for(&l, args.sample.spec.is_some())?;
     let mut draft = draft_runner(&args.model, &args.sample, &l.tokenizer)?;
     let ctx = sess.ctx();
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
@@ -240,7 +240,7 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
     let config = args.sample.config();
     config.validate()?;
     let l = load(&args.model, 1)?;
-    let mut sess = runner(&l)?;
+    let mut sess = runner_for(&l, args.sample.spec.is_some())?;
     let mut draft = draft_runner(&args.model, &args.sample, &l.tokenizer)?;
     let mut sampler = Sampler::new(config, l.model.config.vocab_size)?;
     let mut messages = Vec::new();

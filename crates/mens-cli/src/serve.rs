@@ -223,14 +223,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             target.batch_runner(slots, step, &mut |m| eprintln!("mens: {m}"), &mut |_, _| {})
         });
         let vocab = l.model.config.vocab_size;
-        // A GPU verify pass runs position by position (no batched verify yet): no speculation.
-        if options.spec.is_some() {
-            eprintln!("mens: --spec is ignored on the GPU server (no batched verify pass yet)");
-        }
-        let options = SchedulerOptions {
-            spec: None,
-            ..options
-        };
+        // The batched runner verifies a slot's proposals as rows of the decode step (an f16
+        // pool; a quantized pool verifies position by position, where the gate turns it off).
         Scheduler::start(factory, vocab, tokenizer.clone(), options)?
     };
     let config = ServerConfig {

@@ -7,16 +7,25 @@
 use super::*;
 use crate::runner::{check_tokens, Logits, Memory, Part, Runner};
 
-/// Batch sizes a decode graph is captured for (powers of two, then `slots`).
-fn buckets(slots: usize) -> Vec<usize> {
+/// Batch sizes a decode graph is captured for (powers of two, then `rows`).
+fn buckets(rows: usize) -> Vec<usize> {
     let mut v = Vec::new();
     let mut b = 1;
-    while b < slots {
+    while b < rows {
         v.push(b);
         b *= 2;
     }
-    v.push(slots);
+    v.push(rows);
     v
+}
+
+/// Tokens of one slot a step can verify in the batched decode graph (speculative decoding: the
+/// rows of one slot at consecutive positions), and the rows a step holds at least.
+pub const VERIFY_ROWS: usize = 16;
+
+/// Rows a decode step of a batch of `slots` holds: a row per slot, or one slot's verify rows.
+fn step_rows(slots: usize) -> usize {
+    slots.max(VERIFY_ROWS)
 }
 
 /// Per-row device buffers of the batched decode step, for `slots` rows (beside the KV pool and
@@ -59,7 +68,9 @@ fn pool_bytes(c: &Config, slots: usize, ctx: usize, kv: KvType) -> usize {
 /// `kv`) allocates on the device.
 pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
     let engine = session_bytes(c, ctx, ubatch, kv) as usize - pool_bytes(c, 1, ctx, kv);
-    (pool_bytes(c, slots, ctx, kv) + engine + decode_bytes(c, slots, ctx)) as u64
+    let rows = step_rows(slots);
+    let logits = 4 * rows * (c.vocab_size + 1);
+    (pool_bytes(c, slots, ctx, kv) + engine + decode_bytes(c, rows, ctx) + logits) as u64
 }
 
 /// Kernels of a batched decode step.
@@ -84,6 +95,8 @@ pub struct CudaBatch {
     engine: CudaSession,
     model: Arc<GpuModel>,
     slots: usize,
+    /// Rows a decode step holds (`step_rows`).
+    rows: usize,
     ctx: usize,
     ubatch: usize,
     step_tokens: usize,
@@ -111,7 +124,8 @@ pub struct CudaBatch {
     part_o: Buf,
     part_ml: Buf,
     counters: Buf,
-    /// [slots + 1][vocab]: a row per slot and one for padding rows.
+    /// [slots + 1 + rows][vocab]: a row per slot, one for padding rows, then one per step row
+    /// for verify rows (every position's logits).
     logits: Buf,
     am_partial: Buf,
     am_counter: Buf,
@@ -119,20 +133,22 @@ pub struct CudaBatch {
     /// (at byte `part_counters`).
     part: Buf,
     part_counters: usize,
-    /// [slots + 1] greedy ids.
+    /// [slots + 1 + rows] greedy ids, as `logits`.
     ids: Buf,
-    /// tok, pos, slot and logits row of each batch row: four arrays of `slots` i32.
+    /// tok, pos, slot and logits row of each batch row: four arrays of `rows` i32.
     meta: Buf,
     rng: Buf,
     cand: Buf,
     scratch: Buf,
-    /// Pinned host memory: meta (4 × slots), ids (slots + 1), one sampled id.
+    /// Pinned host memory: meta (4 × rows), ids (slots + 1), one sampled id.
     host: *mut i32,
     graphs: Vec<(usize, sys::CUgraphExec)>,
     graph_kernels: usize,
     /// Ids were copied back by the last step and not yet waited for.
     pending: bool,
     host_logits: Vec<f32>,
+    /// A verify part's logits rows, copied to the host.
+    verify_logits: Vec<f32>,
 }
 
 // SAFETY: the pinned pointer is owned by the batch and used from one thread at a time (&mut).
@@ -183,7 +199,7 @@ impl CudaBatch {
         let (d, q, f, v) = (c.dim, c.q_dim(), c.ffn_dim, c.vocab_size);
         let wide = d.max(q);
         let splits = ctx.div_ceil(SPLIT);
-        let s = slots;
+        let s = step_rows(slots);
         let zeros = |n: usize| -> Result<Buf> {
             let b = dev.alloc(n)?;
             unsafe { drv::memset_d8_async(b.ptr, 0, n.max(16), dev.stream) }
@@ -191,7 +207,7 @@ impl CudaBatch {
             Ok(b)
         };
         let pool = pool_bytes(&c, slots, ctx, kv) / 2;
-        let host_len = 4 * s + s + 2;
+        let host_len = 4 * s + slots + 2;
         let host = unsafe { drv::malloc_host(4 * host_len, 0) }
             .map_err(|e| err("pinned memory", e))? as *mut i32;
         let mut b = CudaBatch {
@@ -216,14 +232,14 @@ impl CudaBatch {
             part_o: zeros(4 * s * splits * q)?,
             part_ml: zeros(8 * s * splits * c.n_head)?,
             counters: zeros(4 * s * c.n_kv_head)?,
-            logits: zeros(4 * (s + 1) * v)?,
+            logits: zeros(4 * (slots + 1 + s) * v)?,
             am_partial: zeros(8 * s * ARGMAX_BLOCKS)?,
             am_counter: zeros(4 * s)?,
             part: zeros(4 * s * H16_PART_ROWS + 4 * H16_PART_ROWS / H16_ROWS)?,
             part_counters: 4 * s * H16_PART_ROWS,
-            ids: zeros(4 * (s + 1))?,
+            ids: zeros(4 * (slots + 1 + s))?,
             meta: zeros(16 * s)?,
-            rng: zeros(8 * s)?,
+            rng: zeros(8 * slots)?,
             cand: zeros(8 * TOPK_BLOCKS * TOPK_MAX)?,
             scratch: zeros(16)?,
             host,
@@ -231,17 +247,19 @@ impl CudaBatch {
             graph_kernels: 0,
             pending: false,
             host_logits: vec![0f32; v],
-            tokens: (0..s).map(|_| Vec::with_capacity(ctx)).collect(),
-            ready: vec![false; s],
+            verify_logits: Vec::new(),
+            tokens: (0..slots).map(|_| Vec::with_capacity(ctx)).collect(),
+            ready: vec![false; slots],
             engine,
             model,
             slots,
+            rows: s,
             ctx,
             ubatch,
             step_tokens: step_tokens.max(slots),
         };
         dev.sync()?;
-        for bp in buckets(slots) {
+        for bp in buckets(s) {
             b.capture(bp)?;
         }
         // MENS_CUDA_PROFILE=1: where a step's time goes; =both: each kernel family at each size.
@@ -268,7 +286,7 @@ impl CudaBatch {
     /// Writes cache rows at `at` of the first `bp` slots (startup only: nothing is cached yet).
     fn print_profile(&mut self, bp: usize, at: usize) -> Result<()> {
         let dev = self.model.dev.clone();
-        let s = self.slots;
+        let s = self.rows;
         let h = self.host();
         for i in 0..s {
             h[i] = 0;
@@ -323,10 +341,13 @@ impl CudaBatch {
         let row = q + 2 * kv;
         let eps = c.rms_eps;
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
-        let s = self.slots;
+        let s = self.rows;
         let (part, counters) = (self.part.ptr, self.part.ptr + self.part_counters as u64);
+        // Auto: tensor cores from MMA_FROM rows when that many slots decode together; a batch of
+        // fewer slots keeps dp4a for its verify rows (a row's bits as alone: the same greedy
+        // tokens as plain decoding).
         let mma = match self.kernels {
-            BatchKernels::Auto => bp >= MMA_FROM,
+            BatchKernels::Auto => bp >= MMA_FROM && self.slots >= MMA_FROM,
             BatchKernels::Dp4a => false,
             BatchKernels::TensorCores => true,
         };
@@ -494,12 +515,14 @@ impl CudaBatch {
     }
 
     fn host(&mut self) -> &mut [i32] {
-        // SAFETY: allocated with 4 × slots + slots + 2 i32 in new().
-        unsafe { std::slice::from_raw_parts_mut(self.host, 5 * self.slots + 2) }
+        // SAFETY: allocated with 4 × rows + slots + 2 i32 in new().
+        unsafe { std::slice::from_raw_parts_mut(self.host, 4 * self.rows + self.slots + 2) }
     }
 
-    /// One decode step over `rows` (slot, token): the bucket's graph, padding rows marked pos -1.
-    fn decode(&mut self, rows: &[(usize, u32)]) -> Result<()> {
+    /// One decode step over `rows` (slot, token, logits row), each row at its slot's next
+    /// position (a slot's rows in order: its verify rows): the bucket's graph, padding rows
+    /// marked pos -1.
+    fn decode(&mut self, rows: &[(usize, u32, usize)]) -> Result<()> {
         let dev = self.model.dev.clone();
         let &(bp, exec) = self
             .graphs
@@ -508,16 +531,20 @@ impl CudaBatch {
             .expect("a bucket holds every batch");
         // The pinned meta may still be in flight from the last step.
         dev.sync()?;
-        let s = self.slots;
+        let (s, pad) = (self.rows, self.slots as i32);
+        let mut next: Vec<usize> = self.tokens.iter().map(|t| t.len()).collect();
         let lens: Vec<i32> = rows
             .iter()
-            .map(|&(slot, _)| self.tokens[slot].len() as i32)
+            .map(|&(slot, _, _)| {
+                next[slot] += 1;
+                next[slot] as i32 - 1
+            })
             .collect();
         let h = self.host();
         for i in 0..bp {
             let (tok, pos, slot, orow) = match rows.get(i) {
-                Some(&(slot, t)) => (t as i32, lens[i], slot as i32, slot as i32),
-                None => (0, -1, 0, s as i32),
+                Some(&(slot, t, orow)) => (t as i32, lens[i], slot as i32, orow as i32),
+                None => (0, -1, 0, pad),
             };
             h[i] = tok;
             h[s + i] = pos;
@@ -533,7 +560,7 @@ impl CudaBatch {
             .map_err(|e| err("copy to device", e))?;
             drv::graph::launch(exec, dev.stream).map_err(|e| err("graph launch", e))?;
         }
-        for &(slot, t) in rows {
+        for &(slot, t, _) in rows {
             self.tokens[slot].push(t);
         }
         Ok(())
@@ -585,7 +612,7 @@ impl CudaBatch {
         launch!(dev, sample_final, (1, 1), 256;
             self.cand.ptr, (TOPK_BLOCKS as i32) * k, k, temp, top_p, min_p, seed,
             self.rng.at(8 * slot), sc.ptr, sc.at(4), sc.at(8), 0i32)?;
-        let at = 5 * self.slots + 1;
+        let at = 4 * self.rows + self.slots + 1;
         unsafe {
             drv::memcpy_dtoh_async(
                 std::slice::from_raw_parts_mut(self.host.add(at), 1),
@@ -614,7 +641,7 @@ impl CudaBatch {
             }
         }
         self.kernels = k;
-        for bp in buckets(self.slots) {
+        for bp in buckets(self.rows) {
             self.capture(bp)?;
         }
         Ok(())
@@ -678,16 +705,35 @@ impl Runner for CudaBatch {
         }
         self.model.dev.bind()?;
         let mut rows = Vec::with_capacity(parts.len());
-        for p in parts.iter_mut() {
+        // Verify parts (every position's logits, a few tokens) go into the decode graph as rows
+        // of their slot, each with a logits row of its own, when the pool is f16 (a quantized
+        // pool's rows are stored by the attention kernel of their own row, too late for the
+        // slot's later rows) and the step has room; the rest through the prefill engine.
+        let mut verify = Vec::new();
+        for (i, p) in parts.iter_mut().enumerate() {
             self.ready[p.slot] = false;
             if p.tokens.len() == 1 && !matches!(p.logits, Logits::All { .. }) {
-                rows.push((p.slot, p.tokens[0]));
+                rows.push((p.slot, p.tokens[0], p.slot));
+                continue;
+            }
+            if matches!(p.logits, Logits::All { .. })
+                && self.kv == KvType::F16
+                && p.tokens.len() <= VERIFY_ROWS
+                && rows.len() + p.tokens.len() <= self.rows
+            {
+                let first = rows.len();
+                for &t in p.tokens {
+                    rows.push((p.slot, t, self.slots + 1 + rows.len()));
+                }
+                verify.push((i, first));
                 continue;
             }
             let logits = std::mem::replace(&mut p.logits, Logits::None);
             self.run_engine(p.slot, p.tokens, logits)?;
         }
-        if let ([(slot, t)], BatchKernels::Auto) = (&rows[..], self.kernels) {
+        if let ([(slot, t, _)], BatchKernels::Auto, true) =
+            (&rows[..], self.kernels, verify.is_empty())
+        {
             let (slot, t) = (*slot, *t);
             // One decode row alone: the single-sequence graph (matrix-vector kernels) is faster
             // than a batch of one.
@@ -700,11 +746,27 @@ impl Runner for CudaBatch {
                 }
             }
         }
+        let v = self.model.config.vocab_size;
+        for (i, first) in verify {
+            let p = &mut parts[i];
+            let n = p.tokens.len();
+            if let Logits::All { from, f } = &mut p.logits {
+                // One copy of the part's rows (the read waits for the step).
+                self.verify_logits.resize(n * v, 0.0);
+                let at = 4 * (self.slots + 1 + first) * v;
+                self.model
+                    .dev
+                    .read(&self.logits, at, &mut self.verify_logits)?;
+                for j in (*from).min(n)..n {
+                    f(j, &self.verify_logits[j * v..(j + 1) * v]);
+                }
+            }
+        }
         let dev = &self.model.dev;
-        let s = self.slots;
+        let (r, s) = (self.rows, self.slots);
         unsafe {
             drv::memcpy_dtoh_async(
-                std::slice::from_raw_parts_mut(self.host.add(4 * s), s + 1),
+                std::slice::from_raw_parts_mut(self.host.add(4 * r), s + 1),
                 self.ids.ptr,
                 dev.stream,
             )
@@ -725,8 +787,8 @@ impl Runner for CudaBatch {
                     self.model.dev.sync()?;
                     self.pending = false;
                 }
-                let s = self.slots;
-                Ok(self.host()[4 * s + slot] as u32)
+                let r = self.rows;
+                Ok(self.host()[4 * r + slot] as u32)
             }
             d @ DeviceSampling::TopK { .. } => self.sample_device(slot, d),
             DeviceSampling::Host => {
