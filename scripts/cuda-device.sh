@@ -2,7 +2,8 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|kv|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
 # `concurrency`: `mens bench --backend cuda --concurrency 1,4,16,64` (the server's batched runner
@@ -177,6 +178,23 @@ if [ "$MODE" = kv ]; then
   for b in cuda cpu; do
     echo "perplexity --backend $b, q8_0 cache: $("$BIN/mens" perplexity --backend $b -m "$m5" -f /tmp/ppl.txt -c 256 --chunks 4 -ctk q8_0 -ctv q8_0 2>/dev/null | tail -1)"
   done | tee "$OUT/kv-perplexity.txt"
+fi
+
+if [ "$MODE" = verify ] || [ "$MODE" = all ]; then
+  # Issue 18: a verify pass of K tokens (every position's logits) against one decode step.
+  for s in ${SHAPES//,/ }; do
+    "$BIN/mens" bench -m "$(synth "$s")" --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 \
+      --verify 1,2,4,8,16 --verify-depth 512 -q --json "$OUT/verify-$s.json" 2>&1 | grep -E "verify|rror" | sed "s/^/synth $s: /"
+  done | tee "$OUT/verify.txt"
+  echo "== speculative decoding on the GPU (the batched verify): output and speed against plain greedy"
+  for s in ${SHAPES//,/ }; do
+    m=$(synth $s)
+    for p in "def f(x): return x def f(x): return x def f(x):" "the the the the the"; do
+      "$BIN/mens" run --backend cuda -m "$m" -p "$p" -n 128 --temp 0 -c 1024 > /tmp/plain.txt 2>/tmp/plain.err
+      "$BIN/mens" run --backend cuda -m "$m" -p "$p" -n 128 --temp 0 -c 1024 --spec ngram > /tmp/spec.txt 2>/tmp/spec.err
+      echo "synth $s, ngram: same text as plain: $(cmp -s /tmp/plain.txt /tmp/spec.txt && echo yes || echo NO); plain: $(grep -E 'decode' /tmp/plain.err | tr '\n' ' '); spec: $(grep -E 'speculation|decode' /tmp/spec.err | tr '\n' ' ')"
+    done
+  done 2>&1 | tee "$OUT/spec-check.txt"
 fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then

@@ -316,4 +316,12 @@ pub(crate) struct BenchArgs {
     /// Prompt tokens of each sequence in the --concurrency test.
     #[arg(long, default_value_t = 256)]
     pub(crate) concurrency_prompt: usize,
+    /// Speculative decoding's verify pass: for each K, the time of one forward pass over K tokens
+    /// with every position's logits, after a context of --verify-depth tokens, against one decode
+    /// step (comma-separated K, 1 to 64).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) verify: Vec<usize>,
+    /// Context before the --verify passes.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) verify_depth: usize,
 }

@@ -10,7 +10,7 @@
 mod report;
 
 use crate::args::BenchArgs;
-use crate::{load, runner};
+use crate::load;
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use mens::alloc::allocations;
@@ -105,6 +105,9 @@ impl Plan {
         {
             bail!("invalid argument: --concurrency takes 1 to 1024 sequences, --concurrency-prompt 1 to 65536 tokens, and --gen must be > 0");
         }
+        if args.verify.iter().any(|&k| k == 0 || k > 64) || args.verify_depth > 1 << 16 {
+            bail!("invalid argument: --verify takes 1 to 64 tokens a pass, --verify-depth at most 65536");
+        }
         let max_depth = args.depth.iter().copied().max().unwrap_or(0);
         let max_prompt = args.prompt.iter().copied().max().unwrap_or(0);
         let last_point = args
@@ -118,6 +121,7 @@ impl Plan {
             .max(SCHEDULE_PROMPT + args.steps + 1)
             .max(SCHEDULE_PROMPT + last_point + args.paired + 1)
             .max(max_depth + args.gen + 1)
+            .max(args.verify_depth + args.verify.iter().max().unwrap_or(&0) + 1)
             .max(16);
         let configs = if args.compare {
             vec![true, false]
@@ -145,7 +149,8 @@ impl Plan {
                 .map(|&c| if c { args.steps } else { uncached_steps.len() })
                 .sum::<usize>()
             + args.reps * args.depth.len()
-            + args.concurrency.len();
+            + args.concurrency.len()
+            + args.verify.len();
         Ok(Plan {
             ctx,
             last_point,
@@ -165,6 +170,7 @@ struct Results {
     paired: Option<(Vec<f64>, Vec<f64>)>,
     depth_rows: Vec<Value>,
     concurrency: Vec<Value>,
+    verify: Vec<Value>,
 }
 
 /// Tokens a step of the --concurrency test takes (as `mens serve` defaults: 128 on the CPU, 512 on
@@ -185,7 +191,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             SessionOptions {
                 ctx,
                 batch: 512.min(plan.ctx),
-                logit_rows: 1,
+                logit_rows: args.verify.iter().copied().max().unwrap_or(1),
                 ..Default::default()
             },
         )?))
@@ -193,7 +199,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let s = if cpu {
         cpu_session(plan.ctx)?
     } else {
-        runner(&l)?
+        // --verify measures the runner speculative decoding uses (on CUDA, a batch of one).
+        crate::runner_for(&l, !args.verify.is_empty())?
     };
     if let (true, Some(&n)) = (cpu, args.concurrency.iter().max()) {
         // The --concurrency sequences come on top of the admitted session: admit them too.
@@ -296,7 +303,9 @@ impl Measure<'_> {
         };
         let depth_rows = self.depth()?;
         let concurrency = self.concurrency()?;
+        let verify = self.verify()?;
         Ok(Results {
+            verify,
             prefill,
             schedules,
             profile,
@@ -499,6 +508,54 @@ impl Measure<'_> {
             }
         }
         Ok((near_ms, far_ms))
+    }
+
+    /// The verify pass of speculative decoding: after a context of `verify_depth` tokens, one
+    /// forward pass over K tokens with every position's logits read back (what `generate`'s
+    /// verify does), against one decode step (a token, its logits, a greedy pick). Each is
+    /// repeated (the cache truncated back each time, alternating the two) and the medians
+    /// reported.
+    fn verify(&mut self) -> Result<Vec<Value>> {
+        let mut rows = Vec::new();
+        if self.args.verify.is_empty() {
+            return Ok(rows);
+        }
+        let d = self.args.verify_depth;
+        let ctx = self.random(d.max(1));
+        self.s.truncate(0);
+        self.s.forward(&ctx, Logits::Last)?;
+        let reps = 4 * self.args.reps + 1;
+        for &k in &self.args.verify.clone() {
+            self.bar.set_message(format!("verify {k} @ d{d}"));
+            let toks = self.random(k);
+            let (mut one, mut pass) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                self.s.truncate(ctx.len());
+                let t0 = Instant::now();
+                self.s.forward(&toks[..1], Logits::Last)?;
+                self.s.sample(&mut self.greedy)?;
+                one.push(t0.elapsed().as_secs_f64() * 1e3);
+                self.s.truncate(ctx.len());
+                let mut seen = 0f32;
+                let t0 = Instant::now();
+                self.s.forward(
+                    &toks,
+                    Logits::All {
+                        from: 0,
+                        f: &mut |_, row| seen += mens::sample::argmax(row) as f32,
+                    },
+                )?;
+                pass.push(t0.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box(seen);
+            }
+            let (one, pass) = (median(one), median(pass));
+            rows.push(
+                json!({"k": k, "n_depth": d, "step_ms": one, "verify_ms": pass,
+                             "ratio": pass / one}),
+            );
+            self.bar.inc(1);
+        }
+        Ok(rows)
     }
 
     /// llama-bench-style decode tests: `gen` tokens after a context of `depth` tokens.

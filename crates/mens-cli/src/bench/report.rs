@@ -211,6 +211,20 @@ fn footer(
             ),
         );
     }
+    for v in &r.verify {
+        shared(
+            md,
+            &format!(
+                "verify {} tokens after {}: ms (÷ one decode step)",
+                v["k"], v["n_depth"]
+            ),
+            format!(
+                "{:.2} ({:.2}×)",
+                v["verify_ms"].as_f64().unwrap_or(0.0),
+                v["ratio"].as_f64().unwrap_or(0.0)
+            ),
+        );
+    }
     shared(md, "peak RSS (MiB)", format!("{:.0}", mib(peak as f64)));
     shared(
         md,
@@ -289,6 +303,7 @@ fn to_json(
         })),
         "results": r.depth_rows,
         "concurrency": r.concurrency,
+        "verify": r.verify,
         "memory": {
             "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),
             "file_bytes": l.model.gguf.file_len(), "kv_cache_bytes": s.kv_cache_bytes(),
