@@ -22,6 +22,7 @@ pub mod memory;
 #[cfg(feature = "metal")]
 pub mod metal;
 pub mod model;
+pub mod models;
 pub mod perplexity;
 pub mod rope;
 pub mod runner;

@@ -1,8 +1,7 @@
-//! Model configuration (from GGUF metadata) and weights (quantized, inside the memory map).
-//! Qwen2, Qwen3, Llama and Gemma 3 share this code: they differ in Q/K/V biases (Qwen2), a per-head
-//! RMSNorm of Q and K (Qwen3, Gemma 3), RoPE pairing, RoPE frequency factors (Llama 3.1+) and
-//! linear scaling, tied embeddings, and Gemma 3's extras (embedding scale, norms after attention
-//! and after the FFN, GELU, sliding-window layers with their own RoPE base, logit soft-capping).
+//! Model configuration (from GGUF metadata) and weights (quantized, inside the memory map), for
+//! every architecture: what each one turns on is its definition in `models/` (one small file
+//! each); biases, tied embeddings, RoPE frequency factors and scaling and soft-capping come from
+//! the file.
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
@@ -10,7 +9,7 @@ use crate::rope::{RopeStyle, MAX_HEAD_DIM};
 use crate::weights::QTensor;
 use std::path::Path;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Qwen2,
     Qwen3,
@@ -264,18 +263,14 @@ impl Config {
         let arch_name = g
             .get_str("general.architecture")?
             .ok_or_else(|| Error::Model("general.architecture is missing".into()))?;
-        let (arch, rope_style) = match arch_name {
-            "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
-            "qwen3" => (Arch::Qwen3, RopeStyle::Neox),
-            "llama" => (Arch::Llama, RopeStyle::Normal),
-            "gemma3" => (Arch::Gemma3, RopeStyle::Neox),
-            "qwen3moe" => (Arch::Qwen3Moe, RopeStyle::Neox),
-            other => {
-                return Err(Error::Model(format!(
-                "architecture {other:?} is not supported (supported: qwen2, qwen3, qwen3moe, llama, gemma3)"
-            )))
-            }
-        };
+        let def = crate::models::find(arch_name).ok_or_else(|| {
+            let known: Vec<&str> = crate::models::ARCHS.iter().map(|a| a.name).collect();
+            Error::Model(format!(
+                "architecture {arch_name:?} is not supported (supported: {})",
+                known.join(", ")
+            ))
+        })?;
+        let (arch, rope_style) = (def.arch, def.rope);
         let key = |k: &str| format!("{arch_name}.{k}");
         let n_layer = g.require_u64(&key("block_count"))? as usize;
         let dim = g.require_u64(&key("embedding_length"))? as usize;
@@ -283,7 +278,7 @@ impl Config {
         let n_kv_head = g
             .get_u64(&key("attention.head_count_kv"))?
             .unwrap_or(n_head as u64) as usize;
-        let experts = if arch == Arch::Qwen3Moe {
+        let experts = if def.experts {
             let n_expert = g.require_u64(&key("expert_count"))?;
             let n_used = g.require_u64(&key("expert_used_count"))?;
             if !(1..=1024).contains(&n_expert) || !(1..=64.min(n_expert)).contains(&n_used) {
@@ -386,9 +381,8 @@ impl Config {
                 ))
             }
         };
-        let is_gemma = arch == Arch::Gemma3;
         let sliding = match g.get_u64(&key("attention.sliding_window"))? {
-            Some(w) if w > 0 && is_gemma => {
+            Some(w) if w > 0 && def.sliding_window => {
                 // llama.cpp: a per-layer pattern array, or every n-th layer global (n = 6 unless the
                 // file says otherwise).
                 let layers = match g.get(&key("attention.sliding_window_pattern")) {
@@ -428,7 +422,7 @@ impl Config {
             _ => None,
         };
         // Gemma 3 27B scales by the width per head, the others by the head size (llama.cpp's rule).
-        let attn_scale = if is_gemma && n_layer == 62 {
+        let attn_scale = if def.width_scale_at_62_layers && n_layer == 62 {
             1.0 / ((dim / n_head) as f32).sqrt()
         } else {
             1.0 / (head_dim as f32).sqrt()
@@ -436,13 +430,13 @@ impl Config {
         Ok(Config {
             experts,
             rope_scale,
-            embed_scale: if is_gemma { (dim as f32).sqrt() } else { 1.0 },
-            attn_scale,
-            activation: if is_gemma {
-                Activation::Gelu
+            embed_scale: if def.embed_scale {
+                (dim as f32).sqrt()
             } else {
-                Activation::Silu
+                1.0
             },
+            attn_scale,
+            activation: def.activation,
             sliding,
             logit_softcap,
             arch,
@@ -482,7 +476,8 @@ impl Model {
             } else {
                 None
             };
-            let qk_norm = if matches!(c.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
+            let def = c.arch.def();
+            let qk_norm = if def.qk_norm {
                 Some((
                     vector(&g, &n("attn_q_norm.weight"), c.head_dim)?,
                     vector(&g, &n("attn_k_norm.weight"), c.head_dim)?,
@@ -528,7 +523,7 @@ impl Model {
                 up,
                 down,
                 moe,
-                post_norms: if c.arch == Arch::Gemma3 {
+                post_norms: if def.post_norms {
                     Some((
                         vector(&g, &n("post_attention_norm.weight"), d)?,
                         vector(&g, &n("post_ffw_norm.weight"), d)?,
