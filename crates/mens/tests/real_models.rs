@@ -244,17 +244,19 @@ fn kv_cache_parity_0_5b() {
     assert!(max_diff < 1e-3);
 }
 
-/// Perplexity on CPython's difflib.py with 512-token windows within 1% of llama-perplexity's 6.1134.
+/// Perplexity on CPython's difflib.py with 512-token windows within 1% of llama-perplexity's 6.1134;
+/// with a q8_0 K and V cache within 1% of llama-perplexity run with `-ctk q8_0 -ctv q8_0 -fa on` on
+/// the same text (6.1579, measured 2026-11-30, docs/benchmarks.md), and close to the f16 cache's:
+/// issue 21's bar is 0.5% (measured +0.49% on an AVX2 machine, 6.1430 against 6.1128); the bound
+/// here is 0.75%, for other kernel sets' rounding, which the cache without its rotation (+1.12%)
+/// fails.
 #[test]
 fn perplexity_matches_llama_cpp_0_5b() {
-    ppl_0_5b(KvType::F16, 6.1134);
-}
-
-/// A q8_0 K and V cache: perplexity within 1% of llama-perplexity run with `-ctk q8_0 -ctv q8_0
-/// -fa on` on the same text (6.1579, measured 2026-11-30, docs/benchmarks.md; mens 6.1816).
-#[test]
-fn perplexity_with_q8_0_cache_matches_llama_cpp_0_5b() {
-    ppl_0_5b(KvType::Q8_0, 6.1579);
+    let f16 = ppl_0_5b(KvType::F16, 6.1134);
+    let q8 = ppl_0_5b(KvType::Q8_0, 6.1579);
+    let cost = q8 / f16 - 1.0;
+    eprintln!("q8_0 cache against f16: {:+.2}%", 100.0 * cost);
+    assert!(cost < 0.0075, "q8_0 costs {:+.2}% perplexity", 100.0 * cost);
 }
 
 /// Gemma 3 270M over the first 12 windows of the same text (BOS first in each, as llama.cpp does
@@ -265,13 +267,13 @@ fn perplexity_matches_llama_cpp_gemma3() {
     ppl("gemma3-270m", KvType::F16, Some(12), 7.9349);
 }
 
-fn ppl_0_5b(cache: KvType, reference: f64) {
-    ppl("qwen2.5-coder-0.5b", cache, None, reference);
+fn ppl_0_5b(cache: KvType, reference: f64) -> f64 {
+    ppl("qwen2.5-coder-0.5b", cache, None, reference)
 }
 
 /// A model's perplexity on the reference text with K and V cached as `cache` (over the first
 /// `windows` windows, or all), within 1% of llama.cpp's `reference`.
-fn ppl(name: &str, cache: KvType, windows: Option<usize>, reference: f64) {
+fn ppl(name: &str, cache: KvType, windows: Option<usize>, reference: f64) -> f64 {
     let l = load(name);
     let text = std::fs::read_to_string(common::data("difflib.py.txt")).unwrap();
     let tokens = l.tokenizer.encode(&text).unwrap();
@@ -301,6 +303,7 @@ fn ppl(name: &str, cache: KvType, windows: Option<usize>, reference: f64) {
         "perplexity {} vs {reference}",
         r.ppl
     );
+    r.ppl
 }
 
 /// `synth_q4_k_m` reproduces the real files' layout: the same tensors, shapes, byte sizes and types,
