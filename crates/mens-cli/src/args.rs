@@ -136,6 +136,11 @@ pub(crate) struct SampleArgs {
     /// Longest run of last tokens looked up (shorter ones are tried after it).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub(crate) spec_ngram: u32,
+    /// Propose every step, as many tokens as found (up to --spec-max), even where that measures
+    /// slower than plain decoding; by default the tokens proposed are chosen from the measured cost
+    /// of a verify pass and the measured acceptance, and none when nothing pays.
+    #[arg(long)]
+    pub(crate) spec_always: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -190,7 +195,7 @@ impl SampleArgs {
             spec: self.spec.map(|_| mens::spec::SpecOptions {
                 max: self.spec_max as usize,
                 ngram: self.spec_ngram as usize,
-                gate: false,
+                gate: !self.spec_always,
             }),
         }
     }

@@ -118,6 +118,19 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
         0 => None,
         _ => Some(session.sample(sampler)?),
     };
+    // The draft model reads the prompt too, as part of the wait for the first token (else its
+    // first proposal would prefill it inside a decode step).
+    if let (Some(d), true) = (
+        draft_model.as_deref_mut(),
+        opts.spec.is_some() && pending.is_some(),
+    ) {
+        let history = session.tokens();
+        let keep = crate::stream::reusable_prefix(d.tokens(), history);
+        d.truncate(keep);
+        if keep < history.len() && history.len() < d.ctx() {
+            d.forward(&history[keep..], Logits::None)?;
+        }
+    }
     let prefill = t0.elapsed();
 
     let mut stats = Stats {
@@ -146,6 +159,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
     let len0 = session.tokens().len();
     let mut popped = 0usize;
     let mut k = spec.map_or(0, |s| s.max.min(4));
+    let mut planner = crate::spec::Planner::default();
 
     while let Some(next) = pending.take().or_else(|| queue.pop_front()) {
         popped += 1;
@@ -177,25 +191,42 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             break;
         }
         let t = Instant::now();
+        draft.clear();
+        let mut class = 0;
         if let Some(sp) = spec {
-            // Propose from the history (the cache and `next`), check all in one pass.
+            // Propose from the history (the cache and `next`): as many tokens as the planner
+            // expects to pay (with the gate), else `k`.
             step_tokens.clear();
             step_tokens.extend_from_slice(session.tokens());
             step_tokens.push(next);
             let room = ctx - session.tokens().len() - 1;
             // The step yields the accepted proposals and one more token: stay within max_tokens.
             let left = (opts.max_tokens - stats.generated).saturating_sub(1);
+            let cap = sp.max.min(room - 1).min(left);
             match draft_model.as_deref_mut() {
                 Some(d) => {
-                    crate::spec::draft(d, &step_tokens, k.min(room - 1).min(left), &mut draft)?
+                    class = crate::spec::PLAN_CLASSES - 1;
+                    let want = if sp.gate {
+                        planner.plan(class, k.min(cap), true)
+                    } else {
+                        k.min(cap)
+                    };
+                    let td = Instant::now();
+                    crate::spec::draft(d, &step_tokens, want, &mut draft)?;
+                    planner.record_draft(draft.len(), td.elapsed().as_secs_f64());
                 }
-                None => crate::spec::ngram(
-                    &step_tokens,
-                    sp.ngram,
-                    sp.max.min(room - 1).min(left),
-                    &mut draft,
-                ),
+                None => {
+                    class = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
+                    if sp.gate {
+                        let want = planner.plan(class, draft.len(), false);
+                        draft.truncate(want);
+                    }
+                }
             }
+        }
+        let tv = Instant::now();
+        if let (Some(sp), false) = (spec, draft.is_empty()) {
+            // Check every proposal in one pass.
             step_tokens.clear();
             step_tokens.push(next);
             step_tokens.extend_from_slice(&draft);
@@ -234,11 +265,13 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
                 })
             };
             session.truncate(base + 1 + agree);
+            planner.record_step(step_tokens.len(), tv.elapsed().as_secs_f64());
             queue.extend(draft[..agree].iter().copied());
             queue.push_back(next_token);
             ahead = agree;
             stats.proposed += draft.len();
             stats.accepted += agree;
+            planner.record_accept(class, draft.len(), agree);
             k = crate::spec::next_k(k, draft.len(), agree, sp.max);
         } else {
             if opts.no_kv_cache {
@@ -247,6 +280,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
                 session.forward(&[next], Logits::Last)?;
             }
             pending = Some(session.sample(sampler)?);
+            planner.record_step(1, tv.elapsed().as_secs_f64());
         }
         stats.decode += t.elapsed();
         stats.decode_steps += 1;

@@ -14,7 +14,8 @@ pub struct SpecOptions {
     pub max: usize,
     /// Longest suffix looked up (shorter ones are tried after it, down to 1).
     pub ngram: usize,
-    /// The server: speculate only while it measures faster than plain decoding ([`Gate`]).
+    /// Speculate only where it measures faster than plain decoding: the server's [`Gate`], and
+    /// in one sequence's loop (`generate`) the [`Planner`], which also picks how many to propose.
     pub gate: bool,
 }
 
@@ -85,14 +86,15 @@ pub fn draft(d: &mut dyn Runner, history: &[u32], k: usize, out: &mut Vec<u32>) 
 }
 
 /// Up to `max` tokens that followed the latest earlier occurrence of the longest suffix of `history`
-/// (at most `n` tokens) found again in it; empty when none is found.
-pub fn ngram(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) {
+/// (at most `n` tokens) found again in it; empty when none is found. Returns the suffix length
+/// matched (0: none).
+pub fn ngram(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) -> usize {
     out.clear();
-    ngram_append(history, n, max, out);
+    ngram_append(history, n, max, out)
 }
 
 /// [`ngram`], appending the proposals to `out`.
-pub fn ngram_append(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) {
+pub fn ngram_append(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) -> usize {
     let len = history.len();
     for k in (1..=n.min(len.saturating_sub(1))).rev() {
         let pat = &history[len - k..];
@@ -101,8 +103,195 @@ pub fn ngram_append(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) {
         if let Some(i) = found {
             let from = i + k;
             out.extend_from_slice(&history[from..(from + max).min(len)]);
+            return k;
+        }
+    }
+    0
+}
+
+/// Rows a [`Planner`] keeps step costs for (a verify of 64 proposals has 65).
+const PLAN_ROWS: usize = 66;
+/// Proposal classes a [`Planner`] keeps acceptance for: prompt lookup by matched suffix length
+/// (1, 2, 3 or more), and a draft model.
+pub const PLAN_CLASSES: usize = 4;
+
+/// How many tokens to propose, from what this machine measured: the time of a step of r rows (one
+/// decode step is 1 row; a verify of k proposals k + 1), the time of a draft model's step, and how
+/// often proposals of each class were accepted. A proposal of k tokens, each accepted with
+/// probability p while the ones before it were, yields (1 − p^(k+1)) / (1 − p) tokens (the
+/// model's own next token included); the planner picks the k with the most tokens per second, and
+/// 0 (a plain step) when none beats plain decoding. So speculation costs nothing where it does
+/// not pay (a CPU whose verify pass of 8 costs 4 decode steps, a fresh answer that repeats
+/// nothing), and proposes fewer tokens where the verify pass grows with them.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    /// Exponential averages of a step's seconds, and samples, by rows in the step.
+    cost: Vec<(f64, u32)>,
+    /// Seconds per draft-model token.
+    draft: (f64, u32),
+    /// Accepted and tried proposal positions, decayed, by class.
+    accept: [(f64, f64); PLAN_CLASSES],
+    steps: u64,
+    /// The step of the next probe, the steps between probes (doubled after a probe that was all
+    /// rejected, reset after one that was not), and whether the last plan was a probe.
+    next_probe: u64,
+    probe_every: u64,
+    probing: bool,
+}
+
+impl Default for Planner {
+    fn default() -> Self {
+        Planner {
+            cost: vec![(0.0, 0); PLAN_ROWS],
+            draft: (0.0, 0),
+            // A prior of one accepted in two tried: p = 0.5 until measured.
+            accept: [(1.0, 2.0); PLAN_CLASSES],
+            steps: 0,
+            next_probe: PLAN_PROBE,
+            probe_every: PLAN_PROBE,
+            probing: false,
+        }
+    }
+}
+
+/// Weight of the newest sample in the planner's averages.
+const PLAN_EMA: f64 = 0.25;
+/// Decay of the acceptance counts per recorded proposal (about the last 30 proposals count).
+const PLAN_DECAY: f64 = 0.97;
+/// Every this many steps (at first) the planner proposes a little even when it predicts no gain,
+/// so that a change of workload (a part of the answer that repeats the prompt) is noticed; each
+/// probe rejected outright doubles the interval, up to [`PLAN_PROBE_MAX`].
+const PLAN_PROBE: u64 = 16;
+const PLAN_PROBE_MAX: u64 = 128;
+/// Tokens a probe proposes (a short verify pass: a probe costs little when rejected).
+const PLAN_PROBE_TOKENS: usize = 2;
+/// A probe needs the measured costs to allow this speed-up at near-full acceptance.
+const PLAN_PROBE_GAIN: f64 = 1.15;
+
+impl Planner {
+    /// Per-token acceptance estimate of a class.
+    pub fn acceptance(&self, class: usize) -> f64 {
+        let (a, t) = self.accept[class.min(PLAN_CLASSES - 1)];
+        (a / t).clamp(0.0, 0.99)
+    }
+
+    /// Seconds of a step of `rows` rows: measured; else interpolated between the nearest
+    /// measured sizes, or extrapolated along the last two measured below it (a verify pass grows
+    /// about linearly with its rows); with only a plain step measured, its cost (an optimistic
+    /// guess, so that proposing gets tried). `None` before any plain step.
+    fn step_cost(&self, rows: usize) -> Option<f64> {
+        let rows = rows.clamp(1, PLAN_ROWS - 1);
+        if self.cost[1].1 == 0 {
+            return None;
+        }
+        if self.cost[rows].1 > 0 {
+            return Some(self.cost[rows].0);
+        }
+        let measured = |r: &usize| self.cost[*r].1 > 0;
+        let lo = (1..rows).rev().find(measured).unwrap_or(1);
+        let at = |r: usize| self.cost[r].0;
+        let line = |a: usize, b: usize| {
+            let slope = ((at(b) - at(a)) / (b - a) as f64).max(0.0);
+            at(a) + slope * (rows - a) as f64
+        };
+        Some(match (rows + 1..PLAN_ROWS).find(measured) {
+            Some(hi) => line(lo, hi),
+            None => match (1..lo).rev().find(measured) {
+                Some(below) => line(below, lo),
+                None => at(lo),
+            },
+        })
+    }
+
+    /// Tokens to propose (at most `max`, 0: decode plainly) for a proposal of `class`; `drafted`:
+    /// each proposed token costs a draft-model step.
+    pub fn plan(&mut self, class: usize, max: usize, drafted: bool) -> usize {
+        self.steps += 1;
+        let Some(c1) = self.step_cost(1) else {
+            return 0;
+        };
+        if max == 0 {
+            return 0;
+        }
+        let p = self.acceptance(class);
+        let per_draft = if drafted && self.draft.1 > 0 {
+            self.draft.0
+        } else {
+            0.0
+        };
+        // Tokens per second proposing k, at acceptance q.
+        let me = &*self;
+        let rate = |k: usize, q: f64| {
+            let tokens = (1.0 - q.powi(k as i32 + 1)) / (1.0 - q);
+            tokens / (me.step_cost(k + 1).unwrap_or(c1) + k as f64 * per_draft)
+        };
+        let ks = 1..=max.min(PLAN_ROWS - 2);
+        let (mut best, mut best_rate) = (0usize, 1.0 / c1);
+        for k in ks.clone() {
+            if rate(k, p) > best_rate {
+                (best, best_rate) = (k, rate(k, p));
+            }
+        }
+        // A probe, where the measured costs would let well-accepted proposals pay (a draft model
+        // that falls behind must read the skipped tokens again, so probing is not free).
+        let probe = best == 0
+            && self.steps >= self.next_probe
+            && ks.map(|k| rate(k, 0.99)).fold(0.0, f64::max) > PLAN_PROBE_GAIN / c1;
+        self.probing = probe;
+        if probe {
+            self.next_probe = self.steps + self.probe_every;
+            return max.min(PLAN_PROBE_TOKENS);
+        }
+        best
+    }
+
+    /// A target step of `rows` rows took `secs` (drafting not included).
+    pub fn record_step(&mut self, rows: usize, secs: f64) {
+        if secs.is_nan() || secs <= 0.0 || rows == 0 {
             return;
         }
+        let e = &mut self.cost[rows.min(PLAN_ROWS - 1)];
+        e.0 = if e.1 == 0 {
+            secs
+        } else {
+            (1.0 - PLAN_EMA) * e.0 + PLAN_EMA * secs
+        };
+        e.1 = e.1.saturating_add(1);
+    }
+
+    /// A draft model proposed `tokens` in `secs`.
+    pub fn record_draft(&mut self, tokens: usize, secs: f64) {
+        if tokens == 0 || secs.is_nan() || secs <= 0.0 {
+            return;
+        }
+        let per = secs / tokens as f64;
+        let e = &mut self.draft;
+        e.0 = if e.1 == 0 {
+            per
+        } else {
+            (1.0 - PLAN_EMA) * e.0 + PLAN_EMA * per
+        };
+        e.1 = e.1.saturating_add(1);
+    }
+
+    /// `agree` of `proposed` tokens of `class` were accepted.
+    pub fn record_accept(&mut self, class: usize, proposed: usize, agree: usize) {
+        if proposed == 0 {
+            return;
+        }
+        if self.probing {
+            self.probing = false;
+            self.probe_every = if agree == 0 {
+                (2 * self.probe_every).min(PLAN_PROBE_MAX)
+            } else {
+                PLAN_PROBE
+            };
+            self.next_probe = self.steps + self.probe_every;
+        }
+        let tried = if agree < proposed { agree + 1 } else { agree };
+        let e = &mut self.accept[class.min(PLAN_CLASSES - 1)];
+        e.0 = e.0 * PLAN_DECAY + agree as f64;
+        e.1 = e.1 * PLAN_DECAY + tried as f64;
     }
 }
 
@@ -180,6 +369,92 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_planner_interpolates_step_costs() {
+        let mut p = Planner::default();
+        assert_eq!(p.step_cost(4), None);
+        p.record_step(1, 0.1);
+        assert_eq!(p.step_cost(9), Some(0.1), "only plain measured: optimistic");
+        p.record_step(3, 0.2);
+        let near = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9;
+        assert!(near(p.step_cost(2), 0.15), "between 1 and 3");
+        assert!(near(p.step_cost(5), 0.3), "along 1 → 3");
+        p.record_step(9, 0.3);
+        assert!(near(p.step_cost(6), 0.25), "between 3 and 9");
+    }
+
+    #[test]
+    fn the_planner_proposes_what_pays_and_nothing_when_nothing_does() {
+        let mut p = Planner::default();
+        assert_eq!(
+            p.plan(3, 8, false),
+            0,
+            "a plain step first: nothing measured"
+        );
+        p.record_step(1, 0.1);
+        // Costs as on a 2-core CPU: 2 rows 1.6 steps, 4 rows 2, 8 rows 4, 9 rows 4.5.
+        for (r, c) in [
+            (2, 0.16),
+            (3, 0.19),
+            (4, 0.2),
+            (5, 0.3),
+            (6, 0.32),
+            (7, 0.36),
+            (8, 0.4),
+            (9, 0.45),
+        ] {
+            p.record_step(r, c);
+        }
+        // Everything accepted: 3 proposals (4 rows, 0.2 s for 4 tokens) beat 8 (0.45 s for 9).
+        for _ in 0..200 {
+            p.record_accept(3, 8, 8);
+        }
+        assert!(p.acceptance(3) > 0.98);
+        assert_eq!(p.plan(3, 8, false), 3);
+        // Cheap verify passes (a GPU): the longest proposal.
+        let mut g = p.clone();
+        for _ in 0..20 {
+            for r in 2..=9 {
+                g.record_step(r, 0.1 + 0.005 * r as f64);
+            }
+        }
+        assert_eq!(g.plan(3, 8, false), 8);
+        // Rejected proposals: plain steps, but a probe now and then.
+        for _ in 0..200 {
+            p.record_accept(1, 8, 0);
+        }
+        let ks: Vec<usize> = (0..2 * PLAN_PROBE).map(|_| p.plan(1, 8, false)).collect();
+        let probes = ks.iter().filter(|&&k| k > 0).count();
+        assert_eq!(probes, 2, "{ks:?}");
+        assert!(
+            ks.iter().all(|&k| k <= PLAN_PROBE_TOKENS),
+            "probes are short"
+        );
+        // Probes rejected outright come less and less often.
+        let mut q = p.clone();
+        let mut probes = 0;
+        for _ in 0..256 {
+            let k = q.plan(1, 8, false);
+            if k > 0 {
+                probes += 1;
+                q.record_accept(1, k, 0);
+            }
+        }
+        assert!((3..=5).contains(&probes), "{probes} probes in 256 steps");
+        // A draft model whose steps cost half a target step: fewer proposals than lookup.
+        let mut d = p.clone();
+        for _ in 0..200 {
+            d.record_accept(3, 4, 3);
+        }
+        let free = d.plan(3, 8, false);
+        d.record_draft(4, 0.2);
+        let drafted = d.plan(3, 8, true);
+        assert!(drafted <= free && free > 0, "{drafted} {free}");
+        // Draft steps that cost a whole target step: no gain even if all were accepted, no probes.
+        d.record_draft(1, 10.0);
+        assert!((0..2 * PLAN_PROBE).all(|_| d.plan(3, 8, true) == 0));
+    }
 
     #[test]
     fn the_gate_switches_slow_speculation_off_and_tries_again() {

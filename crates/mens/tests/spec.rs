@@ -39,11 +39,12 @@ fn speculation_gives_exactly_the_plain_greedy_output() {
             (text, st, s.tokens().to_vec())
         };
         let (plain, ps, plain_cache) = run(None);
-        for max in [1, 4, 8] {
+        // gate: the planner mixes plain steps and shorter proposals, as it measures.
+        for (max, gate) in [(1, false), (4, false), (8, false), (8, true)] {
             let (spec, ss, spec_cache) = run(Some(SpecOptions {
                 max,
                 ngram: 3,
-                gate: false,
+                gate,
             }));
             assert_eq!(spec, plain, "max {max}: the text differs");
             assert_eq!(ss.generated, ps.generated);
@@ -58,7 +59,7 @@ fn speculation_gives_exactly_the_plain_greedy_output() {
                 "max {max}: {} proposed, {} accepted, {} steps instead of {}",
                 ss.proposed, ss.accepted, ss.decode_steps, ps.decode_steps
             );
-            if want_accepted && max > 1 {
+            if want_accepted && max > 1 && !gate {
                 assert!(ss.accepted * 4 > ps.decode_steps, "few accepted: {ss:?}");
             }
         }
