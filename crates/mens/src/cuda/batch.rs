@@ -143,6 +143,9 @@ pub struct CudaBatch {
     /// Pinned host memory: meta (4 × rows), ids (slots + 1), one sampled id.
     host: *mut i32,
     graphs: Vec<(usize, sys::CUgraphExec)>,
+    /// The slot the prefill engine ran last, when nothing has touched that slot since: its next
+    /// single-token step resumes the engine's device state (no uploads).
+    chain: Option<usize>,
     graph_kernels: usize,
     /// Ids were copied back by the last step and not yet waited for.
     pending: bool,
@@ -244,6 +247,7 @@ impl CudaBatch {
             scratch: zeros(16)?,
             host,
             graphs: Vec::new(),
+            chain: None,
             graph_kernels: 0,
             pending: false,
             host_logits: vec![0f32; v],
@@ -285,6 +289,7 @@ impl CudaBatch {
     /// one, outside the graph), printed to stderr: where a step's time goes at each batch size.
     /// Writes cache rows at `at` of the first `bp` slots (startup only: nothing is cached yet).
     fn print_profile(&mut self, bp: usize, at: usize) -> Result<()> {
+        self.chain = None;
         let dev = self.model.dev.clone();
         let s = self.rows;
         let h = self.host();
@@ -523,6 +528,7 @@ impl CudaBatch {
     /// position (a slot's rows in order: its verify rows): the bucket's graph, padding rows
     /// marked pos -1.
     fn decode(&mut self, rows: &[(usize, u32, usize)]) -> Result<()> {
+        self.chain = None;
         let dev = self.model.dev.clone();
         let &(bp, exec) = self
             .graphs
@@ -570,9 +576,12 @@ impl CudaBatch {
     fn run_engine(&mut self, slot: usize, tokens: &[u32], logits: Logits) -> Result<()> {
         let want = matches!(logits, Logits::Last);
         let (kc, vc) = self.slot_cache(slot);
-        self.engine.use_cache(kc, vc, &mut self.tokens[slot]);
+        let resume = self.chain == Some(slot);
+        self.engine
+            .use_cache(kc, vc, &mut self.tokens[slot], resume);
         let r = self.engine.forward(tokens, logits);
         self.engine.release_cache(&mut self.tokens[slot]);
+        self.chain = r.is_ok().then_some(slot);
         r?;
         if want {
             let dev = &self.model.dev;
@@ -630,6 +639,7 @@ impl CudaBatch {
 impl CudaBatch {
     /// Switch the decode kernels (the graphs are captured again).
     pub fn set_kernels(&mut self, k: BatchKernels) -> Result<()> {
+        self.chain = None;
         if k == self.kernels {
             return Ok(());
         }
@@ -686,6 +696,7 @@ impl Runner for CudaBatch {
         &self.tokens[slot]
     }
     fn truncate_slot(&mut self, slot: usize, n: usize) {
+        self.chain = None;
         self.tokens[slot].truncate(n);
         self.ready[slot] = false;
         // A new request on the slot: its device sampler's draws count from 0 again.
@@ -788,7 +799,12 @@ impl Runner for CudaBatch {
                     self.pending = false;
                 }
                 let r = self.rows;
-                Ok(self.host()[4 * r + slot] as u32)
+                let t = self.host()[4 * r + slot] as u32;
+                if self.chain == Some(slot) {
+                    // The engine's argmax, which its pass also left as its next input.
+                    self.engine.device_token_is(t);
+                }
+                Ok(t)
             }
             d @ DeviceSampling::TopK { .. } => self.sample_device(slot, d),
             DeviceSampling::Host => {

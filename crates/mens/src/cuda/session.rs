@@ -274,8 +274,12 @@ impl CudaSession {
 
     /// Run on the cache at (`kc`, `vc`) with `tokens` in it (a batch's slot: the batch swaps its
     /// token list in and out). The decode graph holds cache addresses: a new cache drops it.
-    pub(super) fn use_cache(&mut self, kc: u64, vc: u64, tokens: &mut Vec<u32>) {
-        if self.kv_ext != Some((kc, vc)) {
+    /// `resume`: nothing has touched this cache, its tokens or this session's device position
+    /// since the last [`CudaSession::release_cache`] on it, so the position on the device is still
+    /// valid (no upload of it, which costs a synchronous copy each step).
+    pub(super) fn use_cache(&mut self, kc: u64, vc: u64, tokens: &mut Vec<u32>, resume: bool) {
+        let same = self.kv_ext == Some((kc, vc));
+        if !same {
             self.kv_ext = Some((kc, vc));
             if let Some(g) = self.graph.take() {
                 unsafe {
@@ -285,16 +289,23 @@ impl CudaSession {
         }
         std::mem::swap(&mut self.tokens, tokens);
         self.logits_valid = false;
-        self.pos_synced = false;
-        self.dev_tok = None;
+        if !(resume && same) {
+            self.pos_synced = false;
+            self.dev_tok = None;
+        }
     }
 
-    /// Give the token list back after [`CudaSession::use_cache`].
+    /// Give the token list back after [`CudaSession::use_cache`] (the device position is kept
+    /// for a `resume`).
     pub(super) fn release_cache(&mut self, tokens: &mut Vec<u32>) {
         std::mem::swap(&mut self.tokens, tokens);
         self.logits_valid = false;
-        self.pos_synced = false;
-        self.dev_tok = None;
+    }
+
+    /// `t` is the greedy id the last forward pass left on the device (read back by the batch):
+    /// the next decode of `t` needs no upload of it.
+    pub(super) fn device_token_is(&mut self, t: u32) {
+        self.dev_tok = Some(t);
     }
 
     /// Device addresses of the RoPE cos and sin tables.
