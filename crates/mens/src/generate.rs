@@ -124,12 +124,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
         draft_model.as_deref_mut(),
         opts.spec.is_some() && pending.is_some(),
     ) {
-        let history = session.tokens();
-        let keep = crate::stream::reusable_prefix(d.tokens(), history);
-        d.truncate(keep);
-        if keep < history.len() && history.len() < d.ctx() {
-            d.forward(&history[keep..], Logits::None)?;
-        }
+        crate::spec::draft_read(d, session.tokens())?;
     }
     let prefill = t0.elapsed();
 

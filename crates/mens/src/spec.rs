@@ -66,14 +66,13 @@ pub fn draft(d: &mut dyn Runner, history: &[u32], k: usize, out: &mut Vec<u32>) 
     if k == 0 || history.is_empty() {
         return Ok(());
     }
-    let keep = crate::stream::reusable_prefix(d.tokens(), history);
-    d.truncate(keep);
+    let tail = draft_tail(d, history);
     let room = d.ctx().saturating_sub(history.len());
     let k = k.min(room);
     if k == 0 {
         return Ok(());
     }
-    d.forward(&history[keep..], Logits::Last)?;
+    d.forward(tail, Logits::Last)?;
     let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
     for i in 0..k {
         let t = d.sample(&mut greedy)?;
@@ -107,6 +106,29 @@ pub fn ngram_append(history: &[u32], n: usize, max: usize, out: &mut Vec<u32>) -
         }
     }
     0
+}
+
+/// An exponential average and its sample count: `x` itself for the first sample, then `w` of it.
+fn average(e: &mut (f64, u32), x: f64, w: f64) {
+    e.0 = if e.1 == 0 { x } else { (1.0 - w) * e.0 + w * x };
+    e.1 = e.1.saturating_add(1);
+}
+
+/// The part of `history` a draft model must still read: it keeps what its cache shares with
+/// `history` and drops the rest.
+fn draft_tail<'a>(d: &mut dyn Runner, history: &'a [u32]) -> &'a [u32] {
+    let keep = crate::stream::reusable_prefix(d.tokens(), history);
+    d.truncate(keep);
+    &history[keep..]
+}
+
+/// Brings a draft model's cache to `history` (no logits), e.g. during the target's prefill.
+pub(crate) fn draft_read(d: &mut dyn Runner, history: &[u32]) -> Result<()> {
+    let tail = draft_tail(d, history);
+    if !tail.is_empty() && history.len() < d.ctx() {
+        d.forward(tail, Logits::None)?;
+    }
+    Ok(())
 }
 
 /// Rows a [`Planner`] keeps step costs for (a verify of 64 proposals has 65).
@@ -250,13 +272,7 @@ impl Planner {
         if secs.is_nan() || secs <= 0.0 || rows == 0 {
             return;
         }
-        let e = &mut self.cost[rows.min(PLAN_ROWS - 1)];
-        e.0 = if e.1 == 0 {
-            secs
-        } else {
-            (1.0 - PLAN_EMA) * e.0 + PLAN_EMA * secs
-        };
-        e.1 = e.1.saturating_add(1);
+        average(&mut self.cost[rows.min(PLAN_ROWS - 1)], secs, PLAN_EMA);
     }
 
     /// A draft model proposed `tokens` in `secs`.
@@ -264,14 +280,7 @@ impl Planner {
         if tokens == 0 || secs.is_nan() || secs <= 0.0 {
             return;
         }
-        let per = secs / tokens as f64;
-        let e = &mut self.draft;
-        e.0 = if e.1 == 0 {
-            per
-        } else {
-            (1.0 - PLAN_EMA) * e.0 + PLAN_EMA * per
-        };
-        e.1 = e.1.saturating_add(1);
+        average(&mut self.draft, secs / tokens as f64, PLAN_EMA);
     }
 
     /// `agree` of `proposed` tokens of `class` were accepted.
@@ -346,12 +355,7 @@ impl Gate {
         } else {
             &mut self.plain[i]
         };
-        e.0 = if e.1 == 0 {
-            rate
-        } else {
-            0.7 * e.0 + 0.3 * rate
-        };
-        e.1 += 1;
+        average(e, rate, 0.3);
         let (plain, spec) = (self.plain[i], self.spec[i]);
         // Two speculating steps at least, so that one slow step does not decide.
         if speculated && plain.1 > 0 && spec.1 >= 2 && spec.0 < plain.0 {
