@@ -7,6 +7,7 @@
 
 mod act_quant;
 pub mod attention;
+pub mod k8;
 mod kquant;
 pub mod kv;
 pub mod ops;
@@ -447,18 +448,33 @@ pub fn prepare(w: &QTensor) {
     let _ = w;
 }
 
-/// The repacked copy of a Q5_0 or Q8_0 matrix of whole 8-row groups on a CPU with AVX-512 VNNI
+/// The repacked copy of a matrix of whole 8-row groups: Q4_K, Q6_K and Q5_0 on a CPU with AVX2,
+/// Q8_0 with AVX-512 VNNI
 /// (made on first use, replacing the mapped pages), or None.
 #[cfg(target_arch = "x86_64")]
 fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
     let p = x8::Packed::of(w.ttype)?;
-    if level != simd::Level::Vnni || w.rows % 8 != 0 {
+    // Q4_K's layout needs AVX2 only; Q5_0's and Q8_0's are for VNNI.
+    let wanted = match p {
+        x8::Packed::Q4K | x8::Packed::Q6K => {
+            level != simd::Level::None && kquant::enabled() && k8::enabled()
+        }
+        x8::Packed::Q5_0 => {
+            level == simd::Level::Vnni || (level == simd::Level::Avx2 && k8::enabled())
+        }
+        x8::Packed::Q8_0 => level == simd::Level::Vnni,
+    };
+    if !wanted || w.rows % 8 != 0 {
         return None;
     }
     let g = w.repacked(|w| {
         // A chunk of rows at a time, each chunk's mapped pages given back as soon as it is copied,
         // so that the source and the copy of a large matrix (an LM head) are never both resident.
-        let (nb, rb) = (w.cols / 32, w.row_bytes());
+        let block = match p {
+            x8::Packed::Q4K | x8::Packed::Q6K => 256,
+            _ => 32,
+        };
+        let (nb, rb) = (w.cols / block, w.row_bytes());
         let gb = p.group_bytes() * nb;
         let mut g = vec![0u8; w.rows / 8 * gb];
         const CHUNK: usize = 1024;
@@ -469,6 +485,8 @@ fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
             match p {
                 x8::Packed::Q5_0 => x8::repack_q5_0(src, rows, nb, out),
                 x8::Packed::Q8_0 => x8::repack_q8_0(src, rows, nb, out),
+                x8::Packed::Q4K => k8::repack_q4k(src, rows, nb, out),
+                x8::Packed::Q6K => k8::repack_q6k(src, rows, nb, out),
             }
             w.release_pages(from, to);
         }
@@ -499,41 +517,51 @@ fn rows_x8(
     assert!(g.len() >= r1 / 8 * nb * gb && acts.len() >= t * arb);
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
-    for grp in r0 / 8..r1 / 8 {
-        let gp = g[grp * nb * gb..].as_ptr();
-        let mut ti = 0;
-        macro_rules! tile {
-            ($T:literal) => {{
-                let mut o = [[0f32; 8]; $T];
-                // SAFETY: AVX-512 VNNI checked by `repacked`; bounds asserted above.
-                unsafe {
-                    let (qs, ds, ss) = (
-                        &std::array::from_fn(|k| q(ti + k)),
-                        &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
-                        &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
-                    );
-                    match p {
-                        x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, &mut o),
-                        x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, &mut o),
+    let avx2 = simd::level() == simd::Level::Avx2;
+    for (t0, t) in token_blocks(t) {
+        for grp in r0 / 8..r1 / 8 {
+            let gp = g[grp * nb * gb..].as_ptr();
+            let mut ti = t0;
+            macro_rules! tile {
+                ($T:literal) => {{
+                    let mut o = [[0f32; 8]; $T];
+                    // SAFETY: AVX-512 VNNI (or AVX2, for `dot_q5_0_avx2`) checked by `repacked`;
+                    // bounds asserted above.
+                    unsafe {
+                        let (qs, ds, ss) = (
+                            &std::array::from_fn(|k| q(ti + k)),
+                            &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
+                            &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
+                        );
+                        match p {
+                            x8::Packed::Q5_0 if avx2 => {
+                                x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, &mut o)
+                            }
+                            x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, &mut o),
+                            x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, &mut o),
+                            x8::Packed::Q4K | x8::Packed::Q6K => {
+                                unreachable!("K-quant groups go through rows_k8")
+                            }
+                        }
+                    };
+                    for (k, row) in o.iter().enumerate() {
+                        for (l, v) in row.iter().enumerate() {
+                            // SAFETY: (row, column) pairs are disjoint across tasks and in bounds.
+                            unsafe { *out.0.add((ti + k) * stride + off + grp * 8 + l) = *v };
+                        }
                     }
-                };
-                for (k, row) in o.iter().enumerate() {
-                    for (l, v) in row.iter().enumerate() {
-                        // SAFETY: (row, column) pairs are disjoint across tasks and in bounds.
-                        unsafe { *out.0.add((ti + k) * stride + off + grp * 8 + l) = *v };
-                    }
-                }
-                ti += $T;
-            }};
-        }
-        while ti + 4 <= t {
-            tile!(4);
-        }
-        match t - ti {
-            3 => tile!(3),
-            2 => tile!(2),
-            1 => tile!(1),
-            _ => {}
+                    ti += $T;
+                }};
+            }
+            while ti + 4 <= t {
+                tile!(4);
+            }
+            match t - ti {
+                3 => tile!(3),
+                2 => tile!(2),
+                1 => tile!(1),
+                _ => {}
+            }
         }
     }
 }
@@ -552,6 +580,12 @@ fn rows_kquant(
 ) {
     let (acts, arb) = input.get(ActType::Q8K);
     let nb = w.cols / 256;
+    #[cfg(target_arch = "x86_64")]
+    if matches!(kind, kquant::KKind::Q4K | kquant::KKind::Q6K) && r0 % 8 == 0 && r1 % 8 == 0 {
+        if let Some((g, p)) = repacked(simd::level(), w) {
+            return rows_k8(g, p, acts, arb, input.rows, nb, out, stride, off, r0, r1);
+        }
+    }
     let rb = w.row_bytes();
     let data = w.data();
     let t = input.rows;
@@ -589,6 +623,72 @@ fn rows_kquant(
             ti += 1;
         }
         b0 = b1;
+    }
+}
+
+/// Activation rows in blocks of 64, each block's rows (as `(first, end)`) passing every group of a
+/// task's rows before the next block: a block (at most 64 · 292 bytes per 256 columns) stays in
+/// L2 beside the task's weights, where a whole 512-row prompt would stream from L3 once per group,
+/// by every thread at once.
+fn token_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..t).step_by(64).map(move |t0| (t0, (t0 + 64).min(t)))
+}
+
+/// Rows `r0..r1` (whole groups of 8) of a Q4_K or Q6_K matrix in `k8`'s layout, against `t`
+/// Q8_K rows.
+#[allow(unused_assignments)]
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn rows_k8(
+    g: &[u8],
+    p: x8::Packed,
+    acts: &[u8],
+    arb: usize,
+    t: usize,
+    nb: usize,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let gb = p.group_bytes() * nb;
+    assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
+    for (t0, t) in token_blocks(t) {
+        for grp in r0 / 8..r1 / 8 {
+            let gp = g[grp * gb..].as_ptr();
+            let mut ti = t0;
+            macro_rules! tile {
+                ($T:literal) => {{
+                    let mut o = [[0f32; 8]; $T];
+                    let ys = std::array::from_fn(|k| acts[(ti + k) * arb..].as_ptr());
+                    // SAFETY: AVX2 checked by `repacked`; bounds asserted above.
+                    unsafe {
+                        if p == x8::Packed::Q6K {
+                            k8::dot_q6k::<$T>(nb, gp, &ys, &mut o)
+                        } else {
+                            k8::dot::<$T>(nb, gp, &ys, &mut o)
+                        }
+                    };
+                    for (k, row) in o.iter().enumerate() {
+                        for (l, v) in row.iter().enumerate() {
+                            // SAFETY: (row, column) pairs are disjoint across tasks and in bounds.
+                            unsafe { *out.0.add((ti + k) * stride + off + grp * 8 + l) = *v };
+                        }
+                    }
+                    ti += $T;
+                }};
+            }
+            while ti + 4 <= t {
+                tile!(4);
+            }
+            match t - ti {
+                3 => tile!(3),
+                2 => tile!(2),
+                1 => tile!(1),
+                _ => {}
+            }
+        }
     }
 }
 

@@ -156,7 +156,7 @@ pub unsafe fn dot_rows<const N: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod common {
+pub(super) mod common {
     pub use std::arch::x86_64::*;
 
     /// 32 nibbles → 32 bytes: low nibbles in lanes 0..16, high nibbles in lanes 16..32.
