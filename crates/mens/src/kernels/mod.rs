@@ -496,7 +496,6 @@ fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
 }
 
 /// Rows `r0..r1` (whole groups of 8) of a repacked matrix, four activation rows at a time.
-#[allow(unused_assignments)]
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn rows_x8(
@@ -518,52 +517,37 @@ fn rows_x8(
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     let avx2 = simd::level() == simd::Level::Avx2;
-    for (t0, t) in token_blocks(t) {
-        for grp in r0 / 8..r1 / 8 {
-            let gp = g[grp * nb * gb..].as_ptr();
-            let mut ti = t0;
-            macro_rules! tile {
-                ($T:literal) => {{
-                    let mut o = [[0f32; 8]; $T];
-                    // SAFETY: AVX-512 VNNI (or AVX2, for `dot_q5_0_avx2`) checked by `repacked`;
-                    // bounds asserted above.
-                    unsafe {
-                        let (qs, ds, ss) = (
-                            &std::array::from_fn(|k| q(ti + k)),
-                            &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
-                            &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
-                        );
-                        match p {
-                            x8::Packed::Q5_0 if avx2 => {
-                                x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, &mut o)
-                            }
-                            x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, &mut o),
-                            x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, &mut o),
-                            x8::Packed::Q4K | x8::Packed::Q6K => {
-                                unreachable!("K-quant groups go through rows_k8")
-                            }
-                        }
-                    };
-                    for (k, row) in o.iter().enumerate() {
-                        for (l, v) in row.iter().enumerate() {
-                            // SAFETY: (row, column) pairs are disjoint across tasks and in bounds.
-                            unsafe { *out.0.add((ti + k) * stride + off + grp * 8 + l) = *v };
+    group_tiles(t, r0, r1, out, stride, off, |grp, ti, n, o| {
+        let gp = g[grp * nb * gb..].as_ptr();
+        macro_rules! call {
+            ($T:literal) => {{
+                let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
+                let (qs, ds, ss) = (
+                    &std::array::from_fn(|k| q(ti + k)),
+                    &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
+                    &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
+                );
+                // SAFETY: AVX-512 VNNI (or AVX2, for `dot_q5_0_avx2`) checked by `repacked`;
+                // bounds asserted above.
+                unsafe {
+                    match p {
+                        x8::Packed::Q5_0 if avx2 => x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, o),
+                        x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, o),
+                        x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, o),
+                        x8::Packed::Q4K | x8::Packed::Q6K => {
+                            unreachable!("K-quant groups go through rows_k8")
                         }
                     }
-                    ti += $T;
-                }};
-            }
-            while ti + 4 <= t {
-                tile!(4);
-            }
-            match t - ti {
-                3 => tile!(3),
-                2 => tile!(2),
-                1 => tile!(1),
-                _ => {}
-            }
+                }
+            }};
         }
-    }
+        match n {
+            1 => call!(1),
+            2 => call!(2),
+            3 => call!(3),
+            _ => call!(4),
+        }
+    });
 }
 
 /// Rows `r0..r1` of a K-quant matrix: each weight block unpacked once for four activation rows.
@@ -626,17 +610,46 @@ fn rows_kquant(
     }
 }
 
-/// Activation rows in blocks of 64, each block's rows (as `(first, end)`) passing every group of a
-/// task's rows before the next block: a block (at most 64 · 292 bytes per 256 columns) stays in
-/// L2 beside the task's weights, where a whole 512-row prompt would stream from L3 once per group,
-/// by every thread at once.
-fn token_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..t).step_by(64).map(move |t0| (t0, (t0 + 64).min(t)))
+/// The tiles of a repacked matmul over rows `r0..r1` (whole groups of 8) and `t` activation rows:
+/// `dot(group, first row, n, out)` fills `out[..n]` (n ≤ 4), the eight results of each activation
+/// row, written at out[(row) * stride + off + group * 8 + lane]. Activation rows go in blocks of 64,
+/// each block passing every group of the task's rows before the next: a block (at most 64 · 292
+/// bytes per 256 columns) stays in L2 beside the task's weights, where a whole 512-row prompt
+/// would stream from L3 once per group, by every thread at once.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn group_tiles(
+    t: usize,
+    r0: usize,
+    r1: usize,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    dot: impl Fn(usize, usize, usize, &mut [[f32; 8]; 4]),
+) {
+    for t0 in (0..t).step_by(64) {
+        let t1 = (t0 + 64).min(t);
+        for grp in r0 / 8..r1 / 8 {
+            let mut ti = t0;
+            while ti < t1 {
+                let n = (t1 - ti).min(4);
+                let mut o = [[0f32; 8]; 4];
+                dot(grp, ti, n, &mut o);
+                for (k, row) in o[..n].iter().enumerate() {
+                    for (l, v) in row.iter().enumerate() {
+                        // SAFETY: (row, column) pairs are disjoint across tasks and in bounds
+                        // (asserted in `matmul`).
+                        unsafe { *out.0.add((ti + k) * stride + off + grp * 8 + l) = *v };
+                    }
+                }
+                ti += n;
+            }
+        }
+    }
 }
 
 /// Rows `r0..r1` (whole groups of 8) of a Q4_K or Q6_K matrix in `k8`'s layout, against `t`
 /// Q8_K rows.
-#[allow(unused_assignments)]
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn rows_k8(
@@ -654,42 +667,29 @@ fn rows_k8(
 ) {
     let gb = p.group_bytes() * nb;
     assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
-    for (t0, t) in token_blocks(t) {
-        for grp in r0 / 8..r1 / 8 {
-            let gp = g[grp * gb..].as_ptr();
-            let mut ti = t0;
-            macro_rules! tile {
-                ($T:literal) => {{
-                    let mut o = [[0f32; 8]; $T];
-                    let ys = std::array::from_fn(|k| acts[(ti + k) * arb..].as_ptr());
-                    // SAFETY: AVX2 checked by `repacked`; bounds asserted above.
-                    unsafe {
-                        if p == x8::Packed::Q6K {
-                            k8::dot_q6k::<$T>(nb, gp, &ys, &mut o)
-                        } else {
-                            k8::dot::<$T>(nb, gp, &ys, &mut o)
-                        }
-                    };
-                    for (k, row) in o.iter().enumerate() {
-                        for (l, v) in row.iter().enumerate() {
-                            // SAFETY: (row, column) pairs are disjoint across tasks and in bounds.
-                            unsafe { *out.0.add((ti + k) * stride + off + grp * 8 + l) = *v };
-                        }
+    group_tiles(t, r0, r1, out, stride, off, |grp, ti, n, o| {
+        let gp = g[grp * gb..].as_ptr();
+        macro_rules! call {
+            ($T:literal) => {{
+                let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
+                let ys = std::array::from_fn(|k| acts[(ti + k) * arb..].as_ptr());
+                // SAFETY: AVX2 checked by `repacked`; bounds asserted above.
+                unsafe {
+                    if p == x8::Packed::Q6K {
+                        k8::dot_q6k::<$T>(nb, gp, &ys, o)
+                    } else {
+                        k8::dot::<$T>(nb, gp, &ys, o)
                     }
-                    ti += $T;
-                }};
-            }
-            while ti + 4 <= t {
-                tile!(4);
-            }
-            match t - ti {
-                3 => tile!(3),
-                2 => tile!(2),
-                1 => tile!(1),
-                _ => {}
-            }
+                }
+            }};
         }
-    }
+        match n {
+            1 => call!(1),
+            2 => call!(2),
+            3 => call!(3),
+            _ => call!(4),
+        }
+    });
 }
 
 /// One dot product of a weight row with an activation row, through candle's kernels.
