@@ -157,7 +157,7 @@ impl QTensor {
         if let Some(Some(g)) = self.x8.get() {
             use crate::kernels::x8::{dequantize_row, Packed};
             if let Some(p) = Packed::of(self.ttype) {
-                return dequantize_row(p, g, self.cols / 32, r, out);
+                return dequantize_row(p, g, self.cols / p.block_values(), r, out);
             }
         }
         let rb = self.row_bytes();

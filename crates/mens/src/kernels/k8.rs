@@ -21,8 +21,8 @@
 //!   byte 4r + m holding value 32j + 4k + m of row r in its low nibble and value 32j + 16 + 4k + m
 //!   in its high nibble.
 
-/// False when `MENS_NO_K8` is set: Q4_K stays in the file's layout, for the row-at-a-time kernel
-/// (A/B measurements).
+/// False when `MENS_NO_K8` is set: Q4_K, Q6_K (and, on AVX2, Q5_0) stay in the file's layout, for
+/// the row-at-a-time kernels (A/B measurements).
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MENS_NO_K8").is_none())
@@ -173,7 +173,11 @@ pub unsafe fn dot<const T: usize>(
             }
         }
         let d = _mm256_cvtph_ps(_mm_loadu_si128(b.add(D) as *const __m128i));
-        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(b.add(DMIN) as *const __m128i));
+        // −dmin: the mins term is subtracted (negating first gives the same bits as after).
+        let neg_dmin = _mm256_xor_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128(b.add(DMIN) as *const __m128i)),
+            _mm256_set1_ps(-0.0),
+        );
         let mins: [__m256i; 4] = std::array::from_fn(|p| {
             _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(MINS + 16 * p) as *const __m128i))
         });
@@ -197,11 +201,7 @@ pub unsafe fn dot<const T: usize>(
                 ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mins[p], pairs[p]));
             }
             // The mins term first, as ggml adds it.
-            acc[t] = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(ms),
-                _mm256_mul_ps(dmin, _mm256_xor_ps(dy, _mm256_set1_ps(-0.0))),
-                acc[t],
-            );
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(neg_dmin, dy), acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(d, dy), acc[t]);
         }
     }

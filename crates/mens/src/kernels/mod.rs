@@ -454,7 +454,7 @@ pub fn prepare(w: &QTensor) {
 #[cfg(target_arch = "x86_64")]
 fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
     let p = x8::Packed::of(w.ttype)?;
-    // Q4_K's layout needs AVX2 only; Q5_0's and Q8_0's are for VNNI.
+    // Q8_0's layout needs VNNI (its unsigned values overflow AVX2's 16-bit sums); the others AVX2.
     let wanted = match p {
         x8::Packed::Q4K | x8::Packed::Q6K => {
             level != simd::Level::None && kquant::enabled() && k8::enabled()
@@ -470,11 +470,7 @@ fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
     let g = w.repacked(|w| {
         // A chunk of rows at a time, each chunk's mapped pages given back as soon as it is copied,
         // so that the source and the copy of a large matrix (an LM head) are never both resident.
-        let block = match p {
-            x8::Packed::Q4K | x8::Packed::Q6K => 256,
-            _ => 32,
-        };
-        let (nb, rb) = (w.cols / block, w.row_bytes());
+        let (nb, rb) = (w.cols / p.block_values(), w.row_bytes());
         let gb = p.group_bytes() * nb;
         let mut g = vec![0u8; w.rows / 8 * gb];
         const CHUNK: usize = 1024;
@@ -565,7 +561,8 @@ fn rows_kquant(
     let (acts, arb) = input.get(ActType::Q8K);
     let nb = w.cols / 256;
     #[cfg(target_arch = "x86_64")]
-    if matches!(kind, kquant::KKind::Q4K | kquant::KKind::Q6K) && r0 % 8 == 0 && r1 % 8 == 0 {
+    if r0 % 8 == 0 && r1 % 8 == 0 {
+        // Some for Q4_K and Q6_K only.
         if let Some((g, p)) = repacked(simd::level(), w) {
             return rows_k8(g, p, acts, arb, input.rows, nb, out, stride, off, r0, r1);
         }

@@ -35,6 +35,14 @@ impl Packed {
         }
     }
 
+    /// Values in one block of the file's format: a row has `cols / block_values()` blocks.
+    pub fn block_values(self) -> usize {
+        match self {
+            Packed::Q5_0 | Packed::Q8_0 => 32,
+            Packed::Q4K | Packed::Q6K => 256,
+        }
+    }
+
     pub fn group_bytes(self) -> usize {
         match self {
             Packed::Q5_0 => 176,
@@ -45,13 +53,12 @@ impl Packed {
     }
 }
 
-/// Row `r` of a repacked matrix (`nb` blocks per row) as f32, the file's values exactly (a tied
-/// embedding's lookup, once its mapped pages are given back).
+/// Row `r` of a repacked matrix (`nb` blocks of `p.block_values()` per row) as f32, the file's
+/// values exactly (a tied embedding's lookup, once its mapped pages are given back).
 pub fn dequantize_row(p: Packed, g: &[u8], nb: usize, r: usize, out: &mut [f32]) {
-    // (`nb` counts blocks of 32 values; the K-quants' blocks hold 256.)
     match p {
-        Packed::Q4K => return super::k8::dequantize_row(g, nb / 8, r, out),
-        Packed::Q6K => return super::k8::dequantize_row_q6k(g, nb / 8, r, out),
+        Packed::Q4K => return super::k8::dequantize_row(g, nb, r, out),
+        Packed::Q6K => return super::k8::dequantize_row_q6k(g, nb, r, out),
         _ => {}
     }
     let gb = p.group_bytes();
