@@ -1006,21 +1006,25 @@ mod tests {
         }
     }
 
-    /// The repacked Q5_0 and Q8_0 kernels (AVX-512 VNNI): against a scalar reference on the same
-    /// quantized numbers (exact integer block dots, so within f32 rounding of the scale products),
-    /// every activation row giving the same bits alone as in a batch of 1 to 9 rows (decode =
-    /// prefill).
+    /// The repacked kernels through `matmul` (Q4_K, Q6_K and Q5_0 on AVX2 and up, Q8_0 on AVX-512
+    /// VNNI): against a scalar reference on the same quantized numbers (exact integer block dots,
+    /// so within f32 rounding of the scale products), every activation row giving the same bits
+    /// alone as in a batch of 1 to 9 rows or of 70 (past a block of 64: decode = prefill).
     #[test]
     fn repacked_matrices_match_the_scalar_dot() {
         #[cfg(target_arch = "x86_64")]
-        {
-            if simd::level() != simd::Level::Vnni {
-                eprintln!("SKIP (not run, not passed): no AVX-512 VNNI, the repacked kernels are not used");
-                return;
+        for ttype in [
+            TensorType::Q5_0,
+            TensorType::Q8_0,
+            TensorType::Q4K,
+            TensorType::Q6K,
+        ] {
+            let probe = random_tensor(8, 256, ttype, 1);
+            if repacked(simd::level(), &probe).is_none() {
+                eprintln!("SKIP (not run, not passed): {ttype:?} is not repacked on this CPU");
+                continue;
             }
-            for ttype in [TensorType::Q5_0, TensorType::Q8_0] {
-                repacked_matches(ttype);
-            }
+            repacked_matches(ttype);
         }
     }
 
@@ -1041,14 +1045,17 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     fn repacked_matches(ttype: TensorType) {
+        let kquant = matches!(ttype, TensorType::Q4K | TensorType::Q6K);
         // More rows than one repacking chunk (1024), and not a multiple of it.
-        let (rows, cols) = (1040, 96);
+        let (rows, cols) = (1040, if kquant { 512 } else { 96 });
         let w = random_tensor(rows, cols, ttype, 21);
+        let p = x8::Packed::of(ttype).unwrap();
         assert!(
             repacked(simd::level(), &w).is_some(),
             "the matrix is repacked"
         );
-        let bb = w.row_bytes() / (cols / 32);
+        let nb = cols / p.block_values();
+        let bb = w.row_bytes() / nb;
         // Rows read back from the copy (a tied embedding's lookups) equal the file's.
         let plain = QTensor::new(
             ttype,
@@ -1065,18 +1072,46 @@ mod tests {
             plain.dequantize_row(r, &mut b);
             assert_eq!(a, b, "{ttype:?} row {r} from the repacked copy");
         }
+        let at = act_type(ttype);
         let mut rng = rand::rngs::StdRng::seed_from_u64(22);
-        let x: Vec<f32> = (0..9 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
-        let nb = cols / 32;
-        let mut alone = vec![vec![0f32; rows]; 9];
+        let x: Vec<f32> = (0..70 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let mut alone = vec![vec![0f32; rows]; 70];
         for (ti, a) in alone.iter_mut().enumerate() {
-            let mut input = QuantizedInput::new(1, cols, &[ActType::Q8_0]);
+            let mut input = QuantizedInput::new(1, cols, &[at]);
             input.set(&x[ti * cols..(ti + 1) * cols], 1);
             matmul(&[(&w, 0)], &input, a, rows);
-            // The scalar reference: Σ_blocks dx·dy·Σ q·y over the same quantized values.
-            let (yq, _) = input.get(ActType::Q8_0);
+            if ti >= 9 {
+                continue;
+            }
+            let (yq, _) = input.get(at);
             for r in 0..rows {
                 let row = &w.data()[r * nb * bb..(r + 1) * nb * bb];
+                let got = a[r] as f64;
+                if kquant {
+                    // The scalar reference: candle's `vec_dot_unopt` (ggml's arithmetic); rounding
+                    // relative to the terms' size (Q4_K's mins term cancels much of its sum).
+                    let y: &[BlockQ8K] = cast(yq);
+                    let (want, wf) = if ttype == TensorType::Q4K {
+                        let blocks: &[BlockQ4K] = cast(row);
+                        let mut wf = vec![0f32; cols];
+                        BlockQ4K::to_float(blocks, &mut wf);
+                        (BlockQ4K::vec_dot_unopt(cols, blocks, y), wf)
+                    } else {
+                        let blocks: &[BlockQ6K] = cast(row);
+                        let mut wf = vec![0f32; cols];
+                        BlockQ6K::to_float(blocks, &mut wf);
+                        (BlockQ6K::vec_dot_unopt(cols, blocks, y), wf)
+                    };
+                    let mut yf = vec![0f32; cols];
+                    BlockQ8K::to_float(y, &mut yf);
+                    let size: f64 = wf.iter().zip(&yf).map(|(a, b)| (a * b).abs() as f64).sum();
+                    assert!(
+                        (got - want as f64).abs() <= 1e-6 * size + 1e-6,
+                        "{ttype:?} row {r} act {ti}: {got} vs {want}"
+                    );
+                    continue;
+                }
+                // The scalar reference: Σ_blocks dx·dy·Σ q·y over the same quantized values.
                 let mut want = 0f64;
                 for i in 0..nb {
                     let b = &row[i * bb..(i + 1) * bb];
@@ -1088,15 +1123,14 @@ mod tests {
                         .sum();
                     want += dx as f64 * dy as f64 * sumi as f64;
                 }
-                let got = a[r] as f64;
                 assert!(
                     (got - want).abs() <= 1e-5 * want.abs().max(1.0),
                     "{ttype:?} row {r} act {ti}: {got} vs {want}"
                 );
             }
         }
-        for t in 1..=9 {
-            let mut input = QuantizedInput::new(t, cols, &[ActType::Q8_0]);
+        for t in (1..=9).chain([70]) {
+            let mut input = QuantizedInput::new(t, cols, &[at]);
             input.set(&x[..t * cols], t);
             let mut out = vec![0f32; t * rows];
             matmul(&[(&w, 0)], &input, &mut out, rows);
