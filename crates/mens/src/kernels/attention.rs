@@ -80,6 +80,17 @@ pub fn attention_masked(
     // same K/V rows, so one thread reads them from memory once and then from its own cache. Groups
     // are split only when there are fewer (token, group) pairs than threads.
     let threads = super::pool::pool().threads();
+    if f16_cache && t >= super::prompt_attention::FROM && super::prompt_attention::chosen() {
+        let (k, v) = (k_cache, v_cache);
+        return super::prompt_attention::attention(
+            qkv, t, l, n_head, n_kv_head, pos0, k, v, cap, mask, out,
+        );
+    }
+    if f16_cache && t >= TILE_FROM && tiling() {
+        return tiled(
+            qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, mask, out,
+        );
+    }
     let parts = threads.div_ceil(t * n_kv_head).clamp(1, group);
     let per = group.div_ceil(parts);
     let parts = group.div_ceil(per);
@@ -143,6 +154,153 @@ pub fn attention_masked(
     }
 }
 
+/// Query rows from which [`attention_masked`] tiles (a prompt pass, a long verify).
+const TILE_FROM: usize = 4;
+/// Keys a tile holds: 64 rows of K and V stay in L1/L2 while every query of a block reads them.
+const TILE_KEYS: usize = 64;
+/// Tokens of a query block at most (each with the group's heads).
+const TILE_TOKENS: usize = 16;
+
+/// False when `MENS_NO_TILE` is set: prompt passes take the per-token path (same bits), for A/B
+/// runs in one binary.
+fn tiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MENS_NO_TILE").is_none())
+}
+
+/// Heads a tiled pass takes together at most (`MENS_TILE_HEADS`, 1, 2 or 4; default 4).
+fn tile_heads() -> usize {
+    static H: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *H.get_or_init(|| {
+        std::env::var("MENS_TILE_HEADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4)
+    })
+}
+
+/// `runs` (H runs of `sl` values each, in order) as H slices.
+fn split_runs<const H: usize>(runs: &mut [f32], sl: usize) -> [&mut [f32]; H] {
+    let mut it = runs.chunks_exact_mut(sl);
+    std::array::from_fn(|_| it.next().unwrap())
+}
+
+thread_local! {
+    /// A worker's runs of one query block (grows to its largest block once).
+    static RUNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`attention_masked`] for a prompt pass over an f16 cache, tiled: a task is one KV head and a
+/// block of tokens, with every query head of the group; it walks the keys in tiles of
+/// [`TILE_KEYS`], and each (token, head) run takes the tile's keys it sees before the next tile
+/// is read. Each key tile is read from memory once per block, not once per (token, head), and
+/// each run's arithmetic is the per-token path's (keys in order, the state carried between
+/// tiles), so the bits are the same (tested).
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    qkv: &[f32],
+    t: usize,
+    l: &QkvLayout,
+    n_head: usize,
+    n_kv_head: usize,
+    pos0: usize,
+    k_cache: KvRows,
+    v_cache: KvRows,
+    cap: usize,
+    mask: Mask,
+    out: &mut [f32],
+) {
+    let hd = l.head_dim;
+    let group = n_head / n_kv_head;
+    let row = l.q_dim + 2 * l.kv_dim;
+    let path = Path::get(hd);
+    let heads = tile_heads();
+    let threads = super::pool::pool().threads();
+    // Blocks small enough that every thread gets a few tasks.
+    let bt = (t * n_kv_head / (4 * threads)).clamp(1, TILE_TOKENS);
+    let blocks = t.div_ceil(bt);
+    let sl = RUN_HEADER + hd;
+    let (kf, vf) = (k_cache.f16(), v_cache.f16());
+    assert!(pos0 + t <= cap && out.len() >= t * l.q_dim);
+    let base = super::OutPtr(out.as_mut_ptr());
+    let work = |j: usize| {
+        let (kvh, blk) = (j % n_kv_head, j / n_kv_head);
+        let (t0, t1) = (blk * bt, ((blk + 1) * bt).min(t));
+        // Token ti sees keys lo(ti) .. pos0 + ti + 1 of this KV head.
+        let end = |ti: usize| pos0 + ti + 1;
+        let lo = |ti: usize| end(ti).saturating_sub(mask.window);
+        RUNS.with(|r| {
+            let mut runs = r.borrow_mut();
+            let need = (t1 - t0) * group * sl;
+            if runs.len() < need {
+                runs.resize(need, 0.0);
+            }
+            let runs = &mut runs[..need];
+            for st in runs.chunks_exact_mut(sl) {
+                run_start(st);
+            }
+            let q = |ti: usize, h: usize| {
+                let at = ti * row + (kvh * group + h) * hd;
+                &qkv[at..at + hd]
+            };
+            let mut k0 = lo(t0);
+            while k0 < end(t1 - 1) {
+                let k1 = (k0 + TILE_KEYS).min(end(t1 - 1));
+                for ti in t0..t1 {
+                    let (a, b) = (lo(ti).max(k0), end(ti).min(k1));
+                    if a >= b {
+                        continue;
+                    }
+                    let first = kvh * cap + a;
+                    let (k, v) = (
+                        &kf[first * hd..(first + b - a) * hd],
+                        &vf[first * hd..(first + b - a) * hd],
+                    );
+                    let runs = &mut runs[(ti - t0) * group * sl..(ti - t0 + 1) * group * sl];
+                    let (n, sc) = (b - a, mask.scale);
+                    let mut h = 0;
+                    let mut rest = &mut runs[..];
+                    while h < group {
+                        let left = group - h;
+                        if left >= 4 && heads >= 4 {
+                            let (four, r) = rest.split_at_mut(4 * sl);
+                            let st: [&mut [f32]; 4] = split_runs(four, sl);
+                            let qs = [q(ti, h), q(ti, h + 1), q(ti, h + 2), q(ti, h + 3)];
+                            path.run_n(qs, k, v, hd, n, sc, st);
+                            (rest, h) = (r, h + 4);
+                        } else if left >= 2 && heads >= 2 {
+                            let (two, r) = rest.split_at_mut(2 * sl);
+                            let st: [&mut [f32]; 2] = split_runs(two, sl);
+                            path.run_n([q(ti, h), q(ti, h + 1)], k, v, hd, n, sc, st);
+                            (rest, h) = (r, h + 2);
+                        } else {
+                            let (one, r) = rest.split_at_mut(sl);
+                            path.run(q(ti, h), k, v, hd, n, sc, one);
+                            (rest, h) = (r, h + 1);
+                        }
+                    }
+                }
+                k0 = k1;
+            }
+            for ti in t0..t1 {
+                for h in 0..group {
+                    let at = ti * l.q_dim + (kvh * group + h) * hd;
+                    // SAFETY: (token, head) spans are disjoint across tasks and inside `out`.
+                    let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(at), hd) };
+                    let st = &runs[((ti - t0) * group + h) * sl..((ti - t0) * group + h + 1) * sl];
+                    run_finish(st, o);
+                }
+            }
+        });
+    };
+    let tasks = blocks * n_kv_head;
+    if t * n_head * (pos0 + t) < 4096 {
+        (0..tasks).for_each(work);
+    } else {
+        super::pool::pool().run(tasks, &work);
+    }
+}
+
 /// Which implementation runs for a head dimension on this CPU.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Path {
@@ -193,23 +351,16 @@ impl Path {
         scale: f32,
         out: [&mut [f32]; 2],
     ) {
+        let hd = q[0].len();
+        let mut a = [0f32; RUN_HEADER + MAX_HEAD_DIM];
+        let mut b = [0f32; RUN_HEADER + MAX_HEAD_DIM];
+        let (a, b) = (&mut a[..RUN_HEADER + hd], &mut b[..RUN_HEADER + hd]);
+        run_start(a);
+        run_start(b);
+        self.run2(q, k, v, stride, n, scale, [a, b]);
         let [o0, o1] = out;
-        #[cfg(target_arch = "x86_64")]
-        if self.pairs(q[0].len()) {
-            assert!(
-                n > 0
-                    && q[0].len() == q[1].len()
-                    && o0.len() == q[0].len()
-                    && o1.len() == q[0].len()
-                    && k.len().min(v.len()) >= (n - 1) * stride + q[0].len()
-            );
-            // SAFETY: `pairs` says AVX-512VL (and the Avx2 path's features) are present and hd is
-            // 64, and k and v hold n rows (asserted above).
-            unsafe { attend2_avx512vl(q, k, v, stride, n, scale, [o0, o1]) };
-            return;
-        }
-        self.attend(q[0], k, v, stride, n, scale, o0);
-        self.attend(q[1], k, v, stride, n, scale, o1);
+        run_finish(a, o0);
+        run_finish(b, o1);
     }
 
     /// One query head against `n` cached positions (rows `stride` apart), into `out`.
@@ -224,20 +375,114 @@ impl Path {
         scale: f32,
         out: &mut [f32],
     ) {
+        let mut st = [0f32; RUN_HEADER + MAX_HEAD_DIM];
+        let st = &mut st[..RUN_HEADER + q.len()];
+        run_start(st);
+        self.run(q, k, v, stride, n, scale, st);
+        run_finish(st, out);
+    }
+
+    /// [`Path::run`] for two query heads at once where the CPU has the registers for it.
+    #[allow(clippy::too_many_arguments)]
+    fn run2(
+        self,
+        q: [&[f32]; 2],
+        k: &[f16],
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        st: [&mut [f32]; 2],
+    ) {
+        let [s0, s1] = st;
+        #[cfg(target_arch = "x86_64")]
+        if self.pairs(q[0].len()) {
+            assert!(
+                n > 0
+                    && q[0].len() == q[1].len()
+                    && s0.len() == RUN_HEADER + q[0].len()
+                    && s1.len() == s0.len()
+                    && k.len().min(v.len()) >= (n - 1) * stride + q[0].len()
+            );
+            // SAFETY: `pairs` says AVX-512VL (and the Avx2 path's features) are present and hd is
+            // 64, and k and v hold n rows (asserted above).
+            unsafe { attend2_avx512vl(q, k, v, stride, n, scale, [s0, s1]) };
+            return;
+        }
+        self.run(q[0], k, v, stride, n, scale, s0);
+        self.run(q[1], k, v, stride, n, scale, s1);
+    }
+
+    /// [`Path::run`] for `H` query heads of one KV group over the same keys in one pass: their
+    /// accumulator chains are independent, so the f16 rounding's latency of one head overlaps the
+    /// others' work (one head alone waits on it at every key). Each head's bits are its own run's.
+    #[allow(clippy::too_many_arguments)]
+    fn run_n<const H: usize>(
+        self,
+        q: [&[f32]; H],
+        k: &[f16],
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        st: [&mut [f32]; H],
+    ) {
+        let hd = q[0].len();
         assert!(
-            n > 0 && out.len() == q.len() && k.len().min(v.len()) >= (n - 1) * stride + q.len()
+            n > 0
+                && q.iter().all(|q| q.len() == hd)
+                && st.iter().all(|s| s.len() == RUN_HEADER + hd)
+                && k.len().min(v.len()) >= (n - 1) * stride + hd
         );
         match self {
-            Path::Reference => attend_ref(q, k, v, stride, n, scale, out),
+            Path::Reference => {
+                for (q, st) in q.into_iter().zip(st) {
+                    run_ref(q, k, v, stride, n, scale, st);
+                }
+            }
+            // SAFETY: as in `run`; every head has hd values and a run of RUN_HEADER + hd.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => unsafe {
+                let qp = q.map(|q| q.as_ptr());
+                let sp = st.map(|s| s.as_mut_ptr());
+                match hd {
+                    64 => attend_avx2_heads::<8, H>(qp, k, v, stride, n, scale, sp),
+                    128 => attend_avx2_heads::<16, H>(qp, k, v, stride, n, scale, sp),
+                    192 => attend_avx2_heads::<24, H>(qp, k, v, stride, n, scale, sp),
+                    _ => attend_avx2_heads::<32, H>(qp, k, v, stride, n, scale, sp),
+                }
+            },
+        }
+    }
+
+    /// `n` more cached positions (rows `stride` apart) of one query head's run `st`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        self,
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        st: &mut [f32],
+    ) {
+        assert!(
+            n > 0
+                && st.len() == RUN_HEADER + q.len()
+                && k.len().min(v.len()) >= (n - 1) * stride + q.len()
+        );
+        match self {
+            Path::Reference => run_ref(q, k, v, stride, n, scale, st),
             // SAFETY: the paths are chosen by CPU features (`Path::get`), hd % 64 == 0, and k and v
             // hold n rows (asserted above).
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => unsafe {
                 match q.len() {
-                    64 => attend_avx2::<8>(q, k, v, stride, n, scale, out),
-                    128 => attend_avx2::<16>(q, k, v, stride, n, scale, out),
-                    192 => attend_avx2::<24>(q, k, v, stride, n, scale, out),
-                    _ => attend_avx2::<32>(q, k, v, stride, n, scale, out),
+                    64 => attend_avx2::<8>(q, k, v, stride, n, scale, st),
+                    128 => attend_avx2::<16>(q, k, v, stride, n, scale, st),
+                    192 => attend_avx2::<24>(q, k, v, stride, n, scale, st),
+                    _ => attend_avx2::<32>(q, k, v, stride, n, scale, st),
                 }
             },
         }
@@ -293,7 +538,7 @@ const EXP_MIN: f32 = f32::from_bits(0xC2CF_F1B4);
 /// for the arguments attention needs (x ≤ 0; NaN stays NaN). Same bits as glibc's on every
 /// argument tested; written out so that the AVX2 path can compute 8 at a time identically.
 #[inline]
-fn expf(x: f32) -> f32 {
+pub(super) fn expf(x: f32) -> f32 {
     if x < EXP_MIN {
         return 0.0;
     }
@@ -342,6 +587,7 @@ fn round_f16(x: f32) -> f32 {
 }
 
 /// The reference: llama.cpp's one-chunk flash attention for one query row.
+#[cfg(test)]
 fn attend_ref(
     q: &[f32],
     k: &[f16],
@@ -351,10 +597,39 @@ fn attend_ref(
     scale: f32,
     out: &mut [f32],
 ) {
+    let mut st = [0f32; RUN_HEADER + MAX_HEAD_DIM];
+    let st = &mut st[..RUN_HEADER + q.len()];
+    run_start(st);
+    run_ref(q, k, v, stride, n, scale, st);
+    run_finish(st, out);
+}
+
+/// An online softmax in progress for one query head, as the kernels carry it from key to key:
+/// `[max, sum, acc[0..hd]]` (acc: the f16-rounded V accumulator). Keys can be fed in any number of
+/// runs, in order: the bits are those of one pass over all of them.
+const RUN_HEADER: usize = 2;
+
+fn run_start(st: &mut [f32]) {
+    st[0] = f32::NEG_INFINITY;
+    st[1] = 0.0;
+    st[RUN_HEADER..].fill(0.0);
+}
+
+/// The output of a finished run: acc / sum.
+fn run_finish(st: &[f32], out: &mut [f32]) {
+    let sum = st[1];
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, a) in out.iter_mut().zip(&st[RUN_HEADER..]) {
+        *o = a * inv;
+    }
+}
+
+/// `attend_ref`'s loop over `n` more keys of a run.
+fn run_ref(q: &[f32], k: &[f16], v: &[f16], stride: usize, n: usize, scale: f32, st: &mut [f32]) {
     let hd = q.len();
-    let mut acc = [0f32; MAX_HEAD_DIM];
+    let (head, acc) = st.split_at_mut(RUN_HEADER);
     let acc = &mut acc[..hd];
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+    let (mut max, mut sum) = (head[0], head[1]);
     for p in 0..n {
         let s = dot_ref(q, &k[p * stride..p * stride + hd]) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
@@ -372,10 +647,8 @@ fn attend_ref(
         }
         sum = sum.mul_add(ms, vs);
     }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, a) in out.iter_mut().zip(acc.iter()) {
-        *o = a * inv;
-    }
+    head[0] = max;
+    head[1] = sum;
 }
 
 /// Query heads of one KV group that [`attend_quant`] takes together.
@@ -581,7 +854,7 @@ fn exp8(x: [f32; 8]) -> [f32; 8] {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+pub(super) unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let half = |xd: __m256d| -> __m128 {
         let k = _mm256_fmadd_pd(_mm256_set1_pd(INV_LN2_N), xd, _mm256_set1_pd(SHIFT));
@@ -621,9 +894,24 @@ unsafe fn attend_avx2<const L: usize>(
     stride: usize,
     n: usize,
     scale: f32,
-    out: &mut [f32],
+    st: &mut [f32],
 ) {
-    attend_heads::<L, 1>([q.as_ptr()], k, v, stride, n, scale, [out.as_mut_ptr()])
+    attend_heads::<L, 1>([q.as_ptr()], k, v, stride, n, scale, [st.as_mut_ptr()])
+}
+
+/// `attend_heads` for `H` heads with AVX2 (see [`Path::run_n`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_avx2_heads<const L: usize, const H: usize>(
+    q: [*const f32; H],
+    k: &[f16],
+    v: &[f16],
+    stride: usize,
+    n: usize,
+    scale: f32,
+    st: [*mut f32; H],
+) {
+    attend_heads::<L, H>(q, k, v, stride, n, scale, st)
 }
 
 /// Two query heads of 64 values of one KV group in one pass over the keys: each K and V row is
@@ -640,9 +928,9 @@ unsafe fn attend2_avx512vl(
     stride: usize,
     n: usize,
     scale: f32,
-    out: [&mut [f32]; 2],
+    st: [&mut [f32]; 2],
 ) {
-    let [o0, o1] = out;
+    let [s0, s1] = st;
     attend_heads::<8, 2>(
         [q[0].as_ptr(), q[1].as_ptr()],
         k,
@@ -650,11 +938,12 @@ unsafe fn attend2_avx512vl(
         stride,
         n,
         scale,
-        [o0.as_mut_ptr(), o1.as_mut_ptr()],
+        [s0.as_mut_ptr(), s1.as_mut_ptr()],
     )
 }
 
-/// The body of [`attend_avx2`] for `H` query heads (L × 8 values each) against the same keys.
+/// The body of [`attend_avx2`] for `H` query heads (L × 8 values each) against the same keys:
+/// `n` more keys of each head's run (`st`, see [`RUN_HEADER`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn attend_heads<const L: usize, const H: usize>(
@@ -664,11 +953,14 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
     stride: usize,
     n: usize,
     scale: f32,
-    out: [*mut f32; H],
+    st: [*mut f32; H],
 ) {
     use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); L]; H];
-    let (mut max, mut sum) = ([f32::NEG_INFINITY; H], [0f32; H]);
+    let mut acc: [[__m256; L]; H] = std::array::from_fn(|hh| {
+        std::array::from_fn(|j| _mm256_loadu_ps(st[hh].add(RUN_HEADER + 8 * j)))
+    });
+    let mut max: [f32; H] = std::array::from_fn(|hh| *st[hh]);
+    let mut sum: [f32; H] = std::array::from_fn(|hh| *st[hh].add(1));
     let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
     // Key i of a block ends in lane UNSCRAMBLE^-1: the tree leaves keys 0,2,4,6 | 1,3,5,7.
     let unscramble = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -774,9 +1066,10 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
         p0 += m;
     }
     for hh in 0..H {
-        let inv = _mm256_set1_ps(if sum[hh] == 0.0 { 0.0 } else { 1.0 / sum[hh] });
+        *st[hh] = max[hh];
+        *st[hh].add(1) = sum[hh];
         for (j, a) in acc[hh].iter().enumerate() {
-            _mm256_storeu_ps(out[hh].add(j * 8), _mm256_mul_ps(*a, inv));
+            _mm256_storeu_ps(st[hh].add(RUN_HEADER + 8 * j), *a);
         }
     }
 }
@@ -890,6 +1183,85 @@ mod tests {
                             "hd {hd} {ck:?}/{cv:?} t{ti} h{h} j{j}: {got} vs {want}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// A pass tiled over query blocks and key tiles (`tiled`, from 4 query rows) gives the bits of each token alone (the
+    /// per-token path), for head sizes 64 and 128, groups of 6 and 7 heads, causal and
+    /// sliding-window masks, blocks that end inside a tile and prompts after a cached prefix.
+    #[test]
+    fn tiled_prompt_attention_equals_each_token_alone_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let all = usize::MAX;
+        for (hd, n_head, n_kv, t, pos0, window) in [
+            (64, 14, 2, 4, 0, all),
+            (64, 14, 2, 70, 5, all),
+            (128, 12, 2, 37, 130, all),
+            (128, 12, 2, 200, 0, all),
+            (64, 6, 2, 90, 40, 37),
+            (128, 7, 1, 16, 0, all),
+        ] {
+            let l = QkvLayout {
+                q_dim: n_head * hd,
+                kv_dim: n_kv * hd,
+                head_dim: hd,
+            };
+            let row = l.q_dim + 2 * l.kv_dim;
+            let cap = pos0 + t + 3;
+            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let rand16 = |rng: &mut rand::rngs::StdRng| -> Vec<u16> {
+                (0..n_kv * cap * hd)
+                    .map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
+                    .collect()
+            };
+            let (kb, vb) = (rand16(&mut rng), rand16(&mut rng));
+            let view = |b: &Vec<u16>| KvRows {
+                t: KvType::F16,
+                // SAFETY: the u16s as bytes.
+                data: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) },
+                row: KvType::F16.row_bytes(hd),
+            };
+            let mask = Mask {
+                scale: 0.7 / (hd as f32).sqrt(),
+                window,
+            };
+            let mut out = vec![f32::NAN; t * l.q_dim];
+            tiled(
+                &qkv,
+                t,
+                &l,
+                n_head,
+                n_kv,
+                pos0,
+                view(&kb),
+                view(&vb),
+                cap,
+                mask,
+                &mut out,
+            );
+            for ti in 0..t {
+                let mut alone = vec![0f32; l.q_dim];
+                attention_masked(
+                    &qkv[ti * row..(ti + 1) * row],
+                    1,
+                    &l,
+                    n_head,
+                    n_kv,
+                    pos0 + ti,
+                    view(&kb),
+                    view(&vb),
+                    cap,
+                    mask,
+                    &mut alone,
+                );
+                let got = &out[ti * l.q_dim..(ti + 1) * l.q_dim];
+                for (j, (a, b)) in got.iter().zip(&alone).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "hd {hd}, {n_head}/{n_kv} heads, t {t} after {pos0}, window {window}: token {ti} value {j}: {a} tiled, {b} alone"
+                    );
                 }
             }
         }

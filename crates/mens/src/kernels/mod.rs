@@ -12,6 +12,7 @@ mod kquant;
 pub mod kv;
 pub mod ops;
 pub mod pool;
+mod prompt_attention;
 mod simd;
 pub mod x8;
 

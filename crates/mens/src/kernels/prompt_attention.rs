@@ -1,0 +1,464 @@
+//! Attention of a prompt pass of at least [`FROM`] tokens over an f16 cache, computed the way
+//! llama.cpp's CPU flash attention computes such passes (`ggml_compute_forward_flash_attn_ext_tiled`,
+//! which it runs from 64 query rows): keys in tiles of 64, scores and V accumulators in f32, the
+//! softmax's running max moved once per tile. Opt-in (`MENS_PROMPT_ATTN=f32`): the default keeps
+//! llama.cpp's one-chunk arithmetic (`attention.rs`, the kernel llama.cpp runs for decode and for
+//! passes below 64 rows) for every pass, so that a prompt's logits are bit-equal to the same tokens
+//! decoded one by one (cached = uncached, speculation = plain decoding). Measured: 0.5B prefill of
+//! 4096 tokens 1.2× the default path's on this VM (docs/benchmarks.md, session 15).
+//!
+//! A task is one KV head and a block of tokens with every query head of the group: each K/V tile
+//! is read from memory once per block and widened to f32 once, then every (token, head) row takes
+//! from it the keys its mask lets it see.
+
+use super::attention::Mask;
+use super::kv::KvRows;
+use super::ops::QkvLayout;
+
+/// Query rows from which a pass takes this path (llama.cpp's `GGML_FA_TILE_Q`).
+pub const FROM: usize = 64;
+/// Keys a tile holds (llama.cpp's `GGML_FA_TILE_KV`).
+const KEYS: usize = 64;
+/// Tokens of a query block at most.
+const TOKENS: usize = 16;
+
+/// Whether long prompt passes take this path: `MENS_PROMPT_ATTN=f32`.
+pub fn chosen() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MENS_PROMPT_ATTN").as_deref() == Ok("f32"))
+}
+
+thread_local! {
+    /// A worker's scratch: the widened K (transposed) and V tiles, then the block's rows.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Causal (or sliding-window) attention of `t` ≥ 1 query rows at positions pos0.. against an f16
+/// cache ([kv head][cap][head_dim]) into `out` ([t][q_dim]); see the module comment.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    qkv: &[f32],
+    t: usize,
+    l: &QkvLayout,
+    n_head: usize,
+    n_kv_head: usize,
+    pos0: usize,
+    k_cache: KvRows,
+    v_cache: KvRows,
+    cap: usize,
+    mask: Mask,
+    out: &mut [f32],
+) {
+    let hd = l.head_dim;
+    let group = n_head / n_kv_head;
+    let row = l.q_dim + 2 * l.kv_dim;
+    assert!(pos0 + t <= cap && out.len() >= t * l.q_dim && qkv.len() >= t * row);
+    let (kf, vf) = (k_cache.f16(), v_cache.f16());
+    assert!(kf.len() >= n_kv_head * cap * hd && vf.len() >= n_kv_head * cap * hd);
+    let threads = super::pool::pool().threads();
+    let bt = (t * n_kv_head / (4 * threads)).clamp(1, TOKENS);
+    let blocks = t.div_ceil(bt);
+    let base = super::OutPtr(out.as_mut_ptr());
+    let simd = wide();
+    let work = |j: usize| {
+        let (kvh, blk) = (j % n_kv_head, j / n_kv_head);
+        let (t0, t1) = (blk * bt, ((blk + 1) * bt).min(t));
+        let end = |ti: usize| pos0 + ti + 1;
+        let lo = |ti: usize| end(ti).saturating_sub(mask.window);
+        let rows = (t1 - t0) * group;
+        SCRATCH.with(|sc| {
+            let mut sc = sc.borrow_mut();
+            let need = 2 * KEYS * hd + rows * (hd + 2) + KEYS;
+            if sc.len() < need {
+                sc.resize(need, 0.0);
+            }
+            let (kt, rest) = sc.split_at_mut(KEYS * hd);
+            let (vt, rest) = rest.split_at_mut(KEYS * hd);
+            let (acc, rest) = rest.split_at_mut(rows * hd);
+            let (ms, rest) = rest.split_at_mut(rows * 2);
+            let p = &mut rest[..KEYS];
+            acc.fill(0.0);
+            for m in ms.chunks_exact_mut(2) {
+                m[0] = f32::NEG_INFINITY;
+                m[1] = 0.0;
+            }
+            let mut k0 = lo(t0);
+            while k0 < end(t1 - 1) {
+                let k1 = (k0 + KEYS).min(end(t1 - 1));
+                let n = k1 - k0;
+                // The tile widened to f32: K transposed ([d][key], keys contiguous), V as rows.
+                let first = kvh * cap + k0;
+                let (kr, vr) = (
+                    &kf[first * hd..(first + n) * hd],
+                    &vf[first * hd..(first + n) * hd],
+                );
+                // V as rows; K as rows into p's room first, then transposed.
+                widen(vr, &mut vt[..n * hd]);
+                for key in 0..n {
+                    let mut row = [0f32; 256];
+                    let row = &mut row[..hd.min(256)];
+                    for (c0, kc) in (0..hd)
+                        .step_by(row.len())
+                        .zip(kr[key * hd..(key + 1) * hd].chunks(row.len()))
+                    {
+                        widen(kc, &mut row[..kc.len()]);
+                        for (d, x) in row[..kc.len()].iter().enumerate() {
+                            kt[(c0 + d) * KEYS + key] = *x;
+                        }
+                    }
+                }
+                for key in n..KEYS {
+                    for d in 0..hd {
+                        kt[d * KEYS + key] = 0.0;
+                    }
+                }
+                for ti in t0..t1 {
+                    let (a, b) = (lo(ti).max(k0), end(ti).min(k1));
+                    if a >= b {
+                        continue;
+                    }
+                    for h in 0..group {
+                        let r = (ti - t0) * group + h;
+                        let at = ti * row + (kvh * group + h) * hd;
+                        let q = &qkv[at..at + hd];
+                        let st = &mut ms[2 * r..2 * r + 2];
+                        let acc = &mut acc[r * hd..(r + 1) * hd];
+                        let range = (a - k0, b - k0);
+                        #[cfg(target_arch = "x86_64")]
+                        if simd {
+                            // SAFETY: `wide` says AVX2 and FMA are present; hd % 8 == 0 there.
+                            unsafe { row_tile_avx2(q, kt, vt, range, mask.scale, st, acc, p) };
+                            continue;
+                        }
+                        let _ = simd;
+                        row_tile(q, kt, vt, range, mask.scale, st, acc, p);
+                    }
+                }
+                k0 = k1;
+            }
+            for ti in t0..t1 {
+                for h in 0..group {
+                    let r = (ti - t0) * group + h;
+                    let sum = ms[2 * r + 1];
+                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                    let at = ti * l.q_dim + (kvh * group + h) * hd;
+                    // SAFETY: (token, head) spans are disjoint across tasks and inside `out`.
+                    let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(at), hd) };
+                    for (o, a) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
+                        *o = a * inv;
+                    }
+                }
+            }
+        });
+    };
+    let tasks = blocks * n_kv_head;
+    if t * n_head * (pos0 + t) < 4096 {
+        (0..tasks).for_each(work);
+    } else {
+        super::pool::pool().run(tasks, &work);
+    }
+}
+
+/// f16 values as f32 (F16C where the CPU has it).
+fn widen(x: &[half::f16], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: AVX2 and F16C are present (the level says so); the lengths are equal.
+        unsafe { widen_f16c(x, out) };
+        return;
+    }
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = v.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_f16c(x: &[half::f16], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    assert_eq!(x.len(), out.len());
+    let n8 = x.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        let h = _mm_loadu_si128(x.as_ptr().add(i) as *const __m128i);
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+    }
+    for i in n8..x.len() {
+        out[i] = x[i].to_f32();
+    }
+}
+
+/// Whether the AVX2 kernel runs (on x86-64 with AVX2 and FMA).
+fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::simd::level() != super::simd::Level::None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One query row against keys `range` of a tile: scores, the running max `st[0]` and sum `st[1]`,
+/// and the f32 accumulator, as llama.cpp's tiled kernel updates them (the reference).
+#[allow(clippy::too_many_arguments)]
+fn row_tile(
+    q: &[f32],
+    kt: &[f32],
+    vt: &[f32],
+    (a, b): (usize, usize),
+    scale: f32,
+    st: &mut [f32],
+    acc: &mut [f32],
+    p: &mut [f32],
+) {
+    let hd = q.len();
+    let mut tmax = f32::NEG_INFINITY;
+    for key in a..b {
+        let s: f32 = (0..hd).map(|d| q[d] * kt[d * KEYS + key]).sum::<f32>() * scale;
+        p[key] = s;
+        tmax = tmax.max(s);
+    }
+    let (m, sum) = (st[0], st[1]);
+    let mnew = m.max(tmax);
+    let mut sum = sum;
+    if mnew > m {
+        let f = (m - mnew).exp();
+        acc.iter_mut().for_each(|x| *x *= f);
+        sum *= f;
+    }
+    for key in a..b {
+        let e = (p[key] - mnew).exp();
+        sum += e;
+        for (x, v) in acc.iter_mut().zip(&vt[key * hd..(key + 1) * hd]) {
+            *x = v.mul_add(e, *x);
+        }
+    }
+    st[0] = mnew;
+    st[1] = sum;
+}
+
+/// [`row_tile`] on 256-bit vectors: the scores of 8 keys a vector over the transposed K tile,
+/// `expf` 8 lanes at a time, the accumulator 64 values at a time in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_tile_avx2(
+    q: &[f32],
+    kt: &[f32],
+    vt: &[f32],
+    (a, b): (usize, usize),
+    scale: f32,
+    st: &mut [f32],
+    acc: &mut [f32],
+    p: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = q.len();
+    debug_assert!(hd % 8 == 0 && kt.len() >= hd * KEYS && vt.len() >= KEYS * hd && p.len() >= KEYS);
+    // Scores of the tile's 64 keys (vectors past `b` are not needed).
+    let nv = b.div_ceil(8);
+    let mut s = [_mm256_setzero_ps(); KEYS / 8];
+    let ktp = kt.as_ptr();
+    for d in 0..hd {
+        let qd = _mm256_set1_ps(*q.get_unchecked(d));
+        let kr = ktp.add(d * KEYS);
+        for (j, s) in s.iter_mut().enumerate().take(nv) {
+            *s = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kr.add(8 * j)), *s);
+        }
+    }
+    let sc = _mm256_set1_ps(scale);
+    for (j, s) in s.iter().enumerate().take(nv) {
+        _mm256_storeu_ps(p.as_mut_ptr().add(8 * j), _mm256_mul_ps(*s, sc));
+    }
+    let mut tmax = f32::NEG_INFINITY;
+    for &x in &p[a..b] {
+        tmax = tmax.max(x);
+    }
+    let m = st[0];
+    let mnew = m.max(tmax);
+    let mut sum = st[1];
+    if mnew > m {
+        let f = super::attention::expf(m - mnew);
+        let fv = _mm256_set1_ps(f);
+        for c in acc.chunks_exact_mut(8) {
+            _mm256_storeu_ps(
+                c.as_mut_ptr(),
+                _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), fv),
+            );
+        }
+        sum *= f;
+    }
+    // Keys outside [a, b) get no weight.
+    for x in &mut p[..a] {
+        *x = f32::NEG_INFINITY;
+    }
+    for x in &mut p[b..nv * 8] {
+        *x = f32::NEG_INFINITY;
+    }
+    let mv = _mm256_set1_ps(mnew);
+    let mut sv = _mm256_setzero_ps();
+    for j in 0..nv {
+        let e = super::attention::expf8(_mm256_sub_ps(_mm256_loadu_ps(p.as_ptr().add(8 * j)), mv));
+        sv = _mm256_add_ps(sv, e);
+        _mm256_storeu_ps(p.as_mut_ptr().add(8 * j), e);
+    }
+    let h = _mm_add_ps(_mm256_castps256_ps128(sv), _mm256_extractf128_ps::<1>(sv));
+    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
+    sum += _mm_cvtss_f32(h);
+    // acc += Σ p[key] · V[key], 64 values of the row at a time in 8 registers.
+    let vp = vt.as_ptr();
+    for c0 in (0..hd).step_by(64) {
+        let w = (hd - c0).min(64) / 8;
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (i, r) in r.iter_mut().enumerate().take(w) {
+            *r = _mm256_loadu_ps(acc.as_ptr().add(c0 + 8 * i));
+        }
+        for key in a..b {
+            let e = _mm256_set1_ps(*p.get_unchecked(key));
+            let vr = vp.add(key * hd + c0);
+            for (i, r) in r.iter_mut().enumerate().take(w) {
+                *r = _mm256_fmadd_ps(_mm256_loadu_ps(vr.add(8 * i)), e, *r);
+            }
+        }
+        for (i, r) in r.iter().enumerate().take(w) {
+            _mm256_storeu_ps(acc.as_mut_ptr().add(c0 + 8 * i), *r);
+        }
+    }
+    st[0] = mnew;
+    st[1] = sum;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::KvType;
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+
+    /// Against a two-pass softmax in f64 over the same cache values, for head sizes 64, 128 and
+    /// 256, groups of 6 and 7, causal and sliding-window masks, a cached prefix, and blocks and
+    /// tiles that end anywhere; every output written (poisoned first).
+    #[test]
+    fn prompt_attention_matches_a_two_pass_softmax() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let all = usize::MAX;
+        for (hd, n_head, n_kv, t, pos0, window) in [
+            (64, 14, 2, 64, 0, all),
+            (64, 14, 2, 150, 37, all),
+            (128, 12, 2, 100, 130, all),
+            (256, 4, 1, 70, 5, all),
+            (64, 6, 2, 90, 40, 37),
+        ] {
+            let l = QkvLayout {
+                q_dim: n_head * hd,
+                kv_dim: n_kv * hd,
+                head_dim: hd,
+            };
+            let row = l.q_dim + 2 * l.kv_dim;
+            let cap = pos0 + t + 3;
+            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let mut rand16 = || -> Vec<u16> {
+                (0..n_kv * cap * hd)
+                    .map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
+                    .collect()
+            };
+            let (kb, vb) = (rand16(), rand16());
+            let view = |b: &Vec<u16>| KvRows {
+                t: KvType::F16,
+                // SAFETY: the u16s as bytes.
+                data: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) },
+                row: KvType::F16.row_bytes(hd),
+            };
+            let scale = 0.7 / (hd as f32).sqrt();
+            let mask = Mask { scale, window };
+            let mut out = vec![f32::NAN; t * l.q_dim];
+            attention(
+                &qkv,
+                t,
+                &l,
+                n_head,
+                n_kv,
+                pos0,
+                view(&kb),
+                view(&vb),
+                cap,
+                mask,
+                &mut out,
+            );
+            let f = |b: &Vec<u16>, i: usize| f16::from_bits(b[i]).to_f32() as f64;
+            let mut worst = 0f64;
+            for ti in 0..t {
+                for h in 0..n_head {
+                    let kvh = h / (n_head / n_kv);
+                    let q = &qkv[ti * row + h * hd..ti * row + (h + 1) * hd];
+                    let end = pos0 + ti + 1;
+                    let lo = end.saturating_sub(window);
+                    let sc: Vec<f64> = (lo..end)
+                        .map(|p| {
+                            (0..hd)
+                                .map(|d| q[d] as f64 * f(&kb, (kvh * cap + p) * hd + d))
+                                .sum::<f64>()
+                                * scale as f64
+                        })
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = (lo..end)
+                            .zip(&e)
+                            .map(|(p, e)| e / z * f(&vb, (kvh * cap + p) * hd + d))
+                            .sum();
+                        let got = out[ti * l.q_dim + h * hd + d] as f64;
+                        worst = worst.max((got - want).abs());
+                        assert!(
+                            (got - want).abs() < 1e-4,
+                            "hd {hd}, t {t} after {pos0}, window {window}: token {ti} head {h} value {d}: {got} against {want}"
+                        );
+                    }
+                }
+            }
+            eprintln!(
+                "hd {hd}, {n_head}/{n_kv} heads, t {t} after {pos0}: worst |error| {worst:.2e}"
+            );
+        }
+    }
+
+    /// The AVX2 kernel and the scalar reference agree on one tile (same arithmetic up to the
+    /// order of the score sums and the exp).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_row_kernel_matches_the_reference() {
+        if !wide() {
+            eprintln!("SKIP (not run, not passed): no AVX2 on this CPU");
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for hd in [64, 128, 256] {
+            for (a, b) in [(0, 64), (5, 40), (63, 64), (0, 1)] {
+                let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let kt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let vt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let acc0: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let (mut s1, mut s2) = ([0.3f32, 2.5], [0.3f32, 2.5]);
+                let (mut a1, mut a2) = (acc0.clone(), acc0.clone());
+                let (mut p1, mut p2) = (vec![0f32; KEYS], vec![0f32; KEYS]);
+                row_tile(&q, &kt, &vt, (a, b), 0.1, &mut s1, &mut a1, &mut p1);
+                // SAFETY: AVX2 and FMA are present (checked above).
+                unsafe { row_tile_avx2(&q, &kt, &vt, (a, b), 0.1, &mut s2, &mut a2, &mut p2) };
+                assert!(
+                    (s1[0] - s2[0]).abs() < 1e-5
+                        && (s1[1] - s2[1]).abs() < 1e-4 * s1[1].abs().max(1.0)
+                );
+                for (x, y) in a1.iter().zip(&a2) {
+                    assert!(
+                        (x - y).abs() < 1e-4 * x.abs().max(1.0),
+                        "hd {hd} [{a}, {b}): {x} against {y}"
+                    );
+                }
+            }
+        }
+    }
+}
