@@ -161,6 +161,31 @@ const TILE_KEYS: usize = 64;
 /// Tokens of a query block at most (each with the group's heads).
 const TILE_TOKENS: usize = 16;
 
+/// Runs `work(kvh, t0, t1)` for every KV head and block of at most `most` of the pass's `t`
+/// tokens: blocks small enough that every thread gets a few tasks, on the pool unless the pass is
+/// small. The tiled passes' schedule (here and in `prompt_attention`).
+pub(super) fn token_blocks(
+    t: usize,
+    n_kv_head: usize,
+    n_head: usize,
+    pos0: usize,
+    most: usize,
+    work: &(dyn Fn(usize, usize, usize) + Sync),
+) {
+    let threads = super::pool::pool().threads();
+    let bt = (t * n_kv_head / (4 * threads)).clamp(1, most);
+    let tasks = t.div_ceil(bt) * n_kv_head;
+    let task = |j: usize| {
+        let (kvh, blk) = (j % n_kv_head, j / n_kv_head);
+        work(kvh, blk * bt, ((blk + 1) * bt).min(t))
+    };
+    if t * n_head * (pos0 + t) < 4096 {
+        (0..tasks).for_each(task);
+    } else {
+        super::pool::pool().run(tasks, &task);
+    }
+}
+
 /// False when `MENS_NO_TILE` is set: prompt passes take the per-token path (same bits), for A/B
 /// runs in one binary.
 fn tiling() -> bool {
@@ -215,17 +240,11 @@ fn tiled(
     let row = l.q_dim + 2 * l.kv_dim;
     let path = Path::get(hd);
     let heads = tile_heads();
-    let threads = super::pool::pool().threads();
-    // Blocks small enough that every thread gets a few tasks.
-    let bt = (t * n_kv_head / (4 * threads)).clamp(1, TILE_TOKENS);
-    let blocks = t.div_ceil(bt);
     let sl = RUN_HEADER + hd;
     let (kf, vf) = (k_cache.f16(), v_cache.f16());
     assert!(pos0 + t <= cap && out.len() >= t * l.q_dim);
     let base = super::OutPtr(out.as_mut_ptr());
-    let work = |j: usize| {
-        let (kvh, blk) = (j % n_kv_head, j / n_kv_head);
-        let (t0, t1) = (blk * bt, ((blk + 1) * bt).min(t));
+    let work = |kvh: usize, t0: usize, t1: usize| {
         // Token ti sees keys lo(ti) .. pos0 + ti + 1 of this KV head.
         let end = |ti: usize| pos0 + ti + 1;
         let lo = |ti: usize| end(ti).saturating_sub(mask.window);
@@ -293,12 +312,7 @@ fn tiled(
             }
         });
     };
-    let tasks = blocks * n_kv_head;
-    if t * n_head * (pos0 + t) < 4096 {
-        (0..tasks).for_each(work);
-    } else {
-        super::pool::pool().run(tasks, &work);
-    }
+    token_blocks(t, n_kv_head, n_head, pos0, TILE_TOKENS, &work);
 }
 
 /// Which implementation runs for a head dimension on this CPU.
@@ -1075,7 +1089,7 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
@@ -1188,6 +1202,23 @@ mod tests {
         }
     }
 
+    /// `n` random f16 cache values (as their bits) in [-2, 2).
+    pub(in crate::kernels) fn random_f16_cache(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<u16> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
+            .collect()
+    }
+
+    /// Those values as an f16 cache's rows of `hd`.
+    pub(in crate::kernels) fn f16_rows(b: &[u16], hd: usize) -> KvRows<'_> {
+        KvRows {
+            t: KvType::F16,
+            // SAFETY: the u16s as bytes.
+            data: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) },
+            row: KvType::F16.row_bytes(hd),
+        }
+    }
+
     /// A pass tiled over query blocks and key tiles (`tiled`, from 4 query rows) gives the bits of each token alone (the
     /// per-token path), for head sizes 64 and 128, groups of 6 and 7 heads, causal and
     /// sliding-window masks, blocks that end inside a tile and prompts after a cached prefix.
@@ -1211,18 +1242,10 @@ mod tests {
             let row = l.q_dim + 2 * l.kv_dim;
             let cap = pos0 + t + 3;
             let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let rand16 = |rng: &mut rand::rngs::StdRng| -> Vec<u16> {
-                (0..n_kv * cap * hd)
-                    .map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
-                    .collect()
-            };
-            let (kb, vb) = (rand16(&mut rng), rand16(&mut rng));
-            let view = |b: &Vec<u16>| KvRows {
-                t: KvType::F16,
-                // SAFETY: the u16s as bytes.
-                data: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) },
-                row: KvType::F16.row_bytes(hd),
-            };
+            let (kb, vb) = (
+                random_f16_cache(&mut rng, n_kv * cap * hd),
+                random_f16_cache(&mut rng, n_kv * cap * hd),
+            );
             let mask = Mask {
                 scale: 0.7 / (hd as f32).sqrt(),
                 window,
@@ -1235,8 +1258,8 @@ mod tests {
                 n_head,
                 n_kv,
                 pos0,
-                view(&kb),
-                view(&vb),
+                f16_rows(&kb, hd),
+                f16_rows(&vb, hd),
                 cap,
                 mask,
                 &mut out,
@@ -1250,8 +1273,8 @@ mod tests {
                     n_head,
                     n_kv,
                     pos0 + ti,
-                    view(&kb),
-                    view(&vb),
+                    f16_rows(&kb, hd),
+                    f16_rows(&vb, hd),
                     cap,
                     mask,
                     &mut alone,

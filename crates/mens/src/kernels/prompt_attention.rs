@@ -55,14 +55,9 @@ pub fn attention(
     assert!(pos0 + t <= cap && out.len() >= t * l.q_dim && qkv.len() >= t * row);
     let (kf, vf) = (k_cache.f16(), v_cache.f16());
     assert!(kf.len() >= n_kv_head * cap * hd && vf.len() >= n_kv_head * cap * hd);
-    let threads = super::pool::pool().threads();
-    let bt = (t * n_kv_head / (4 * threads)).clamp(1, TOKENS);
-    let blocks = t.div_ceil(bt);
     let base = super::OutPtr(out.as_mut_ptr());
     let simd = wide();
-    let work = |j: usize| {
-        let (kvh, blk) = (j % n_kv_head, j / n_kv_head);
-        let (t0, t1) = (blk * bt, ((blk + 1) * bt).min(t));
+    let work = |kvh: usize, t0: usize, t1: usize| {
         let end = |ti: usize| pos0 + ti + 1;
         let lo = |ti: usize| end(ti).saturating_sub(mask.window);
         let rows = (t1 - t0) * group;
@@ -151,12 +146,7 @@ pub fn attention(
             }
         });
     };
-    let tasks = blocks * n_kv_head;
-    if t * n_head * (pos0 + t) < 4096 {
-        (0..tasks).for_each(work);
-    } else {
-        super::pool::pool().run(tasks, &work);
-    }
+    super::attention::token_blocks(t, n_kv_head, n_head, pos0, TOKENS, &work);
 }
 
 /// f16 values as f32 (F16C where the CPU has it).
@@ -332,8 +322,8 @@ unsafe fn row_tile_avx2(
 
 #[cfg(test)]
 mod tests {
+    use super::super::attention::tests::{f16_rows, random_f16_cache};
     use super::*;
-    use crate::model::KvType;
     use half::f16;
     use rand::{Rng, SeedableRng};
 
@@ -359,18 +349,10 @@ mod tests {
             let row = l.q_dim + 2 * l.kv_dim;
             let cap = pos0 + t + 3;
             let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let mut rand16 = || -> Vec<u16> {
-                (0..n_kv * cap * hd)
-                    .map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
-                    .collect()
-            };
-            let (kb, vb) = (rand16(), rand16());
-            let view = |b: &Vec<u16>| KvRows {
-                t: KvType::F16,
-                // SAFETY: the u16s as bytes.
-                data: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len() * 2) },
-                row: KvType::F16.row_bytes(hd),
-            };
+            let (kb, vb) = (
+                random_f16_cache(&mut rng, n_kv * cap * hd),
+                random_f16_cache(&mut rng, n_kv * cap * hd),
+            );
             let scale = 0.7 / (hd as f32).sqrt();
             let mask = Mask { scale, window };
             let mut out = vec![f32::NAN; t * l.q_dim];
@@ -381,8 +363,8 @@ mod tests {
                 n_head,
                 n_kv,
                 pos0,
-                view(&kb),
-                view(&vb),
+                f16_rows(&kb, hd),
+                f16_rows(&vb, hd),
                 cap,
                 mask,
                 &mut out,
