@@ -9,7 +9,7 @@
 //!   vector path can run it 8 lanes at a time with the same bits), and the V accumulator rounded to
 //!   f16 after every update; the running sum as `S = S·ms + vs` with one rounding (an FMA).
 //!
-//! `attend_ref` is the plain reference; `attend_avx2` gives the same bits (tested): Q·K and `expf` for
+//! `run_ref` is the plain reference; `attend_avx2` gives the same bits (tested): Q·K and `expf` for
 //! 8 keys at a time, then the sequential accumulator updates, with no call in the loop (a call would
 //! spill the accumulators). It is 256-bit on purpose, see `attend_avx2`.
 
@@ -71,6 +71,16 @@ pub fn attention_masked(
 ) {
     count_dispatch();
     let f16_cache = k_cache.t == KvType::F16 && v_cache.t == KvType::F16;
+    if f16_cache && t >= super::prompt_attention::FROM && super::prompt_attention::chosen() {
+        return super::prompt_attention::attention(
+            qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, mask, out,
+        );
+    }
+    if f16_cache && t >= TILE_FROM && tiling() {
+        return tiled(
+            qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, mask, out,
+        );
+    }
     let hd = l.head_dim;
     let group = n_head / n_kv_head;
     let row = l.q_dim + 2 * l.kv_dim;
@@ -80,17 +90,6 @@ pub fn attention_masked(
     // same K/V rows, so one thread reads them from memory once and then from its own cache. Groups
     // are split only when there are fewer (token, group) pairs than threads.
     let threads = super::pool::pool().threads();
-    if f16_cache && t >= super::prompt_attention::FROM && super::prompt_attention::chosen() {
-        let (k, v) = (k_cache, v_cache);
-        return super::prompt_attention::attention(
-            qkv, t, l, n_head, n_kv_head, pos0, k, v, cap, mask, out,
-        );
-    }
-    if f16_cache && t >= TILE_FROM && tiling() {
-        return tiled(
-            qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, mask, out,
-        );
-    }
     let parts = threads.div_ceil(t * n_kv_head).clamp(1, group);
     let per = group.div_ceil(parts);
     let parts = group.div_ceil(per);
@@ -193,17 +192,6 @@ fn tiling() -> bool {
     *ON.get_or_init(|| std::env::var_os("MENS_NO_TILE").is_none())
 }
 
-/// Heads a tiled pass takes together at most (`MENS_TILE_HEADS`, 1, 2 or 4; default 4).
-fn tile_heads() -> usize {
-    static H: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *H.get_or_init(|| {
-        std::env::var("MENS_TILE_HEADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4)
-    })
-}
-
 /// `runs` (H runs of `sl` values each, in order) as H slices.
 fn split_runs<const H: usize>(runs: &mut [f32], sl: usize) -> [&mut [f32]; H] {
     let mut it = runs.chunks_exact_mut(sl);
@@ -239,7 +227,6 @@ fn tiled(
     let group = n_head / n_kv_head;
     let row = l.q_dim + 2 * l.kv_dim;
     let path = Path::get(hd);
-    let heads = tile_heads();
     let sl = RUN_HEADER + hd;
     let (kf, vf) = (k_cache.f16(), v_cache.f16());
     assert!(pos0 + t <= cap && out.len() >= t * l.q_dim);
@@ -281,13 +268,13 @@ fn tiled(
                     let mut rest = &mut runs[..];
                     while h < group {
                         let left = group - h;
-                        if left >= 4 && heads >= 4 {
+                        if left >= 4 {
                             let (four, r) = rest.split_at_mut(4 * sl);
                             let st: [&mut [f32]; 4] = split_runs(four, sl);
                             let qs = [q(ti, h), q(ti, h + 1), q(ti, h + 2), q(ti, h + 3)];
                             path.run_n(qs, k, v, hd, n, sc, st);
                             (rest, h) = (r, h + 4);
-                        } else if left >= 2 && heads >= 2 {
+                        } else if left >= 2 {
                             let (two, r) = rest.split_at_mut(2 * sl);
                             let st: [&mut [f32]; 2] = split_runs(two, sl);
                             path.run_n([q(ti, h), q(ti, h + 1)], k, v, hd, n, sc, st);
@@ -600,37 +587,19 @@ fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
-/// The reference: llama.cpp's one-chunk flash attention for one query row.
-#[cfg(test)]
-fn attend_ref(
-    q: &[f32],
-    k: &[f16],
-    v: &[f16],
-    stride: usize,
-    n: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let mut st = [0f32; RUN_HEADER + MAX_HEAD_DIM];
-    let st = &mut st[..RUN_HEADER + q.len()];
-    run_start(st);
-    run_ref(q, k, v, stride, n, scale, st);
-    run_finish(st, out);
-}
-
 /// An online softmax in progress for one query head, as the kernels carry it from key to key:
 /// `[max, sum, acc[0..hd]]` (acc: the f16-rounded V accumulator). Keys can be fed in any number of
 /// runs, in order: the bits are those of one pass over all of them.
-const RUN_HEADER: usize = 2;
+pub(super) const RUN_HEADER: usize = 2;
 
-fn run_start(st: &mut [f32]) {
+pub(super) fn run_start(st: &mut [f32]) {
     st[0] = f32::NEG_INFINITY;
     st[1] = 0.0;
     st[RUN_HEADER..].fill(0.0);
 }
 
 /// The output of a finished run: acc / sum.
-fn run_finish(st: &[f32], out: &mut [f32]) {
+pub(super) fn run_finish(st: &[f32], out: &mut [f32]) {
     let sum = st[1];
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(&st[RUN_HEADER..]) {
@@ -638,7 +607,8 @@ fn run_finish(st: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `attend_ref`'s loop over `n` more keys of a run.
+/// The reference, llama.cpp's one-chunk flash attention for one query row (`Path::Reference`):
+/// its loop over `n` more keys of a run.
 fn run_ref(q: &[f32], k: &[f16], v: &[f16], stride: usize, n: usize, scale: f32, st: &mut [f32]) {
     let hd = q.len();
     let (head, acc) = st.split_at_mut(RUN_HEADER);
@@ -672,7 +642,7 @@ const GROUP: usize = 8;
 /// with a block-quantized K or V (`-ctk` / `-ctv`), as llama.cpp's CPU flash attention computes each
 /// head for those types: with a quantized K, Q (f32, not rounded to f16) is quantized to Q8_0 and
 /// each score is the Q8_0 dot product of the K type; with a quantized V, each row is dequantized
-/// and accumulated in f32 (with an f16 V, in the f16 accumulator of `attend_ref`). The same online
+/// and accumulated in f32 (with an f16 V, in the f16 accumulator of `run_ref`). The same online
 /// softmax and `expf` as the f16 kernel. The heads share each row's dequantization; each head's
 /// arithmetic is what it would be alone.
 fn attend_quant(qs: &[f32], k: KvRows, v: KvRows, n: usize, scale: f32, out: &mut [f32]) {
@@ -893,7 +863,7 @@ pub(super) unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::_
     _mm256_blendv_ps(y, _mm256_setzero_ps(), under)
 }
 
-/// `attend_ref` on 256-bit vectors for head dimension `8 * L` (L a multiple of 8): Q·K of 8 keys at
+/// `run_ref` on 256-bit vectors for head dimension `8 * L` (L a multiple of 8): Q·K of 8 keys at
 /// a time, each key's 16-lane vectors of ggml's order as two 8-lane halves, the 8 lane-reductions
 /// done together in the same order (a transposing tree), `expf` on 8 lanes, then the sequential
 /// softmax and f16 accumulator updates. 256-bit on purpose: the rest of a decode step (the matmuls)
@@ -1375,7 +1345,7 @@ pub(super) mod tests {
                     .collect();
                 let scale = 1.0 / (hd as f32).sqrt();
                 let mut want = vec![0f32; hd];
-                attend_ref(&q, &k, &v, stride, n, scale, &mut want);
+                Path::Reference.attend(&q, &k, &v, stride, n, scale, &mut want);
                 for &p in &paths {
                     let mut got = vec![0f32; hd];
                     p.attend(&q, &k, &v, stride, n, scale, &mut got);
@@ -1387,7 +1357,7 @@ pub(super) mod tests {
                     // Two heads in one pass: a second query, each head its own bits.
                     let q2: Vec<f32> = q.iter().map(|x| round_f16(-0.7 * x + 0.1)).collect();
                     let mut want2 = vec![0f32; hd];
-                    attend_ref(&q2, &k, &v, stride, n, scale, &mut want2);
+                    Path::Reference.attend(&q2, &k, &v, stride, n, scale, &mut want2);
                     let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
                     p.attend2([&q, &q2], &k, &v, stride, n, scale, [&mut a, &mut b]);
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -5,15 +5,15 @@
 //! llama.cpp's one-chunk arithmetic (`attention.rs`, the kernel llama.cpp runs for decode and for
 //! passes below 64 rows) for every pass, so that a prompt's logits are bit-equal to the same tokens
 //! decoded one by one (cached = uncached, speculation = plain decoding). Measured: 0.5B prefill of
-//! 4096 tokens 1.2× the default path's on this VM (docs/benchmarks.md, session 15).
+//! 4096 and 8192 tokens 1.3× the default path's on this VM (docs/benchmarks.md, session 15).
 //!
 //! A task is one KV head and a block of tokens with every query head of the group: each K/V tile
 //! is read from memory once per block and widened to f32 once, then every (token, head) row takes
 //! from it the keys its mask lets it see.
 
-use super::attention::Mask;
+use super::attention::{run_finish, run_start, Mask, RUN_HEADER};
 use super::kv::KvRows;
-use super::ops::QkvLayout;
+use super::ops::{QkvLayout, MAX_HEAD_DIM};
 
 /// Query rows from which a pass takes this path (llama.cpp's `GGML_FA_TILE_Q`).
 pub const FROM: usize = 64;
@@ -29,7 +29,8 @@ pub fn chosen() -> bool {
 }
 
 thread_local! {
-    /// A worker's scratch: the widened K (transposed) and V tiles, then the block's rows.
+    /// A worker's scratch: the widened K (transposed) and V tiles, the block's runs (the layout of
+    /// `attention::RUN_HEADER`, with f32 accumulators), a tile's weights.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -56,26 +57,25 @@ pub fn attention(
     let (kf, vf) = (k_cache.f16(), v_cache.f16());
     assert!(kf.len() >= n_kv_head * cap * hd && vf.len() >= n_kv_head * cap * hd);
     let base = super::OutPtr(out.as_mut_ptr());
-    let simd = wide();
+    // The AVX2 row kernel takes the accumulator 8 values at a time.
+    let simd = wide() && hd % 8 == 0;
+    let sl = RUN_HEADER + hd;
     let work = |kvh: usize, t0: usize, t1: usize| {
         let end = |ti: usize| pos0 + ti + 1;
         let lo = |ti: usize| end(ti).saturating_sub(mask.window);
         let rows = (t1 - t0) * group;
         SCRATCH.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let need = 2 * KEYS * hd + rows * (hd + 2) + KEYS;
+            let need = 2 * KEYS * hd + rows * sl + KEYS;
             if sc.len() < need {
                 sc.resize(need, 0.0);
             }
             let (kt, rest) = sc.split_at_mut(KEYS * hd);
             let (vt, rest) = rest.split_at_mut(KEYS * hd);
-            let (acc, rest) = rest.split_at_mut(rows * hd);
-            let (ms, rest) = rest.split_at_mut(rows * 2);
+            let (runs, rest) = rest.split_at_mut(rows * sl);
             let p = &mut rest[..KEYS];
-            acc.fill(0.0);
-            for m in ms.chunks_exact_mut(2) {
-                m[0] = f32::NEG_INFINITY;
-                m[1] = 0.0;
+            for st in runs.chunks_exact_mut(sl) {
+                run_start(st);
             }
             let mut k0 = lo(t0);
             while k0 < end(t1 - 1) {
@@ -87,19 +87,12 @@ pub fn attention(
                     &kf[first * hd..(first + n) * hd],
                     &vf[first * hd..(first + n) * hd],
                 );
-                // V as rows; K as rows into p's room first, then transposed.
                 widen(vr, &mut vt[..n * hd]);
                 for key in 0..n {
-                    let mut row = [0f32; 256];
-                    let row = &mut row[..hd.min(256)];
-                    for (c0, kc) in (0..hd)
-                        .step_by(row.len())
-                        .zip(kr[key * hd..(key + 1) * hd].chunks(row.len()))
-                    {
-                        widen(kc, &mut row[..kc.len()]);
-                        for (d, x) in row[..kc.len()].iter().enumerate() {
-                            kt[(c0 + d) * KEYS + key] = *x;
-                        }
+                    let mut row = [0f32; MAX_HEAD_DIM];
+                    widen(&kr[key * hd..(key + 1) * hd], &mut row[..hd]);
+                    for (d, x) in row[..hd].iter().enumerate() {
+                        kt[d * KEYS + key] = *x;
                     }
                 }
                 for key in n..KEYS {
@@ -116,17 +109,16 @@ pub fn attention(
                         let r = (ti - t0) * group + h;
                         let at = ti * row + (kvh * group + h) * hd;
                         let q = &qkv[at..at + hd];
-                        let st = &mut ms[2 * r..2 * r + 2];
-                        let acc = &mut acc[r * hd..(r + 1) * hd];
+                        let st = &mut runs[r * sl..(r + 1) * sl];
                         let range = (a - k0, b - k0);
                         #[cfg(target_arch = "x86_64")]
                         if simd {
-                            // SAFETY: `wide` says AVX2 and FMA are present; hd % 8 == 0 there.
-                            unsafe { row_tile_avx2(q, kt, vt, range, mask.scale, st, acc, p) };
+                            // SAFETY: `wide` says AVX2 and FMA are present, and hd % 8 == 0.
+                            unsafe { row_tile_avx2(q, kt, vt, range, mask.scale, st, p) };
                             continue;
                         }
                         let _ = simd;
-                        row_tile(q, kt, vt, range, mask.scale, st, acc, p);
+                        row_tile(q, kt, vt, range, mask.scale, st, p);
                     }
                 }
                 k0 = k1;
@@ -134,14 +126,10 @@ pub fn attention(
             for ti in t0..t1 {
                 for h in 0..group {
                     let r = (ti - t0) * group + h;
-                    let sum = ms[2 * r + 1];
-                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                     let at = ti * l.q_dim + (kvh * group + h) * hd;
                     // SAFETY: (token, head) spans are disjoint across tasks and inside `out`.
                     let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(at), hd) };
-                    for (o, a) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
-                        *o = a * inv;
-                    }
+                    run_finish(&runs[r * sl..(r + 1) * sl], o);
                 }
             }
         });
@@ -189,9 +177,8 @@ fn wide() -> bool {
     }
 }
 
-/// One query row against keys `range` of a tile: scores, the running max `st[0]` and sum `st[1]`,
-/// and the f32 accumulator, as llama.cpp's tiled kernel updates them (the reference).
-#[allow(clippy::too_many_arguments)]
+/// One query row against keys `range` of a tile: scores, then the run `st` (running max, sum and
+/// an f32 accumulator) updated as llama.cpp's tiled kernel updates them (the reference).
 fn row_tile(
     q: &[f32],
     kt: &[f32],
@@ -199,10 +186,10 @@ fn row_tile(
     (a, b): (usize, usize),
     scale: f32,
     st: &mut [f32],
-    acc: &mut [f32],
     p: &mut [f32],
 ) {
     let hd = q.len();
+    let (st, acc) = st.split_at_mut(RUN_HEADER);
     let mut tmax = f32::NEG_INFINITY;
     for key in a..b {
         let s: f32 = (0..hd).map(|d| q[d] * kt[d * KEYS + key]).sum::<f32>() * scale;
@@ -232,7 +219,6 @@ fn row_tile(
 /// `expf` 8 lanes at a time, the accumulator 64 values at a time in registers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn row_tile_avx2(
     q: &[f32],
     kt: &[f32],
@@ -240,11 +226,11 @@ unsafe fn row_tile_avx2(
     (a, b): (usize, usize),
     scale: f32,
     st: &mut [f32],
-    acc: &mut [f32],
     p: &mut [f32],
 ) {
     use std::arch::x86_64::*;
     let hd = q.len();
+    let (st, acc) = st.split_at_mut(RUN_HEADER);
     debug_assert!(hd % 8 == 0 && kt.len() >= hd * KEYS && vt.len() >= KEYS * hd && p.len() >= KEYS);
     // Scores of the tile's 64 keys (vectors past `b` are not needed).
     let nv = b.div_ceil(8);
@@ -423,18 +409,21 @@ mod tests {
                 let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let kt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let vt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
-                let acc0: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                let (mut s1, mut s2) = ([0.3f32, 2.5], [0.3f32, 2.5]);
-                let (mut a1, mut a2) = (acc0.clone(), acc0.clone());
+                // A run in progress: max 0.3, sum 2.5, then the accumulator.
+                let run: Vec<f32> = [0.3f32, 2.5]
+                    .into_iter()
+                    .chain((0..hd).map(|_| rng.gen_range(-1.0..1.0)))
+                    .collect();
+                let (mut s1, mut s2) = (run.clone(), run);
                 let (mut p1, mut p2) = (vec![0f32; KEYS], vec![0f32; KEYS]);
-                row_tile(&q, &kt, &vt, (a, b), 0.1, &mut s1, &mut a1, &mut p1);
+                row_tile(&q, &kt, &vt, (a, b), 0.1, &mut s1, &mut p1);
                 // SAFETY: AVX2 and FMA are present (checked above).
-                unsafe { row_tile_avx2(&q, &kt, &vt, (a, b), 0.1, &mut s2, &mut a2, &mut p2) };
+                unsafe { row_tile_avx2(&q, &kt, &vt, (a, b), 0.1, &mut s2, &mut p2) };
                 assert!(
                     (s1[0] - s2[0]).abs() < 1e-5
                         && (s1[1] - s2[1]).abs() < 1e-4 * s1[1].abs().max(1.0)
                 );
-                for (x, y) in a1.iter().zip(&a2) {
+                for (x, y) in s1[RUN_HEADER..].iter().zip(&s2[RUN_HEADER..]) {
                     assert!(
                         (x - y).abs() < 1e-4 * x.abs().max(1.0),
                         "hd {hd} [{a}, {b}): {x} against {y}"
