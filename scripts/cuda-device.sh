@@ -2,12 +2,13 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|families|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
 # `concurrency`: `mens bench --backend cuda --concurrency 1,4,16,64` (the server's batched runner
-# without HTTP) on each shape.
+# without HTTP) on each shape. `families`: the same with the default kernels and with cuBLAS
+# (MENS_CUDA_BATCH=cublas), alternating, and the per-kernel profile of each family.
 # `batch`: `mens serve --backend cuda --parallel N` under N streaming clients (256 prompt tokens,
 # 256 generated each, ignore_eos, greedy) for N = 1, 4, 16, 64 on synth 7b, and N = 64 on the
 # other shapes; `mens bench` decode beside it (the N = 1 bar).
@@ -153,6 +154,27 @@ if [ "$MODE" = concurrency ] || [ "$MODE" = all ]; then
       --concurrency 1,4,16,64 --concurrency-prompt 256 --gen 256 -q --json "$OUT/concurrency-$s.json" \
       2>&1 | grep -E "sequences together|TTFT|error|Error" | sed "s/^/synth $s: /" | tee -a "$OUT/concurrency.txt"
   done
+fi
+
+if [ "$MODE" = families ]; then
+  # Issue 15: the batched runner (no HTTP) with each kernel family of 16 rows and more, alternating
+  # twice per shape (MENS_CUDA_BATCH: unset = the default mix, cublas), then where a 7B step's
+  # time goes in each family at each batch size.
+  for s in ${SHAPES//,/ }; do
+    for round in 1 2; do
+      for k in auto cublas; do
+        MENS_CUDA_BATCH=$k "$BIN/mens" bench -m "$(synth "$s")" --backend cuda --prompt 16 --steps 0 --reps 1 \
+          --paired 0 --concurrency 1,4,16,32,64 --concurrency-prompt 256 --gen 128 -q 2>&1 \
+          | grep -E "sequences together|error|Error" | sed "s/^/synth $s, round $round, $k: /"
+      done
+    done
+  done | tee "$OUT/families.txt"
+  MENS_CUDA_PROFILE=both timeout 150 "$BIN/mens" serve --backend cuda -m "$(synth 7b)" --port 8096 --parallel 64 -c 1024 \
+    > "$OUT/families-profile.txt" 2>&1 &
+  ppid=$!
+  for _ in $(seq 150); do grep -q "listening" "$OUT/families-profile.txt" && break; sleep 1; done
+  kill $ppid; wait $ppid 2>/dev/null
+  grep -E "profile" "$OUT/families-profile.txt"
 fi
 
 if [ "$MODE" = kv ]; then

@@ -480,7 +480,11 @@ fn tiny_qwen3_batch_matches_cpu() {
     let prompts: Vec<Vec<u32>> = (0..2)
         .map(|i| (0..20 + 30 * i).map(|_| r.gen_range(0..v)).collect())
         .collect();
-    for kernels in [BatchKernels::Dp4a, BatchKernels::TensorCores] {
+    for kernels in [
+        BatchKernels::Dp4a,
+        BatchKernels::TensorCores,
+        BatchKernels::Cublas,
+    ] {
         b.set_kernels(kernels).unwrap();
         let mut cpu: Vec<Session> = (0..2)
             .map(|_| {
@@ -994,35 +998,87 @@ fn batch_decodes_like_each_request_alone() {
     assert!(together
         .iter()
         .all(|t| t.len() == 32 && t.iter().all(|&x| x < v)));
-    // The tensor-core path against the single-sequence session (other arithmetic: close, not
-    // equal), teacher-forced.
-    b.set_kernels(BatchKernels::TensorCores).unwrap();
+    // The tensor-core and cuBLAS paths against the single-sequence session (other arithmetic:
+    // close, not equal), teacher-forced; the cuBLAS one also with 64 requests decoding together.
     let mut s = CudaSession::new(gm, 256, 64).unwrap();
     let mut greedy = Sampler::new(SamplerConfig::greedy(), v as usize).unwrap();
-    let mut errs = Vec::new();
-    let mut agree = 0;
-    for i in [0usize, 9, 40] {
-        for (e, same) in batch_against_session(&mut b, &mut s, &prompts[i], i, 32, &mut greedy) {
-            errs.push(e);
-            agree += same as usize;
+    for kernels in [BatchKernels::TensorCores, BatchKernels::Cublas] {
+        b.set_kernels(kernels).unwrap();
+        let mut errs = Vec::new();
+        let mut agree = 0;
+        for i in [0usize, 9, 40] {
+            for (e, same) in batch_against_session(&mut b, &mut s, &prompts[i], i, 32, &mut greedy)
+            {
+                errs.push(e);
+                agree += same as usize;
+            }
         }
+        errs.sort_by(f64::total_cmp);
+        let median = errs[errs.len() / 2];
+        eprintln!(
+            "{kernels:?} batch vs single session, 3 × 32 teacher-forced steps: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/96",
+            errs[errs.len() - 1]
+        );
+        // A real-shape random-weight file amplifies rounding (see model_file_bounds).
+        let bound = if file.is_some() {
+            MODEL_FILE_MEDIAN
+        } else {
+            1e-2
+        };
+        assert!(
+            median < bound,
+            "{kernels:?}: batch and session logits differ: median rel L2 {median}"
+        );
     }
-    errs.sort_by(f64::total_cmp);
-    let median = errs[errs.len() / 2];
-    eprintln!(
-        "tensor-core batch vs single session, 3 × 32 teacher-forced steps: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/96",
-        errs[errs.len() - 1]
-    );
-    // A real-shape random-weight file amplifies rounding (see model_file_bounds).
-    let bound = if file.is_some() {
-        MODEL_FILE_MEDIAN
-    } else {
-        1e-2
-    };
-    assert!(
-        median < bound,
-        "batch and session logits differ: median rel L2 {median}"
-    );
+    // 64 rows in one step, teacher-forced: after each slot's prompt, one decode step of all 64
+    // (the 64-row bucket) against the single-sequence session given the same tokens.
+    for kernels in [BatchKernels::TensorCores, BatchKernels::Cublas] {
+        b.set_kernels(kernels).unwrap();
+        for i in 0..64 {
+            b.truncate_slot(i, 0);
+        }
+        let mut parts: Vec<Part> = (0..64)
+            .map(|i| Part {
+                slot: i,
+                tokens: &prompts[i],
+                logits: Logits::Last,
+            })
+            .collect();
+        b.step(&mut parts).unwrap();
+        let next: Vec<[u32; 1]> = (0..64)
+            .map(|i| [mens::sample::argmax(&b.slot_logits(i).unwrap()) as u32])
+            .collect();
+        let mut parts: Vec<Part> = (0..64)
+            .map(|i| Part {
+                slot: i,
+                tokens: &next[i],
+                logits: Logits::Last,
+            })
+            .collect();
+        b.step(&mut parts).unwrap();
+        let (mut errs, mut agree) = (Vec::new(), 0);
+        for i in 0..64 {
+            s.truncate(0);
+            s.forward(&prompts[i], Logits::Last).unwrap();
+            s.forward(&next[i], Logits::Last).unwrap();
+            let c = b.slot_logits(i).unwrap();
+            let a = s.logits().unwrap();
+            errs.push(rel_l2(&c, a));
+            agree += (mens::sample::argmax(&c) == mens::sample::argmax(a)) as usize;
+        }
+        errs.sort_by(f64::total_cmp);
+        let median = errs[32];
+        eprintln!(
+            "{kernels:?}, 64 rows in a step vs single session: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/64",
+            errs[63]
+        );
+        let bound = if file.is_some() {
+            MODEL_FILE_MEDIAN
+        } else {
+            1e-2
+        };
+        assert!(median < bound, "{kernels:?} at 64 rows: median rel L2 {median}");
+    }
     // Sampling on the device and on the host from a batch slot.
     let mut parts = [Part {
         slot: 3,

@@ -85,6 +85,17 @@ pub enum BatchKernels {
     Dp4a,
     /// Tensor-core matmuls at every batch size: a row gives the bits it gives alone.
     TensorCores,
+    /// Each weight dequantized to f16, then a cuBLAS GEMM (as a prompt pass does), at every
+    /// batch size: cuBLAS picks its kernel per shape, so a row's bits depend on the batch size.
+    Cublas,
+}
+
+/// How a decode step multiplies by the weights.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Dp4a,
+    Mma,
+    Blas,
 }
 
 /// Smallest bucket [`BatchKernels::Auto`] runs on tensor cores.
@@ -230,6 +241,7 @@ impl CudaBatch {
             kernels: match std::env::var("MENS_CUDA_BATCH").as_deref() {
                 Ok("dp4a") => BatchKernels::Dp4a,
                 Ok("mma") => BatchKernels::TensorCores,
+                Ok("cublas") => BatchKernels::Cublas,
                 _ => BatchKernels::Auto,
             },
             part_o: zeros(4 * s * splits * q)?,
@@ -270,7 +282,11 @@ impl CudaBatch {
         if let Ok(p) = std::env::var("MENS_CUDA_PROFILE") {
             let chosen = b.kernels;
             let families = if p == "both" {
-                vec![BatchKernels::Dp4a, BatchKernels::TensorCores]
+                vec![
+                    BatchKernels::Dp4a,
+                    BatchKernels::TensorCores,
+                    BatchKernels::Cublas,
+                ]
             } else {
                 vec![chosen]
             };
@@ -351,11 +367,13 @@ impl CudaBatch {
         // Auto: tensor cores from MMA_FROM rows when that many slots decode together; a batch of
         // fewer slots keeps dp4a for its verify rows (a row's bits as alone: the same greedy
         // tokens as plain decoding).
-        let mma = match self.kernels {
-            BatchKernels::Auto => bp >= MMA_FROM && self.slots >= MMA_FROM,
-            BatchKernels::Dp4a => false,
-            BatchKernels::TensorCores => true,
+        let fam = match self.kernels {
+            BatchKernels::Auto if bp >= MMA_FROM && self.slots >= MMA_FROM => Family::Mma,
+            BatchKernels::Auto | BatchKernels::Dp4a => Family::Dp4a,
+            BatchKernels::TensorCores => Family::Mma,
+            BatchKernels::Cublas => Family::Blas,
         };
+        let mma = fam != Family::Dp4a; // f16 activations
         let (tok, pos, slot, orow) = (
             self.meta.ptr,
             self.meta.at(4 * s),
@@ -421,7 +439,33 @@ impl CudaBatch {
                 .layers
                 .get(li + 1)
                 .map_or(&m.output_norm, |n| &n.attn_norm);
-            if mma {
+            if fam == Family::Blas {
+                if l.qk_norm.is_some() && bias != 0 {
+                    // rope_store_b adds the bias after the norm: no model has both.
+                    return Err(Error::Backend(
+                        "the cuBLAS decode step cannot apply both Q/K/V bias and a Q/K norm".into(),
+                    ));
+                }
+                let e = &self.engine;
+                e.linear(&[&l.q, &l.k, &l.v], self.x16.ptr, bp, self.qkv.ptr, row, false)?;
+                if let Some((wq, wkn)) = &l.qk_norm {
+                    launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
+                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
+                    n += 1;
+                }
+                launch!(dev, rope_store_b, (bp as u32, 1), 256;
+                    self.qkv.ptr, bias, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                    c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
+                att(li, kc, vc, self.x16.ptr)?;
+                e.linear(&[&l.o], self.x16.ptr, bp, self.x.ptr, d as usize, true)?;
+                norm(l.ffn_norm.ptr)?;
+                e.linear(&[&l.gate, &l.up], self.x16.ptr, bp, self.gu.ptr, 2 * f, false)?;
+                launch!(dev, swiglu_f16, ((bp * f).div_ceil(256) as u32, 1), 256;
+                    self.gu.ptr, f as i32, b, self.h16.ptr)?;
+                e.linear(&[&l.down], self.h16.ptr, bp, self.x.ptr, d as usize, true)?;
+                norm(rest.ptr)?;
+                n += 16;
+            } else if mma {
                 launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (qkv)", dev.h16_grid(row, c.dim), 256;
                     l.q.seg, l.k.seg, l.v.seg, d, self.x16.ptr, b, self.qkv.ptr, row as i32, 0u64,
                     bias, 0i32, part, counters)?;
@@ -431,7 +475,7 @@ impl CudaBatch {
                     n += 1;
                 }
                 launch!(dev, rope_store_b, (bp as u32, 1), 256;
-                    self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                    self.qkv.ptr, 0u64, cos, sin, pos, slot, slot_stride, c.n_head as i32,
                     c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                 att(li, kc, vc, self.x16.ptr)?;
                 launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (attn_output + residual)", dev.h16_grid(c.dim, q), 256;
@@ -457,7 +501,7 @@ impl CudaBatch {
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
                         self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
                     launch!(dev, rope_store_b, (bp as u32, 1), 256;
-                        self.qkv.ptr, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                        self.qkv.ptr, 0u64, cos, sin, pos, slot, slot_stride, c.n_head as i32,
                         c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                     n += 2;
                 } else {

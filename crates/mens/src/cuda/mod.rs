@@ -174,12 +174,17 @@ const H16_ROWS: usize = 16;
 /// Rows × column splits the tensor-core matmul keeps partial sums for, per activation row.
 const H16_PART_ROWS: usize = 65536;
 
+/// cuBLAS's workspace (its guide asks for at least 32 MiB on Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
+
 /// One GPU: context, stream, kernels and cuBLAS handle.
 pub struct Device {
     ctx: Arc<CudaContext>,
     stream: sys::CUstream,
     f: Funcs,
     blas: blas_sys::cublasHandle_t,
+    /// cuBLAS's workspace, set once so that a GEMM captured into a graph allocates nothing.
+    blas_ws: u64,
     pub name: String,
     pub arch: (i32, i32),
     pub total_mem: u64,
@@ -343,11 +348,17 @@ impl Device {
             }
         };
         unsafe { blas::set_stream(handle, stream as _) }.map_err(|e| err("cuBLAS stream", e))?;
+        let blas_ws = unsafe { drv::malloc_sync(BLAS_WORKSPACE) }
+            .map_err(|e| err("cuBLAS workspace", e))?;
+        unsafe { blas_sys::cublasSetWorkspace_v2(handle, blas_ws as *mut c_void, BLAS_WORKSPACE) }
+            .result()
+            .map_err(|e| err("cuBLAS workspace", e))?;
         Ok(Arc::new(Device {
             ctx,
             stream,
             f,
             blas: handle,
+            blas_ws,
             name,
             arch,
             total_mem,
@@ -543,6 +554,11 @@ impl Device {
     ) -> Result<()> {
         unsafe { drv::launch_kernel(f, (grid.0, grid.1, 1), (block, 1, 1), 0, self.stream, args) }
             .map_err(|e| err("kernel launch", e))?;
+        self.mark(name)
+    }
+
+    /// When profiling, an event after the work just queued (a launch or a cuBLAS call).
+    fn mark(&self, name: &'static str) -> Result<()> {
         if let Some(events) = self.prof.lock().unwrap().as_mut() {
             let e = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .map_err(|e| err("event", e))?;
@@ -558,6 +574,7 @@ impl Drop for Device {
         let _ = self.bind();
         unsafe {
             let _ = blas::destroy_handle(self.blas);
+            let _ = drv::free_sync(self.blas_ws);
             let _ = drv::stream::destroy(self.stream);
         }
     }
@@ -607,6 +624,7 @@ arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16);

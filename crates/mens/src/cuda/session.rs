@@ -597,8 +597,18 @@ impl CudaSession {
         Ok(())
     }
 
-    /// f16 GEMM: out[t][o0..] (f32, row stride `ldo`) = x16[t] · W^T for the stacked matrices.
-    fn linear(&self, mats: &[&Mat], x16: u64, t: usize, out: u64, ldo: usize) -> Result<()> {
+    /// f16 GEMM: out[t][o0..] (f32, row stride `ldo`) = x16[t] · W^T for the stacked matrices
+    /// (`add`: added to what out holds), through an f16 copy of the weights in `w16`. Also the
+    /// batched decode step's cuBLAS family (see [`super::BatchKernels`]).
+    pub(super) fn linear(
+        &self,
+        mats: &[&Mat],
+        x16: u64,
+        t: usize,
+        out: u64,
+        ldo: usize,
+        add: bool,
+    ) -> Result<()> {
         let dev = &self.model.dev;
         let cols = mats[0].cols;
         let mut rows = 0usize;
@@ -609,7 +619,7 @@ impl CudaSession {
                 m.seg, cols as i32, self.w16.at(2 * rows * cols))?;
             rows += m.seg.rows as usize;
         }
-        let (one, zero) = (1f32, 0f32);
+        let (one, beta) = (1f32, if add { 1f32 } else { 0f32 });
         unsafe {
             blas::gemm_ex(
                 dev.blas,
@@ -625,7 +635,7 @@ impl CudaSession {
                 x16 as *const c_void,
                 blas_sys::cudaDataType::CUDA_R_16F,
                 cols as i32,
-                &zero as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
                 out as *mut c_void,
                 blas_sys::cudaDataType::CUDA_R_32F,
                 ldo as i32,
@@ -633,7 +643,8 @@ impl CudaSession {
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| err("cuBLAS GEMM", e))
+        .map_err(|e| err("cuBLAS GEMM", e))?;
+        dev.mark("cuBLAS GEMM")
     }
 
     /// Causal attention of `t` new queries (Q grouped by KV head in `qperm`) against the first
@@ -794,7 +805,7 @@ impl CudaSession {
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
             let (wk, wv) = if quant.is_some() { (0, 0) } else { (kc, vc) };
-            self.linear(&[&l.q, &l.k, &l.v], self.xb16.ptr, t, self.qkv.ptr, row)?;
+            self.linear(&[&l.q, &l.k, &l.v], self.xb16.ptr, t, self.qkv.ptr, row, false)?;
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
             if let Some((wq, wk)) = &l.qk_norm {
                 launch!(dev, qk_norm, (t as u32, (c.n_head + c.n_kv_head) as u32), 128;
@@ -812,14 +823,14 @@ impl CudaSession {
             } else {
                 self.attention_prefill(li, t, pos0)?;
             }
-            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d)?;
+            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false)?;
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
-            self.linear(&[&l.gate, &l.up], self.xb16.ptr, t, self.gu.ptr, 2 * f)?;
+            self.linear(&[&l.gate, &l.up], self.xb16.ptr, t, self.gu.ptr, 2 * f, false)?;
             let n = t * f;
             launch!(dev, swiglu_f16, (n.div_ceil(256) as u32, 1), 256;
                 self.gu.ptr, f as i32, t as i32, self.h16.ptr)?;
-            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d)?;
+            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false)?;
             let norm = m
                 .layers
                 .get(li + 1)

@@ -718,8 +718,8 @@ MATMUL_H16(8)
 // After the stacked Q/K/V matmul (bias added there), per row b: RoPE at pos[b] on Q and K, K and V
 // into cache slot slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K rotated in
 // place in qkv, which the attention kernel stores), Q (rounded to f16) into q [B][n_head * hd].
-// Grid B; block 256.
-extern "C" __global__ void rope_store_b(float* qkv, const float* cosv, const float* sinv, const int* pos,
+// bias (or null): added first (the cuBLAS step's matmul leaves it out). Grid B; block 256.
+extern "C" __global__ void rope_store_b(float* qkv, const float* bias, const float* cosv, const float* sinv, const int* pos,
                                         const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
                                         int neox, float* q, u8* kc8, u8* vc8) {
   int b = blockIdx.x, ps = pos[b];
@@ -733,6 +733,10 @@ extern "C" __global__ void rope_store_b(float* qkv, const float* cosv, const flo
     int h = p / half, k = p % half;
     int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
     float x0 = x[ra], x1 = x[rb];
+    if (bias) {
+      x0 += bias[ra];
+      x1 += bias[rb];
+    }
     if (h < n_head + n_kv_head) {
       float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
       float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
@@ -749,6 +753,9 @@ extern "C" __global__ void rope_store_b(float* qkv, const float* cosv, const flo
     } else if (vc8) {
       vc[so + ra - qd - kvd] = f2h(x0);
       vc[so + rb - qd - kvd] = f2h(x1);
+    } else if (bias) {
+      x[ra] = x0;
+      x[rb] = x1;
     }
   }
 }
