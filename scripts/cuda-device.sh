@@ -177,6 +177,28 @@ if [ "$MODE" = families ]; then
   grep -E "profile" "$OUT/families-profile.txt"
 fi
 
+if [ "$MODE" = http ]; then
+  # The batch mode's HTTP load alone: synth 7b at --parallel N for N in $PARALLEL (default 16 64).
+  for n in ${PARALLEL:-16 64}; do serve_load "${HTTP_SHAPE:-7b}" "$n" "$n" | sed "s/^/${MENS_CUDA_BATCH:-auto}: /"; done 2>&1 | tee -a "$OUT/http.txt"
+fi
+
+if [ "$MODE" = tune ]; then
+  # Issues 15 and 20: the tensor-core matmul's occupancy and loads in flight (NVRTC defines, see
+  # kernels/batch.cu), each setting through the batched runner on synth 7b.
+  m=$(synth 7b)
+  IFS=';' read -ra tune_defs <<< "${TUNE_DEFS:--DH16_MINB=1;-DH16_MINB=2;;-DH16_MINB=4}"
+  for defs in "${tune_defs[@]}"; do
+    regs=$(MENS_CUDA_DEFINES="$defs" MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 \
+      --temp 0 2>&1 | grep -E "kernel matmul_h16" | sed 's/^mens: kernel //' | tr '\n' ';')
+    echo "defines [$defs]: $regs"
+    for k in ${TUNE_BATCH:-mma}; do
+      MENS_CUDA_DEFINES="$defs" MENS_CUDA_BATCH=$k "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 \
+        --reps 1 --paired 0 --concurrency ${TUNE_N:-4,8,16,32,64} --concurrency-prompt 256 --gen 64 -q 2>&1 \
+        | grep -E "sequences together|rror" | sed "s/^/  $k: /"
+    done
+  done 2>&1 | tee "$OUT/tune.txt"
+fi
+
 if [ "$MODE" = kv ]; then
   # Issue 21: decode at depth 8192 with an f16, q8_0 and q4_0 cache (K and V alike), alternating
   # twice; then the context that fits, the batched runner and perplexity on a q8_0 cache.

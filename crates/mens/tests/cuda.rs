@@ -956,7 +956,7 @@ fn batch_against_session(
 /// The check: N requests decoded together give the same greedy tokens as each decoded
 /// alone (first 32 tokens, every request), for N = 1, 7, 64, with either kernel family at every
 /// batch size; with the default mix (matrix-vector alone, dp4a up to 15 rows, tensor cores from
-/// 16) for N = 1 and 7 (the same bits as alone), and for 64 (other arithmetic) close to the
+/// 16, cuBLAS from 33) for N = 1 and 7 (the same bits as alone), and for 64 (other arithmetic) close to the
 /// single-sequence session (teacher-forced logits, below).
 #[test]
 fn batch_decodes_like_each_request_alone() {

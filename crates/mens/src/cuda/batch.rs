@@ -78,8 +78,9 @@ pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize, kv: KvTy
 pub enum BatchKernels {
     /// One row alone: the single-sequence graph (matrix-vector kernels); up to 15 rows: dp4a
     /// kernels on q8 activations (the matrix-vector arithmetic, bound by weight reads); 16 rows
-    /// and more: tensor-core matmuls on f16 activations (bound by dequantization, done once per
-    /// weight for all rows). Measured on the H200: docs/benchmarks.md.
+    /// to 32: tensor-core matmuls on f16 activations (bound by dequantization, done once per
+    /// weight for all rows); more than 32: each weight dequantized to f16 and one cuBLAS GEMM.
+    /// Measured on the H200: docs/benchmarks.md.
     Auto,
     /// dp4a kernels at every batch size: a row gives the bits it gives alone.
     Dp4a,
@@ -100,6 +101,9 @@ enum Family {
 
 /// Smallest bucket [`BatchKernels::Auto`] runs on tensor cores.
 const MMA_FROM: usize = 16;
+/// Smallest bucket [`BatchKernels::Auto`] runs through cuBLAS (its dequantization costs a fixed
+/// ~8 ms a 7B step, paid back only past 32 rows, where the tensor-core kernel takes two tiles).
+const BLAS_FROM: usize = 33;
 
 /// `slots` sequences of `ctx` tokens each on one GPU.
 pub struct CudaBatch {
@@ -364,10 +368,11 @@ impl CudaBatch {
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let s = self.rows;
         let (part, counters) = (self.part.ptr, self.part.ptr + self.part_counters as u64);
-        // Auto: tensor cores from MMA_FROM rows when that many slots decode together; a batch of
-        // fewer slots keeps dp4a for its verify rows (a row's bits as alone: the same greedy
-        // tokens as plain decoding).
+        // Auto: tensor cores from MMA_FROM rows (cuBLAS from BLAS_FROM) when that many slots
+        // decode together; a batch of fewer slots keeps dp4a for its verify rows (a row's bits
+        // as alone: the same greedy tokens as plain decoding).
         let fam = match self.kernels {
+            BatchKernels::Auto if bp >= BLAS_FROM && self.slots >= BLAS_FROM => Family::Blas,
             BatchKernels::Auto if bp >= MMA_FROM && self.slots >= MMA_FROM => Family::Mma,
             BatchKernels::Auto | BatchKernels::Dp4a => Family::Dp4a,
             BatchKernels::TensorCores => Family::Mma,

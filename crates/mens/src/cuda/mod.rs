@@ -246,6 +246,7 @@ fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     SRC.hash(&mut h);
+    defines().hash(&mut h);
     let key = format!("kernels-{:016x}-sm{}{}.ptx", h.finish(), arch.0, arch.1);
     let path = cache_dir().join(&key);
     if let Ok(b) = std::fs::read(&path) {
@@ -263,6 +264,16 @@ fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Extra NVRTC options for tuning runs (`MENS_CUDA_DEFINES="-DH16_MINB=2"`): only `-D` ones.
+fn defines() -> Vec<String> {
+    std::env::var("MENS_CUDA_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter(|d| d.starts_with("-D"))
+        .map(String::from)
+        .collect()
+}
+
 /// Compile the kernels with NVRTC for `arch` (no GPU needed, only libnvrtc): the PTX text,
 /// NUL-terminated.
 pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
@@ -277,7 +288,7 @@ pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
             SRC,
             cudarc::nvrtc::CompileOptions {
                 arch: Some(arch_s),
-                options: vec!["-std=c++14".into()],
+                options: [vec!["-std=c++14".to_string()], defines()].concat(),
                 ..Default::default()
             },
         )

@@ -452,6 +452,16 @@ extern "C" __global__ void argmax_b(const float* x, int n, const int* orow, floa
 
 #define MT 16
 #define KW 8
+// Tuning (MENS_CUDA_DEFINES="-DH16_MINB=.. -DH16_U=.."): blocks per SM the register budget is
+// sized for, and chunks per warp per step (0: by tile count). The kernel waits on its weight
+// loads: three blocks an SM (64-80 registers, not 90-118) took a 16-row 7B step from 1117 to 1777
+// tokens/s on the H200 (docs/benchmarks.md, session 16).
+#ifndef H16_MINB
+#define H16_MINB 3
+#endif
+#ifndef H16_U
+#define H16_U 0
+#endif
 
 __device__ __forceinline__ u32 pack2(float a, float b) { return (u32)f2h(a) | ((u32)f2h(b) << 16); }
 __device__ __forceinline__ u32 byte_of(u32 lo, u32 hi, int i) { return ((i < 4 ? lo >> (8 * i) : hi >> (8 * (i - 4)))) & 0xff; }
@@ -610,7 +620,7 @@ __device__ __forceinline__ void mma_cols(RowRef ra, RowRef rb, int cols, const u
                                          int cb0, int cb1, float* red) {
   // U chunks per warp per step: their loads are issued together, so a small batch (bound by memory
   // latency, not by the tensor cores) keeps more bytes in flight.
-  constexpr int U = NT == 1 ? 4 : NT == 2 ? 2 : 1;
+  constexpr int U = H16_U ? H16_U : NT == 1 ? 4 : NT == 2 ? 2 : 1;
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   float acc[NT][4];
 #pragma unroll
@@ -704,7 +714,7 @@ __device__ __forceinline__ void matmul_h16_t(Seg s0, Seg s1, Seg s2, int cols, c
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 #define MATMUL_H16(NT)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(256) matmul_h16_##NT(Seg s0, Seg s1, Seg s2, int cols,         \
+  extern "C" __global__ void __launch_bounds__(256, H16_MINB) matmul_h16_##NT(Seg s0, Seg s1, Seg s2, int cols,         \
                                                                    const u16* x, int B, float* out, int ldo,  \
                                                                    const int* orow, const float* bias,        \
                                                                    int mode, float* part, u32* counters) {    \
