@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|families|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|families|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -14,6 +14,9 @@
 # other shapes; `mens bench` decode beside it (the N = 1 bar).
 # `coding`: structured output, logprobs and tools through `mens serve --backend cuda` (the host
 # sampling path), and speculative decoding on the GPU against plain greedy decoding.
+# `http`: the batch mode's HTTP load alone, on synth $HTTP_SHAPE (default 7b), for N in $PARALLEL
+# (default 16 64). `tune`: the tensor-core matmul under NVRTC defines (MENS_CUDA_DEFINES) on synth
+# 7b: TUNE_DEFS (';'-separated sets), TUNE_BATCH (families), TUNE_N (batch sizes).
 # Results go to $OUT (or ./cuda-out).
 set -uo pipefail
 MODE=${1:-all}
