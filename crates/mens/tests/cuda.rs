@@ -1077,7 +1077,10 @@ fn batch_decodes_like_each_request_alone() {
         } else {
             1e-2
         };
-        assert!(median < bound, "{kernels:?} at 64 rows: median rel L2 {median}");
+        assert!(
+            median < bound,
+            "{kernels:?} at 64 rows: median rel L2 {median}"
+        );
     }
     // Sampling on the device and on the host from a batch slot.
     let mut parts = [Part {

@@ -452,7 +452,14 @@ impl CudaBatch {
                     ));
                 }
                 let e = &self.engine;
-                e.linear(&[&l.q, &l.k, &l.v], self.x16.ptr, bp, self.qkv.ptr, row, false)?;
+                e.linear(
+                    &[&l.q, &l.k, &l.v],
+                    self.x16.ptr,
+                    bp,
+                    self.qkv.ptr,
+                    row,
+                    false,
+                )?;
                 if let Some((wq, wkn)) = &l.qk_norm {
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
                         self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
@@ -464,7 +471,14 @@ impl CudaBatch {
                 att(li, kc, vc, self.x16.ptr)?;
                 e.linear(&[&l.o], self.x16.ptr, bp, self.x.ptr, d as usize, true)?;
                 norm(l.ffn_norm.ptr)?;
-                e.linear(&[&l.gate, &l.up], self.x16.ptr, bp, self.gu.ptr, 2 * f, false)?;
+                e.linear(
+                    &[&l.gate, &l.up],
+                    self.x16.ptr,
+                    bp,
+                    self.gu.ptr,
+                    2 * f,
+                    false,
+                )?;
                 launch!(dev, swiglu_f16, ((bp * f).div_ceil(256) as u32, 1), 256;
                     self.gu.ptr, f as i32, b, self.h16.ptr)?;
                 e.linear(&[&l.down], self.h16.ptr, bp, self.x.ptr, d as usize, true)?;

@@ -359,8 +359,8 @@ impl Device {
             }
         };
         unsafe { blas::set_stream(handle, stream as _) }.map_err(|e| err("cuBLAS stream", e))?;
-        let blas_ws = unsafe { drv::malloc_sync(BLAS_WORKSPACE) }
-            .map_err(|e| err("cuBLAS workspace", e))?;
+        let blas_ws =
+            unsafe { drv::malloc_sync(BLAS_WORKSPACE) }.map_err(|e| err("cuBLAS workspace", e))?;
         unsafe { blas_sys::cublasSetWorkspace_v2(handle, blas_ws as *mut c_void, BLAS_WORKSPACE) }
             .result()
             .map_err(|e| err("cuBLAS workspace", e))?;

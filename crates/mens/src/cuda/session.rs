@@ -805,7 +805,14 @@ impl CudaSession {
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
             let (wk, wv) = if quant.is_some() { (0, 0) } else { (kc, vc) };
-            self.linear(&[&l.q, &l.k, &l.v], self.xb16.ptr, t, self.qkv.ptr, row, false)?;
+            self.linear(
+                &[&l.q, &l.k, &l.v],
+                self.xb16.ptr,
+                t,
+                self.qkv.ptr,
+                row,
+                false,
+            )?;
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
             if let Some((wq, wk)) = &l.qk_norm {
                 launch!(dev, qk_norm, (t as u32, (c.n_head + c.n_kv_head) as u32), 128;
@@ -826,7 +833,14 @@ impl CudaSession {
             self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false)?;
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
-            self.linear(&[&l.gate, &l.up], self.xb16.ptr, t, self.gu.ptr, 2 * f, false)?;
+            self.linear(
+                &[&l.gate, &l.up],
+                self.xb16.ptr,
+                t,
+                self.gu.ptr,
+                2 * f,
+                false,
+            )?;
             let n = t * f;
             launch!(dev, swiglu_f16, (n.div_ceil(256) as u32, 1), 256;
                 self.gu.ptr, f as i32, t as i32, self.h16.ptr)?;
