@@ -200,18 +200,39 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             let cap = sp.max.min(room - 1).min(left);
             match draft_model.as_deref_mut() {
                 Some(d) => {
-                    class = crate::spec::PLAN_CLASSES - 1;
-                    let want = if sp.gate {
-                        planner.plan(class, k.min(cap), true)
+                    // Prompt lookup where the planner expects more of it than of the draft
+                    // (its proposals cost no draft steps: an answer that repeats the prompt),
+                    // else the draft model.
+                    let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
+                    let lookup = crate::spec::lookup_class(found);
+                    let dk = k.min(cap);
+                    let by_lookup = sp.gate
+                        && !draft.is_empty()
+                        && match (
+                            planner.best(lookup, draft.len(), false),
+                            planner.best(crate::spec::DRAFT_CLASS, dk, true),
+                        ) {
+                            (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
+                            _ => false,
+                        };
+                    if by_lookup {
+                        class = lookup;
+                        let want = planner.plan(class, draft.len(), false);
+                        draft.truncate(want);
                     } else {
-                        k.min(cap)
-                    };
-                    let td = Instant::now();
-                    crate::spec::draft(d, &step_tokens, want, &mut draft)?;
-                    planner.record_draft(draft.len(), td.elapsed().as_secs_f64());
+                        class = crate::spec::DRAFT_CLASS;
+                        let want = if sp.gate {
+                            planner.plan(class, dk, true)
+                        } else {
+                            dk
+                        };
+                        let (steps, secs) = crate::spec::draft(d, &step_tokens, want, &mut draft)?;
+                        planner.record_draft(steps, secs);
+                    }
                 }
                 None => {
-                    class = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
+                    let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
+                    class = crate::spec::lookup_class(found);
                     if sp.gate {
                         let want = planner.plan(class, draft.len(), false);
                         draft.truncate(want);

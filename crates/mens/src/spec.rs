@@ -60,19 +60,30 @@ pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
 }
 
 /// Greedy proposals of a draft model: bring its cache to `history` (it keeps what it shares with
-/// it), then decode `k` tokens.
-pub fn draft(d: &mut dyn Runner, history: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
+/// it), then decode `k` tokens. Returns the draft steps timed and their seconds: the steps that
+/// read one or two tokens, not a catch-up read of a longer tail (after plain steps the draft did
+/// not see), which would make drafting look dearer the longer the planner waited, so that it
+/// waited longer still.
+pub fn draft(
+    d: &mut dyn Runner,
+    history: &[u32],
+    k: usize,
+    out: &mut Vec<u32>,
+) -> Result<(usize, f64)> {
     out.clear();
     if k == 0 || history.is_empty() {
-        return Ok(());
+        return Ok((0, 0.0));
     }
     let tail = draft_tail(d, history);
     let room = d.ctx().saturating_sub(history.len());
     let k = k.min(room);
     if k == 0 {
-        return Ok(());
+        return Ok((0, 0.0));
     }
+    let t0 = std::time::Instant::now();
+    let short = tail.len() <= 2;
     d.forward(tail, Logits::Last)?;
+    let t1 = std::time::Instant::now();
     let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
     for i in 0..k {
         let t = d.sample(&mut greedy)?;
@@ -81,7 +92,13 @@ pub fn draft(d: &mut dyn Runner, history: &[u32], k: usize, out: &mut Vec<u32>) 
             d.forward(&[t], Logits::Last)?;
         }
     }
-    Ok(())
+    Ok(if short {
+        (k, t0.elapsed().as_secs_f64())
+    } else if k > 1 {
+        (k - 1, t1.elapsed().as_secs_f64())
+    } else {
+        (0, 0.0)
+    })
 }
 
 /// Up to `max` tokens that followed the latest earlier occurrence of the longest suffix of `history`
@@ -134,8 +151,21 @@ pub(crate) fn draft_read(d: &mut dyn Runner, history: &[u32]) -> Result<()> {
 /// Rows a [`Planner`] keeps step costs for (a verify of 64 proposals has 65).
 const PLAN_ROWS: usize = 66;
 /// Proposal classes a [`Planner`] keeps acceptance for: prompt lookup by matched suffix length
-/// (1, 2, 3 or more), and a draft model.
-pub const PLAN_CLASSES: usize = 4;
+/// (0 unused; 1, 2, 3–4, 5–7, 8 or more: [`lookup_class`]), and a draft model ([`DRAFT_CLASS`]).
+pub const PLAN_CLASSES: usize = 7;
+/// The planner's class of a draft model's proposals.
+pub const DRAFT_CLASS: usize = PLAN_CLASSES - 1;
+
+/// The planner's class of a prompt-lookup proposal whose matched suffix is `len` tokens: a longer
+/// match is likelier the place being copied, so it is accepted more often.
+pub fn lookup_class(len: usize) -> usize {
+    match len {
+        0..=2 => len,
+        3 | 4 => 3,
+        5..=7 => 4,
+        _ => 5,
+    }
+}
 
 /// How many tokens to propose, from what this machine measured: the time of a step of r rows (one
 /// decode step is 1 row; a verify of k proposals k + 1), the time of a draft model's step, and how
@@ -225,40 +255,55 @@ impl Planner {
         })
     }
 
-    /// Tokens to propose (at most `max`, 0: decode plainly) for a proposal of `class`; `drafted`:
-    /// each proposed token costs a draft-model step.
-    pub fn plan(&mut self, class: usize, max: usize, drafted: bool) -> usize {
-        self.steps += 1;
-        let Some(c1) = self.step_cost(1) else {
-            return 0;
-        };
-        if max == 0 {
-            return 0;
-        }
+    /// The best number of tokens to propose (at most `max`, 0: decode plainly) for a proposal of
+    /// `class` and its expected tokens per second, from the measured costs alone (no probing);
+    /// `drafted`: each proposed token costs a draft-model step. `None` before any plain step.
+    pub fn best(&self, class: usize, max: usize, drafted: bool) -> Option<(usize, f64)> {
+        let c1 = self.step_cost(1)?;
         let p = self.acceptance(class);
+        let (mut best, mut best_rate) = (0usize, 1.0 / c1);
+        for k in 1..=max.min(PLAN_ROWS - 2) {
+            let r = self.rate(k, p, drafted, c1);
+            if r > best_rate {
+                (best, best_rate) = (k, r);
+            }
+        }
+        Some((best, best_rate))
+    }
+
+    /// Tokens per second proposing `k` at per-token acceptance `q`: a proposal of k tokens, each
+    /// accepted while the ones before it were, yields (1 − q^(k+1)) / (1 − q) tokens.
+    fn rate(&self, k: usize, q: f64, drafted: bool, c1: f64) -> f64 {
         let per_draft = if drafted && self.draft.1 > 0 {
             self.draft.0
         } else {
             0.0
         };
-        // Tokens per second proposing k, at acceptance q.
-        let me = &*self;
-        let rate = |k: usize, q: f64| {
-            let tokens = (1.0 - q.powi(k as i32 + 1)) / (1.0 - q);
-            tokens / (me.step_cost(k + 1).unwrap_or(c1) + k as f64 * per_draft)
+        let tokens = (1.0 - q.powi(k as i32 + 1)) / (1.0 - q);
+        tokens / (self.step_cost(k + 1).unwrap_or(c1) + k as f64 * per_draft)
+    }
+
+    /// Tokens to propose (at most `max`, 0: decode plainly) for a proposal of `class`: [`best`],
+    /// or now and then a short probe where nothing pays yet. Counts a step.
+    ///
+    /// [`best`]: Planner::best
+    pub fn plan(&mut self, class: usize, max: usize, drafted: bool) -> usize {
+        self.steps += 1;
+        let Some((best, _)) = self.best(class, max, drafted) else {
+            return 0;
         };
-        let ks = 1..=max.min(PLAN_ROWS - 2);
-        let (mut best, mut best_rate) = (0usize, 1.0 / c1);
-        for k in ks.clone() {
-            if rate(k, p) > best_rate {
-                (best, best_rate) = (k, rate(k, p));
-            }
+        if max == 0 {
+            return 0;
         }
+        let c1 = self.step_cost(1).unwrap_or(f64::INFINITY);
         // A probe, where the measured costs would let well-accepted proposals pay (a draft model
         // that falls behind must read the skipped tokens again, so probing is not free).
         let probe = best == 0
             && self.steps >= self.next_probe
-            && ks.map(|k| rate(k, 0.99)).fold(0.0, f64::max) > PLAN_PROBE_GAIN / c1;
+            && (1..=max.min(PLAN_ROWS - 2))
+                .map(|k| self.rate(k, 0.99, drafted, c1))
+                .fold(0.0, f64::max)
+                > PLAN_PROBE_GAIN / c1;
         self.probing = probe;
         if probe {
             self.next_probe = self.steps + self.probe_every;
@@ -275,7 +320,7 @@ impl Planner {
         average(&mut self.cost[rows.min(PLAN_ROWS - 1)], secs, PLAN_EMA);
     }
 
-    /// A draft model proposed `tokens` in `secs`.
+    /// A draft model took `secs` for `tokens` steps of one token each.
     pub fn record_draft(&mut self, tokens: usize, secs: f64) {
         if tokens == 0 || secs.is_nan() || secs <= 0.0 {
             return;
@@ -498,5 +543,62 @@ mod tests {
         assert!(out.is_empty());
         ngram(&[], 3, 4, &mut out);
         assert!(out.is_empty());
+    }
+
+    /// Prompt lookup and a draft model compared by the rate each promises: at the same acceptance
+    /// the lookup wins (no draft steps); a lookup class that is mostly rejected loses.
+    #[test]
+    fn the_planner_compares_lookup_with_the_draft() {
+        let mut p = Planner::default();
+        assert_eq!(p.best(DRAFT_CLASS, 4, true), None, "nothing measured");
+        p.record_step(1, 0.1);
+        p.record_step(5, 0.15);
+        p.record_draft(4, 0.16); // 0.04 s a draft token
+        for _ in 0..20 {
+            p.record_accept(DRAFT_CLASS, 4, 4);
+            p.record_accept(lookup_class(3), 4, 4);
+            p.record_accept(lookup_class(1), 4, 0);
+        }
+        assert_eq!(lookup_class(4), lookup_class(3));
+        assert_eq!(lookup_class(30), lookup_class(8));
+        assert_ne!(lookup_class(9), DRAFT_CLASS);
+        let (kd, rd) = p.best(DRAFT_CLASS, 4, true).unwrap();
+        let (kl, rl) = p.best(lookup_class(3), 4, false).unwrap();
+        assert!(
+            kd > 0 && kl > 0 && rl > rd,
+            "lookup {kl} at {rl}, draft {kd} at {rd}"
+        );
+        let (k1, r1) = p.best(lookup_class(1), 4, false).unwrap();
+        assert_eq!(k1, 0, "rejected lookups are not proposed");
+        assert!(r1 < rd);
+    }
+
+    /// A draft's timing counts its one-token steps, not the read of a long tail it fell behind by.
+    #[test]
+    fn a_draft_times_its_steps_not_its_catch_up() {
+        use crate::synth::{synth_model, SynthSpec};
+        let g = crate::gguf::Gguf::from_bytes(synth_model(&SynthSpec::tiny_qwen2())).unwrap();
+        let (model, _, _) = crate::load::from_gguf(g).unwrap();
+        let opts = crate::cpu::SessionOptions {
+            ctx: 128,
+            batch: 64,
+            ..Default::default()
+        };
+        let mut d = crate::cpu::Session::new(std::sync::Arc::new(model), opts).unwrap();
+        let mut history: Vec<u32> = (0..40).map(|i| 3 + i * 5).collect();
+        let mut out = Vec::new();
+        // A fresh cache: the 40 tokens are a catch-up read, not a step.
+        let (steps, secs) = draft(&mut d, &history, 3, &mut out).unwrap();
+        assert_eq!((out.len(), steps), (3, 2));
+        assert!(secs > 0.0);
+        // All accepted plus the target's own token: a tail of two (the last proposal and it).
+        history.extend_from_slice(&out);
+        history.push(9);
+        let (steps, _) = draft(&mut d, &history, 3, &mut out).unwrap();
+        assert_eq!((out.len(), steps), (3, 3));
+        // One proposal after a long tail: nothing to time.
+        history.extend((0..20).map(|i| 5 + i));
+        let (steps, secs) = draft(&mut d, &history, 1, &mut out).unwrap();
+        assert_eq!((out.len(), steps, secs), (1, 0, 0.0));
     }
 }
