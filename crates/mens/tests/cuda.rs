@@ -916,6 +916,18 @@ fn batch_greedy(
     out
 }
 
+/// One part a slot: slot i reads `toks[i]`, with its last logits.
+fn slot_parts<T: AsRef<[u32]>>(toks: &[T]) -> Vec<Part<'_>> {
+    toks.iter()
+        .enumerate()
+        .map(|(slot, t)| Part {
+            slot,
+            tokens: t.as_ref(),
+            logits: Logits::Last,
+        })
+        .collect()
+}
+
 /// `prompt` in batch slot `slot` and in session `s` (both emptied first), then `steps` tokens of the
 /// session's greedy choice fed to both: per step, the batch logits' rel L2 against the session's
 /// and whether their argmax agrees.
@@ -1002,6 +1014,12 @@ fn batch_decodes_like_each_request_alone() {
     // close, not equal), teacher-forced; the cuBLAS one also with 64 requests decoding together.
     let mut s = CudaSession::new(gm, 256, 64).unwrap();
     let mut greedy = Sampler::new(SamplerConfig::greedy(), v as usize).unwrap();
+    // A real-shape random-weight file amplifies rounding (see model_file_bounds).
+    let bound = if file.is_some() {
+        MODEL_FILE_MEDIAN
+    } else {
+        1e-2
+    };
     for kernels in [BatchKernels::TensorCores, BatchKernels::Cublas] {
         b.set_kernels(kernels).unwrap();
         let mut errs = Vec::new();
@@ -1019,12 +1037,6 @@ fn batch_decodes_like_each_request_alone() {
             "{kernels:?} batch vs single session, 3 × 32 teacher-forced steps: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/96",
             errs[errs.len() - 1]
         );
-        // A real-shape random-weight file amplifies rounding (see model_file_bounds).
-        let bound = if file.is_some() {
-            MODEL_FILE_MEDIAN
-        } else {
-            1e-2
-        };
         assert!(
             median < bound,
             "{kernels:?}: batch and session logits differ: median rel L2 {median}"
@@ -1037,25 +1049,11 @@ fn batch_decodes_like_each_request_alone() {
         for i in 0..64 {
             b.truncate_slot(i, 0);
         }
-        let mut parts: Vec<Part> = (0..64)
-            .map(|i| Part {
-                slot: i,
-                tokens: &prompts[i],
-                logits: Logits::Last,
-            })
-            .collect();
-        b.step(&mut parts).unwrap();
+        b.step(&mut slot_parts(&prompts[..64])).unwrap();
         let next: Vec<[u32; 1]> = (0..64)
             .map(|i| [mens::sample::argmax(&b.slot_logits(i).unwrap()) as u32])
             .collect();
-        let mut parts: Vec<Part> = (0..64)
-            .map(|i| Part {
-                slot: i,
-                tokens: &next[i],
-                logits: Logits::Last,
-            })
-            .collect();
-        b.step(&mut parts).unwrap();
+        b.step(&mut slot_parts(&next)).unwrap();
         let (mut errs, mut agree) = (Vec::new(), 0);
         for i in 0..64 {
             s.truncate(0);
@@ -1072,11 +1070,6 @@ fn batch_decodes_like_each_request_alone() {
             "{kernels:?}, 64 rows in a step vs single session: logits rel L2 median {median:.2e}, worst {:.2e}; argmax agreement {agree}/64",
             errs[63]
         );
-        let bound = if file.is_some() {
-            MODEL_FILE_MEDIAN
-        } else {
-            1e-2
-        };
         assert!(
             median < bound,
             "{kernels:?} at 64 rows: median rel L2 {median}"
