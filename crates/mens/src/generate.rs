@@ -198,41 +198,36 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             // The step yields the accepted proposals and one more token: stay within max_tokens.
             let left = (opts.max_tokens - stats.generated).saturating_sub(1);
             let cap = sp.max.min(room - 1).min(left);
-            match draft_model.as_deref_mut() {
-                Some(d) => {
-                    // Prompt lookup where the planner expects more of it than of the draft
-                    // (its proposals cost no draft steps: an answer that repeats the prompt),
-                    // else the draft model.
-                    let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
-                    let lookup = crate::spec::lookup_class(found);
-                    let dk = k.min(cap);
-                    let by_lookup = sp.gate
-                        && !draft.is_empty()
-                        && match (
-                            planner.best(lookup, draft.len(), false),
-                            planner.best(crate::spec::DRAFT_CLASS, dk, true),
-                        ) {
-                            (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
-                            _ => false,
-                        };
-                    if by_lookup {
-                        class = lookup;
-                        let want = planner.plan(class, draft.len(), false);
-                        draft.truncate(want);
-                    } else {
-                        class = crate::spec::DRAFT_CLASS;
-                        let want = if sp.gate {
-                            planner.plan(class, dk, true)
-                        } else {
-                            dk
-                        };
-                        let (steps, secs) = crate::spec::draft(d, &step_tokens, want, &mut draft)?;
-                        planner.record_draft(steps, secs);
+            // The prompt lookup's proposal; with a draft model, the draft's instead unless the
+            // planner expects more of the lookup (it costs no draft steps: an answer that
+            // repeats the prompt).
+            let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
+            let lookup = crate::spec::lookup_class(found);
+            let dk = k.min(cap);
+            let lookup_pays = || {
+                sp.gate
+                    && !draft.is_empty()
+                    && match (
+                        planner.best(lookup, draft.len(), false),
+                        planner.best(crate::spec::DRAFT_CLASS, dk, true),
+                    ) {
+                        (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
+                        _ => false,
                     }
+            };
+            match draft_model.as_deref_mut() {
+                Some(d) if !lookup_pays() => {
+                    class = crate::spec::DRAFT_CLASS;
+                    let want = if sp.gate {
+                        planner.plan(class, dk, true)
+                    } else {
+                        dk
+                    };
+                    let (steps, secs) = crate::spec::draft(d, &step_tokens, want, &mut draft)?;
+                    planner.record_draft(steps, secs);
                 }
-                None => {
-                    let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
-                    class = crate::spec::lookup_class(found);
+                _ => {
+                    class = lookup;
                     if sp.gate {
                         let want = planner.plan(class, draft.len(), false);
                         draft.truncate(want);

@@ -289,13 +289,13 @@ impl Planner {
     /// [`best`]: Planner::best
     pub fn plan(&mut self, class: usize, max: usize, drafted: bool) -> usize {
         self.steps += 1;
-        let Some((best, _)) = self.best(class, max, drafted) else {
+        let (Some(c1), Some((best, _))) = (self.step_cost(1), self.best(class, max, drafted))
+        else {
             return 0;
         };
         if max == 0 {
             return 0;
         }
-        let c1 = self.step_cost(1).unwrap_or(f64::INFINITY);
         // A probe, where the measured costs would let well-accepted proposals pay (a draft model
         // that falls behind must read the skipped tokens again, so probing is not free).
         let probe = best == 0
