@@ -444,21 +444,48 @@ impl CudaBatch {
                 .layers
                 .get(li + 1)
                 .map_or(&m.output_norm, |n| &n.attn_norm);
-            if fam == Family::Blas {
-                if l.qk_norm.is_some() && bias != 0 {
+            if mma {
+                if fam == Family::Blas && l.qk_norm.is_some() && bias != 0 {
                     // rope_store_b adds the bias after the norm: no model has both.
                     return Err(Error::Backend(
                         "the cuBLAS decode step cannot apply both Q/K/V bias and a Q/K norm".into(),
                     ));
                 }
-                let e = &self.engine;
-                e.linear(
+                // The f16 families' matmul over up to three stacked matrices (`add`: onto what
+                // `out` holds; cuBLAS leaves the bias to rope_store_b): the kernels it queued.
+                let mm = |name: &'static str,
+                          mats: &[&Mat],
+                          x: u64,
+                          out: u64,
+                          ldo: usize,
+                          add: bool,
+                          bias: u64|
+                 -> Result<usize> {
+                    if fam == Family::Blas {
+                        self.engine.linear(mats, x, bp, out, ldo, add)?;
+                        return Ok(mats.len() + 1);
+                    }
+                    let seg = |i: usize| mats.get(i).map_or(Seg::NONE, |m| m.seg);
+                    let rows = mats.iter().map(|m| m.seg.rows as usize).sum();
+                    launch!(dev, [(name, dev.matmul_h16(bp))], dev.h16_grid(rows, mats[0].cols), 256;
+                        seg(0), seg(1), seg(2), mats[0].cols as i32, x, b, out, ldo as i32, 0u64,
+                        bias, add as i32, part, counters)?;
+                    Ok(1)
+                };
+                let (mm_bias, rope_bias) = if fam == Family::Blas {
+                    (0, bias)
+                } else {
+                    (bias, 0)
+                };
+                let x16 = self.x16.ptr;
+                n += mm(
+                    "matmul_h16 (qkv)",
                     &[&l.q, &l.k, &l.v],
-                    self.x16.ptr,
-                    bp,
+                    x16,
                     self.qkv.ptr,
                     row,
                     false,
+                    mm_bias,
                 )?;
                 if let Some((wq, wkn)) = &l.qk_norm {
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
@@ -466,51 +493,43 @@ impl CudaBatch {
                     n += 1;
                 }
                 launch!(dev, rope_store_b, (bp as u32, 1), 256;
-                    self.qkv.ptr, bias, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                    self.qkv.ptr, rope_bias, cos, sin, pos, slot, slot_stride, c.n_head as i32,
                     c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
-                att(li, kc, vc, self.x16.ptr)?;
-                e.linear(&[&l.o], self.x16.ptr, bp, self.x.ptr, d as usize, true)?;
+                att(li, kc, vc, x16)?;
+                let dd = d as usize;
+                n += mm(
+                    "matmul_h16 (attn_output + residual)",
+                    &[&l.o],
+                    x16,
+                    self.x.ptr,
+                    dd,
+                    true,
+                    0,
+                )?;
                 norm(l.ffn_norm.ptr)?;
-                e.linear(
+                n += mm(
+                    "matmul_h16 (gate, up)",
                     &[&l.gate, &l.up],
-                    self.x16.ptr,
-                    bp,
+                    x16,
                     self.gu.ptr,
                     2 * f,
                     false,
+                    0,
                 )?;
                 launch!(dev, swiglu_f16, ((bp * f).div_ceil(256) as u32, 1), 256;
                     self.gu.ptr, f as i32, b, self.h16.ptr)?;
-                e.linear(&[&l.down], self.h16.ptr, bp, self.x.ptr, d as usize, true)?;
+                n += mm(
+                    "matmul_h16 (ffn_down + residual)",
+                    &[&l.down],
+                    self.h16.ptr,
+                    self.x.ptr,
+                    dd,
+                    true,
+                    0,
+                )?;
                 norm(rest.ptr)?;
-                n += 16;
-            } else if mma {
-                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (qkv)", dev.h16_grid(row, c.dim), 256;
-                    l.q.seg, l.k.seg, l.v.seg, d, self.x16.ptr, b, self.qkv.ptr, row as i32, 0u64,
-                    bias, 0i32, part, counters)?;
-                if let Some((wq, wkn)) = &l.qk_norm {
-                    launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
-                        self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
-                    n += 1;
-                }
-                launch!(dev, rope_store_b, (bp as u32, 1), 256;
-                    self.qkv.ptr, 0u64, cos, sin, pos, slot, slot_stride, c.n_head as i32,
-                    c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
-                att(li, kc, vc, self.x16.ptr)?;
-                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (attn_output + residual)", dev.h16_grid(c.dim, q), 256;
-                    l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.x16.ptr, b, self.x.ptr, d, 0u64,
-                    0u64, 1i32, part, counters)?;
-                norm(l.ffn_norm.ptr)?;
-                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (gate, up)", dev.h16_grid(2 * f, c.dim), 256;
-                    l.gate.seg, l.up.seg, Seg::NONE, d, self.x16.ptr, b, self.gu.ptr, 2 * f as i32,
-                    0u64, 0u64, 0i32, part, counters)?;
-                launch!(dev, swiglu_f16, ((bp * f).div_ceil(256) as u32, 1), 256;
-                    self.gu.ptr, f as i32, b, self.h16.ptr)?;
-                launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (ffn_down + residual)", dev.h16_grid(c.dim, f), 256;
-                    l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.h16.ptr, b, self.x.ptr, d, 0u64,
-                    0u64, 1i32, part, counters)?;
-                norm(rest.ptr)?;
-                n += 9;
+                // rope_store_b, attention, two norms, SwiGLU.
+                n += 5;
             } else {
                 if let Some((wq, wkn)) = &l.qk_norm {
                     // Qwen3: matmul, per-head norm, then RoPE and the cache write (see the session).
