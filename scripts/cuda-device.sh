@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|concurrency|families|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -178,6 +178,41 @@ if [ "$MODE" = families ]; then
   for _ in $(seq 150); do grep -q "listening" "$OUT/families-profile.txt" && break; sleep 1; done
   kill $ppid; wait $ppid 2>/dev/null
   grep -E "profile" "$OUT/families-profile.txt"
+fi
+
+if [ "$MODE" = serving ]; then
+  # Issue 15's benchmark alone: mens serve --backend cuda --parallel N under N streaming clients
+  # (256 prompt tokens, 256 generated, ignore_eos, greedy) for N = 1, 4, 16, 64 on synth 7b and
+  # N = 64 on 1.5b and 0.5b; mens bench decode beside it (the N = 1 bar); the memory plan that
+  # --parallel 64 gets without -c.
+  echo "== mens serve --backend cuda (batched): 256-token prompts, 256 tokens each, greedy, ignore_eos"
+  for n in 1 4 16 64; do serve_load 7b $n $n; done 2>&1 | tee "$OUT/serving.txt"
+  for s in 1.5b 0.5b; do serve_load $s 64 64; done 2>&1 | tee -a "$OUT/serving.txt"
+  "$BIN/mens" bench -m "$(synth 7b)" --backend cuda --prompt 256 --steps 0 --depth 256 --gen 256 --reps 3 -q 2>&1 \
+    | grep -E "^\| tg|^\| prefill" | tee -a "$OUT/serving.txt"
+  timeout 120 "$BIN/mens" serve --backend cuda -m "$(synth 7b)" --port 8097 --parallel 64 > "$OUT/auto-ctx.log" 2>&1 &
+  apid=$!
+  for _ in $(seq 120); do grep -q "serving" "$OUT/auto-ctx.log" && break; sleep 1; done
+  kill $apid; wait $apid 2>/dev/null
+  grep -E "memory plan|serving" "$OUT/auto-ctx.log" | sed "s/^/--parallel 64 without -c: /" | tee -a "$OUT/serving.txt"
+fi
+
+if [ "$MODE" = copy ]; then
+  # Issue 15: the f16 weight copy for the cuBLAS steps. The batched runner (no HTTP) at 1 to 64
+  # rows, alternating twice per shape: the default mix without the copy (MENS_CUDA_F16=0), the
+  # default mix with it, and cuBLAS at every batch size with it; then HTTP at --parallel
+  # $PARALLEL (default 16 64) on synth 7b with the default mix.
+  for s in ${SHAPES//,/ }; do
+    for round in 1 2; do
+      for cfg in auto:0 auto:1 cublas:1; do
+        MENS_CUDA_BATCH=${cfg%:*} MENS_CUDA_F16=${cfg#*:} "$BIN/mens" bench -m "$(synth "$s")" --backend cuda \
+          --prompt 16 --steps 0 --reps 1 --paired 0 --concurrency ${COPY_N:-1,2,4,8,16,32,64} \
+          --concurrency-prompt 256 --gen 128 -q 2>&1 | grep -E "sequences together|weight copy|rror" \
+          | sed "s/^/synth $s, round $round, ${cfg%:*}, copy ${cfg#*:}: /"
+      done
+    done
+  done | tee "$OUT/copy.txt"
+  for n in ${PARALLEL:-16 64}; do serve_load 7b "$n" "$n"; done 2>&1 | tee "$OUT/copy-http.txt"
 fi
 
 if [ "$MODE" = http ]; then

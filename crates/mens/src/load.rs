@@ -362,24 +362,38 @@ impl Target {
         log: &mut dyn FnMut(String),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
-        use crate::cuda::{batch_bytes, check_cache, CudaBatch, GpuModel};
+        use crate::cuda::{batch_bytes, check_cache, f16_copy_reserve, CudaBatch, GpuModel};
         let t0 = Instant::now();
         let c = &self.model.config;
         let kv = check_cache(c, self.options.cache())?;
         let (dev, free) = open_cuda(log)?;
-        let ctx = self.cuda_ctx(
-            &dev.name,
-            free,
-            &format!("{slots} CUDA sequences"),
-            |ctx| batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv),
-            "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
-        )?;
+        let fit = |extra: u64| {
+            self.cuda_ctx(
+                &dev.name,
+                free,
+                &format!("{slots} CUDA sequences"),
+                |ctx| batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv) + extra,
+                "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
+            )
+        };
+        // Room for the f16 weight copy (twice the decode speed from 5 rows: see CudaBatch) where
+        // the context still fits with it; else the context without it.
+        let ctx = match f16_copy_reserve(c, slots) {
+            0 => fit(0)?,
+            r => fit(r).or_else(|_| fit(0))?,
+        };
         let n = c.n_layer;
         let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
-        let b = CudaBatch::with_cache(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens, kv)?;
+        let (b, copy) =
+            CudaBatch::serving(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens, kv)?;
+        let copy = if copy.is_empty() {
+            copy
+        } else {
+            format!(", {copy}")
+        };
         let m = b.memory();
         log(format!(
-            "memory plan: weights {} MiB, KV pool {} MiB ({slots} slots × {ctx} tokens, {}), buffers {} MiB on the GPU; in {:.2} s",
+            "memory plan: weights {} MiB{copy}, KV pool {} MiB ({slots} slots × {ctx} tokens, {}), buffers {} MiB on the GPU; in {:.2} s",
             self.model.weight_bytes() >> 20,
             m.kv_cache >> 20,
             kv.name(),

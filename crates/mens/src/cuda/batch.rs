@@ -80,7 +80,8 @@ pub enum BatchKernels {
     /// kernels on q8 activations (the matrix-vector arithmetic, bound by weight reads); 16 rows
     /// to 32: tensor-core matmuls on f16 activations (bound by dequantization, done once per
     /// weight for all rows); more than 32: each weight dequantized to f16 and one cuBLAS GEMM.
-    /// Measured on the H200: docs/benchmarks.md.
+    /// With the model's f16 weight copy ([`CudaBatch::serving`]): cuBLAS on the copy from 5
+    /// rows. Measured on the H200: docs/benchmarks.md.
     Auto,
     /// dp4a kernels at every batch size: a row gives the bits it gives alone.
     Dp4a,
@@ -89,6 +90,49 @@ pub enum BatchKernels {
     /// Each weight dequantized to f16, then a cuBLAS GEMM (as a prompt pass does), at every
     /// batch size: cuBLAS picks its kernel per shape, so a row's bits depend on the batch size.
     Cublas,
+}
+
+impl BatchKernels {
+    /// `MENS_CUDA_BATCH=dp4a|mma|cublas` forces one family; else [`BatchKernels::Auto`].
+    pub fn from_env() -> Self {
+        match std::env::var("MENS_CUDA_BATCH").as_deref() {
+            Ok("dp4a") => BatchKernels::Dp4a,
+            Ok("mma") => BatchKernels::TensorCores,
+            Ok("cublas") => BatchKernels::Cublas,
+            _ => BatchKernels::Auto,
+        }
+    }
+}
+
+/// Device memory an f16 weight copy must leave free beside the batch (fragmentation, cuBLAS).
+const F16_HEADROOM: u64 = 2 << 30;
+
+/// Bytes of an f16 copy of a model's layer matrices (what [`GpuModel::f16_copy_bytes`] gives
+/// once uploaded).
+pub fn f16_copy_bytes(c: &Config) -> u64 {
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    (2 * c.n_layer * ((q + 2 * kv) * d + d * q + 3 * f * d)) as u64
+}
+
+/// Device memory to keep for the f16 weight copy of a batch of `slots` (the copy and its
+/// headroom) when [`CudaBatch::serving`] would make one, else 0: what a context fit reserves.
+pub fn f16_copy_reserve(c: &Config, slots: usize) -> u64 {
+    if f16_copy_pays(slots, BatchKernels::from_env()) {
+        f16_copy_bytes(c) + F16_HEADROOM
+    } else {
+        0
+    }
+}
+
+/// Whether a batch of `slots` (kernels `k`) runs cuBLAS steps, whose per-step dequantization
+/// an f16 copy of the weights saves ([`GpuModel::make_f16_copy`]); `MENS_CUDA_F16=0` says no.
+fn f16_copy_pays(slots: usize, k: BatchKernels) -> bool {
+    let blas = match k {
+        BatchKernels::Auto => slots >= blas_from(true),
+        BatchKernels::Cublas => true,
+        BatchKernels::Dp4a | BatchKernels::TensorCores => false,
+    };
+    blas && std::env::var("MENS_CUDA_F16").as_deref() != Ok("0")
 }
 
 /// How a decode step multiplies by the weights.
@@ -104,6 +148,23 @@ const MMA_FROM: usize = 16;
 /// Smallest bucket [`BatchKernels::Auto`] runs through cuBLAS (its dequantization costs a fixed
 /// ~8 ms a 7B step, paid back only past 32 rows, where the tensor-core kernel takes two tiles).
 const BLAS_FROM: usize = 33;
+/// The same with an f16 copy of the weights (no dequantization: a step reads the copy once). On
+/// the H200, synth 7B: 4 rows 720 tokens/s with the copy against 735 with dp4a, 8 rows 1416
+/// against 1013, 16 rows 2805 against 1789 (tensor cores); docs/benchmarks.md.
+const BLAS_FROM_COPY: usize = 5;
+
+/// Smallest bucket run through cuBLAS: `MENS_CUDA_BLAS_FROM` (for measurements), else
+/// [`BLAS_FROM_COPY`] with an f16 weight copy and [`BLAS_FROM`] without.
+fn blas_from(copy: bool) -> usize {
+    match std::env::var("MENS_CUDA_BLAS_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(n) => n,
+        None if copy => BLAS_FROM_COPY,
+        None => BLAS_FROM,
+    }
+}
 
 /// `slots` sequences of `ctx` tokens each on one GPU.
 pub struct CudaBatch {
@@ -136,6 +197,8 @@ pub struct CudaBatch {
     h16: Buf,
     /// Which kernels a decode step uses (`MENS_CUDA_BATCH=dp4a` or `=mma` forces one family).
     kernels: BatchKernels,
+    /// Smallest bucket [`BatchKernels::Auto`] runs through cuBLAS ([`blas_from`]).
+    blas_from: usize,
     part_o: Buf,
     part_ml: Buf,
     counters: Buf,
@@ -183,6 +246,33 @@ impl CudaBatch {
         step_tokens: usize,
     ) -> Result<Self> {
         Self::with_cache(model, slots, ctx, ubatch, step_tokens, KvType::F16)
+    }
+
+    /// The server's batch: as [`CudaBatch::with_cache`], after making the model's f16 weight
+    /// copy where the batch runs cuBLAS steps and the copy fits beside it with
+    /// [`F16_HEADROOM`] to spare. Also says what it did about the copy, for the memory plan.
+    pub fn serving(
+        model: Arc<GpuModel>,
+        slots: usize,
+        ctx: usize,
+        ubatch: usize,
+        step_tokens: usize,
+        kv: KvType,
+    ) -> Result<(Self, String)> {
+        let mut copy = String::new();
+        if f16_copy_pays(slots, BatchKernels::from_env()) {
+            let batch = batch_bytes(&model.config, slots, ctx, ubatch.clamp(1, ctx), kv);
+            copy = match model.make_f16_copy(batch + F16_HEADROOM)? {
+                Some(b) => format!("f16 weight copy {} MiB", b >> 20),
+                None => format!(
+                    "no f16 weight copy ({} MiB would leave less than {} MiB free)",
+                    model.f16_copy_bytes() >> 20,
+                    F16_HEADROOM >> 20
+                ),
+            };
+        }
+        let b = Self::with_cache(model, slots, ctx, ubatch, step_tokens, kv)?;
+        Ok((b, copy))
     }
 
     /// As [`CudaBatch::new`], with a cache that stores K and V as `kv` (see [`check_cache`]).
@@ -242,12 +332,8 @@ impl CudaBatch {
             gu: zeros(8 * s * f)?,
             x16: zeros(2 * s * wide)?,
             h16: zeros(2 * s * f)?,
-            kernels: match std::env::var("MENS_CUDA_BATCH").as_deref() {
-                Ok("dp4a") => BatchKernels::Dp4a,
-                Ok("mma") => BatchKernels::TensorCores,
-                Ok("cublas") => BatchKernels::Cublas,
-                _ => BatchKernels::Auto,
-            },
+            kernels: BatchKernels::from_env(),
+            blas_from: blas_from(model.has_f16_copy()),
             part_o: zeros(4 * s * splits * q)?,
             part_ml: zeros(8 * s * splits * c.n_head)?,
             counters: zeros(4 * s * c.n_kv_head)?,
@@ -368,11 +454,12 @@ impl CudaBatch {
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let s = self.rows;
         let (part, counters) = (self.part.ptr, self.part.ptr + self.part_counters as u64);
-        // Auto: tensor cores from MMA_FROM rows (cuBLAS from BLAS_FROM) when that many slots
+        // Auto: tensor cores from MMA_FROM rows (cuBLAS from blas_from) when that many slots
         // decode together; a batch of fewer slots keeps dp4a for its verify rows (a row's bits
         // as alone: the same greedy tokens as plain decoding).
+        let bf = self.blas_from;
         let fam = match self.kernels {
-            BatchKernels::Auto if bp >= BLAS_FROM && self.slots >= BLAS_FROM => Family::Blas,
+            BatchKernels::Auto if bp >= bf && self.slots >= bf => Family::Blas,
             BatchKernels::Auto if bp >= MMA_FROM && self.slots >= MMA_FROM => Family::Mma,
             BatchKernels::Auto | BatchKernels::Dp4a => Family::Dp4a,
             BatchKernels::TensorCores => Family::Mma,

@@ -743,6 +743,8 @@ mod session;
 #[doc(hidden)]
 pub mod testing;
 
-pub use batch::{batch_bytes, BatchKernels, CudaBatch, VERIFY_ROWS};
+pub use batch::{
+    batch_bytes, f16_copy_bytes, f16_copy_reserve, BatchKernels, CudaBatch, VERIFY_ROWS,
+};
 pub use model::GpuModel;
 pub use session::{session_bytes, CudaSession, DeviceSampling};

@@ -598,7 +598,8 @@ impl CudaSession {
     }
 
     /// f16 GEMM: out[t][o0..] (f32, row stride `ldo`) = x16[t] · W^T for the stacked matrices
-    /// (`add`: added to what out holds), through an f16 copy of the weights in `w16`. Also the
+    /// (`add`: added to what out holds), through the model's f16 copy of the weights where it
+    /// has one ([`GpuModel::make_f16_copy`]), else dequantized into `w16` first. Also the
     /// batched decode step's cuBLAS family (see [`super::BatchKernels`]).
     pub(super) fn linear(
         &self,
@@ -611,14 +612,20 @@ impl CudaSession {
     ) -> Result<()> {
         let dev = &self.model.dev;
         let cols = mats[0].cols;
-        let mut rows = 0usize;
-        for m in mats {
-            let n = m.seg.rows as usize * cols;
-            let chunks = n / 32;
-            launch!(dev, dequant_f16, (chunks.div_ceil(256) as u32, 1), 256;
-                m.seg, cols as i32, self.w16.at(2 * rows * cols))?;
-            rows += m.seg.rows as usize;
-        }
+        let rows: usize = mats.iter().map(|m| m.seg.rows as usize).sum();
+        let w16 = match self.model.f16_of(mats) {
+            Some(w) => w,
+            None => {
+                let mut at = 0usize;
+                for m in mats {
+                    let chunks = m.seg.rows as usize * cols / 32;
+                    launch!(dev, dequant_f16, (chunks.div_ceil(256) as u32, 1), 256;
+                        m.seg, cols as i32, self.w16.at(2 * at * cols))?;
+                    at += m.seg.rows as usize;
+                }
+                self.w16.ptr
+            }
+        };
         let (one, beta) = (1f32, if add { 1f32 } else { 0f32 });
         unsafe {
             blas::gemm_ex(
@@ -629,7 +636,7 @@ impl CudaSession {
                 t as i32,
                 cols as i32,
                 &one as *const f32 as *const c_void,
-                self.w16.ptr as *const c_void,
+                w16 as *const c_void,
                 blas_sys::cudaDataType::CUDA_R_16F,
                 cols as i32,
                 x16 as *const c_void,
@@ -910,14 +917,12 @@ impl crate::runner::Runner for CudaSession {
         ctx: usize,
         step: usize,
     ) -> Result<Box<dyn crate::runner::Runner>> {
-        Ok(Box::new(super::CudaBatch::with_cache(
-            self.model.clone(),
-            slots,
-            ctx,
-            self.ubatch,
-            step,
-            self.kv,
-        )?))
+        let (b, copy) =
+            super::CudaBatch::serving(self.model.clone(), slots, ctx, self.ubatch, step, self.kv)?;
+        if !copy.is_empty() {
+            eprintln!("mens: {copy}");
+        }
+        Ok(Box::new(b))
     }
     fn max_step_tokens(&self) -> usize {
         self.ctx
