@@ -321,7 +321,7 @@ fn the_kv_cache_keeps_decode_flat() {
     // The other tests of this binary run beside it on two cores: a burst of theirs can land on
     // the far steps only (seen once: 0.73). A second measurement decides then; both must be low
     // to fail.
-    if v["paired"]["ratio"].as_f64().unwrap() < 0.85 {
+    if v["paired"]["ratio"].as_f64().unwrap() < FLAT {
         eprintln!(
             "paired ratio {:.2} on the first run: measuring again",
             v["paired"]["ratio"].as_f64().unwrap()
@@ -380,13 +380,18 @@ fn the_kv_cache_keeps_decode_flat() {
         uncached_ratio < 0.4,
         "uncached decode should slow down with the step: {uncached_ratio}"
     );
-    // CLAIM-06: the paired ratio on this synthetic model (measured 0.94–0.95 alone; the bound
-    // leaves room for the other tests running beside it).
+    // CLAIM-06: the paired ratio on this synthetic model (see FLAT).
     assert!(
-        cached_ratio >= 0.85,
+        cached_ratio >= FLAT,
         "cached decode should stay nearly flat: {cached_ratio}"
     );
 }
+
+/// The least paired speed ratio of step 192 to step 1 with the KV cache (uncached: about 0.09).
+/// Measured alone: 0.94–0.95 on an AMD VM with AVX2, 0.84–0.85 on an Intel VM with AVX-512 VNNI
+/// (2026-12-02), whose Q8_0 kernels make the weights' share of a step smaller and attention's
+/// larger; the bound leaves room for that and for the other tests running beside it.
+const FLAT: f64 = 0.75;
 
 /// `mens synth` writes a real-size random model (0.5B shape, Q4_K_M layout) that loads and
 /// generates; an unknown shape is a clear error.

@@ -202,9 +202,15 @@ r = client.responses.create(model=model, tools=rtools, temperature=0, max_output
     {"type": "function_call", "call_id": fc[0].call_id, "name": fc[0].name, "arguments": fc[0].arguments},
     {"type": "function_call_output", "call_id": fc[0].call_id, "output": "2 passed"}])
 assert r.status in ("completed", "incomplete"), r
-r = client.responses.create(model=model, input="Give a JSON status.", temperature=0.7, max_output_tokens=60,
-                            text={"format": {"type": "json_schema", "name": "st", "strict": True, "schema": schema}})
-jsonschema.validate(json.loads(r.output_text), schema)
+# Sampled (no seed): every string bounded, so that the grammar ends the object within max_output_tokens
+# (an unbounded name once ran past 60 tokens and was cut, 2026-12-02).
+bounded = json.loads(json.dumps(schema))
+bounded["properties"]["function"]["pattern"] = "^[a-z_][a-z0-9_]{0,23}$"
+bounded["properties"]["args"]["items"]["maxLength"] = 16
+r = client.responses.create(model=model, input="Give a JSON status.", temperature=0.7, max_output_tokens=200,
+                            text={"format": {"type": "json_schema", "name": "st", "strict": True, "schema": bounded}})
+assert r.status == "completed", (r.status, r.output_text)
+jsonschema.validate(json.loads(r.output_text), bounded)
 print("responses: text, stream, function call, json_schema")
 
 # llama-server's /tokenize and /detokenize; special-token text is text unless asked.

@@ -59,6 +59,12 @@ fn tokenizer_matches(name: &str, file: &str) {
 /// 0.23 with harmless changes in summation order (0.022 and 0.053 on 2026-11-30); the bound is
 /// just above the largest seen.
 const NEAR_TIE: f32 = 0.25;
+/// The same for Gemma 3 270M, whose logits move further with summation order. On an Intel VM with
+/// AVX-512 VNNI (2026-12-02) its "class Stack" prompt parts at token 4 by 0.29 logits with the
+/// default kernels, 0.14 with the K-quants in the file's layout (`MENS_NO_K8=1`) and not at all
+/// with the AVX2 kernels; the portable kernels part elsewhere by up to 0.23: rounding alone moves
+/// these gaps by 0.15 or more. The bound is just above the largest seen.
+const NEAR_TIE_GEMMA: f32 = 0.35;
 
 /// Teacher-forced agreement with llama.cpp's greedy continuations (≥ 98% of positions), and
 /// free-running greedy equal to the reference for at least the first 16 tokens of every prompt,
@@ -139,8 +145,9 @@ fn greedy_matches_llama_cpp(name: &str) {
         eprintln!(
             "{name}: {prompt_text:?}: free-running diverges at token {same}: the reference token is our choice #{rank}, {gap:.4} logits below our top"
         );
+        let near = if gemma { NEAR_TIE_GEMMA } else { NEAR_TIE };
         assert!(
-            rank == 2 && gap < NEAR_TIE,
+            rank == 2 && gap < near,
             "{name} {prompt_text:?}: diverges at token {same}: reference token ranked {rank}, {gap} logits below (not a near-tie)"
         );
         ties += 1;
