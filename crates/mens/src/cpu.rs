@@ -109,8 +109,8 @@ pub struct RunState {
     tmp: Vec<f32>,
     qkv: Vec<f32>,
     att: Vec<f32>,
+    /// [batch, 2 × ffn]: gate and up; after the gated activation, [batch, ffn] in place.
     gate_up: Vec<f32>,
-    hidden: Vec<f32>,
     in_norm: QuantizedInput,
     in_att: QuantizedInput,
     in_ffn: QuantizedInput,
@@ -184,7 +184,6 @@ impl RunState {
             qkv: vec![0f32; b * (c.q_dim() + 2 * c.kv_dim())],
             att: vec![0f32; b * c.q_dim()],
             gate_up: vec![0f32; b * 2 * c.ffn_dim],
-            hidden: vec![0f32; b * c.ffn_dim],
             in_norm: QuantizedInput::new(b, c.dim, &norm_types),
             in_att: QuantizedInput::new(b, c.q_dim(), &att_types),
             in_ffn: QuantizedInput::new(b, c.ffn_dim, &ffn_types),
@@ -224,7 +223,6 @@ impl RunState {
             + f(&self.qkv)
             + f(&self.att)
             + f(&self.gate_up)
-            + f(&self.hidden)
             + self.in_norm.bytes()
             + self.in_att.bytes()
             + self.in_ffn.bytes()
@@ -490,10 +488,10 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 2 * f,
             );
             match c.activation {
-                Activation::Silu => ops::swiglu(&r.gate_up, t, f, &mut r.hidden),
-                Activation::Gelu => ops::geglu(&r.gate_up, t, f, &mut r.hidden),
+                Activation::Silu => ops::swiglu(&mut r.gate_up, t, f),
+                Activation::Gelu => ops::geglu(&mut r.gate_up, t, f),
             }
-            r.in_ffn.set(&r.hidden[..t * f], t);
+            r.in_ffn.set(&r.gate_up[..t * f], t);
             matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
         }
         let norm = match m.layers.get(li + 1) {
@@ -590,8 +588,8 @@ fn moe_ffn(
         }
         input.set(&s.gathered[..n * d], n);
         matmul(&[(gate, 0), (up, f)], input, &mut r.gate_up, 2 * f);
-        ops::swiglu(&r.gate_up, n, f, &mut r.hidden);
-        r.in_ffn.set(&r.hidden[..n * f], n);
+        ops::swiglu(&mut r.gate_up, n, f);
+        r.in_ffn.set(&r.gate_up[..n * f], n);
         matmul(&[(down, 0)], &r.in_ffn, &mut s.out[j0 * d..j1 * d], d);
     }
     // Each token: its experts' outputs times their weights, summed in the router's order.
