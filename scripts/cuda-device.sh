@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|prefix|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -195,6 +195,23 @@ if [ "$MODE" = serving ]; then
   for _ in $(seq 120); do grep -q "serving" "$OUT/auto-ctx.log" && break; sleep 1; done
   kill $apid; wait $apid 2>/dev/null
   grep -E "memory plan|serving" "$OUT/auto-ctx.log" | sed "s/^/--parallel 64 without -c: /" | tee -a "$OUT/serving.txt"
+fi
+
+if [ "$MODE" = prefix ]; then
+  # Issue 15: a prompt prefix another (busy) slot holds is copied, not prefilled. Request B's TTFT
+  # with the copy and without (MENS_NO_PREFIX_COPY=1), alternating, synth 7b, 4000-token prefix.
+  m=$(synth 7b)
+  for round in 1 2; do
+    for off in "" 1; do
+      MENS_NO_PREFIX_COPY=$off "$BIN/mens" serve --backend cuda -m "$m" --port 8098 --parallel 2 -c 8192 \
+        > "$OUT/prefix-serve.log" 2>&1 &
+      ppid=$!
+      for _ in $(seq 120); do grep -q "serving" "$OUT/prefix-serve.log" && break; sleep 1; done
+      python3 scripts/prefix-copy-check.py --url http://127.0.0.1:8098 --prefix-tokens 4000 2>&1 \
+        | sed "s/^/synth 7b, round $round, prefix copy $([ -n "$off" ] && echo off || echo on): /"
+      kill $ppid; wait $ppid 2>/dev/null
+    done
+  done | tee "$OUT/prefix.txt"
 fi
 
 if [ "$MODE" = copy ]; then

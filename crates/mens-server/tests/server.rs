@@ -353,6 +353,80 @@ fn full_queue_answers_503_with_retry_after() {
     }
 }
 
+/// A request of `tenant` whose events arrive on the returned channel.
+fn listened(prompt: Vec<u32>, tenant: u64) -> (Request, std::sync::mpsc::Receiver<Event>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let req = Request {
+        prompt,
+        max_tokens: 12,
+        sampler: SamplerConfig::greedy(),
+        stop: vec![],
+        on_event: Box::new(move |e| tx.send(e).is_ok()),
+        alive: Box::new(|| true),
+        tenant,
+        deadline: None,
+        constraint: None,
+        logprobs: None,
+        ignore_eos: true,
+    };
+    (req, rx)
+}
+
+/// The text and usage a listened request ends with.
+fn outcome(rx: std::sync::mpsc::Receiver<Event>) -> (String, mens::scheduler::Usage) {
+    let mut text = String::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(u) => return (text, u),
+            Event::Error(e) => panic!("{e}"),
+            Event::Logprobs(_) => {}
+        }
+    }
+}
+
+/// A prompt prefix that another slot of the same tenant holds, here a busy one (its request is
+/// mid-answer), is copied into the new request's slot instead of prefilled: it counts as cached,
+/// and the greedy text is a cold request's. Another tenant's request with the same prompt gets
+/// none of it.
+#[test]
+fn a_prefix_held_by_a_busy_slot_is_copied_within_a_tenant() {
+    let s = start(3, 8, ServerConfig::default());
+    let tok = s.state.tokenizer.clone();
+    let system: String = (0..9).map(|i| format!("rule {i}; ")).collect();
+    let ids = |tail: &str| tok.encode(&format!("{system}{tail}")).unwrap();
+    let shared = mens::stream::reusable_prefix(&ids("alpha beta"), &ids("gamma delta"));
+    assert!(shared >= 64, "the prompts share {shared} tokens");
+    // A (tenant 0) holds slot 0 with the shared prefix cached, blocked in its first text event
+    // while B (tenant 0) and C (tenant 5) are queued: both are admitted while A is busy.
+    let (a, release, started) = blocker(ids("alpha beta"));
+    s.state.scheduler.submit(a).unwrap();
+    started.recv_timeout(Duration::from_secs(30)).unwrap();
+    let (b, b_rx) = listened(ids("gamma delta"), 0);
+    let (c, c_rx) = listened(ids("gamma delta"), 5);
+    s.state.scheduler.submit(b).unwrap();
+    s.state.scheduler.submit(c).unwrap();
+    for _ in 0..8 {
+        let _ = release.send(());
+    }
+    let (b_text, b_usage) = outcome(b_rx);
+    let (c_text, c_usage) = outcome(c_rx);
+    assert_eq!(
+        b_usage.cached_tokens, shared,
+        "B copies the shared prefix from A's slot"
+    );
+    assert_eq!(c_usage.cached_tokens, 0, "C is another tenant");
+    // The same prompt cold, alone on a fresh server: the same greedy text.
+    let cold = start(1, 1, ServerConfig::default());
+    let (d, d_rx) = listened(ids("gamma delta"), 0);
+    cold.state.scheduler.submit(d).unwrap();
+    let (d_text, d_usage) = outcome(d_rx);
+    assert_eq!(d_usage.cached_tokens, 0);
+    assert!(!d_text.is_empty());
+    assert_eq!(b_text, d_text, "a copied prefix answers as a cold prompt");
+    assert_eq!(c_text, d_text);
+}
+
 #[test]
 fn concurrent_requests_all_complete() {
     let s = start(3, 16, ServerConfig::default());

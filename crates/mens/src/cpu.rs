@@ -100,6 +100,21 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         (self.k.len() + self.v.len()) * 2
     }
+
+    /// Copy positions 0..n of every layer and head from `src` (a cache of the same shape).
+    fn copy_prefix_from(&mut self, src: &KvCache, n: usize) {
+        assert!(self.types == src.types && self.per_layer == src.per_layer && n <= self.ctx);
+        for (dst, src, row) in [
+            (&mut self.k, &src.k, self.rows.0),
+            (&mut self.v, &src.v, self.rows.1),
+        ] {
+            // [layer][kv head] runs of ctx rows of `row` bytes (row / 2 u16s).
+            let (run, take) = (self.ctx * row / 2, n * row / 2);
+            for (d, s) in dst.chunks_exact_mut(run).zip(src.chunks_exact(run)) {
+                d[..take].copy_from_slice(&s[..take]);
+            }
+        }
+    }
 }
 
 /// Every buffer one forward pass writes, sized for `batch` tokens.
@@ -1027,6 +1042,27 @@ impl Runner for Batch {
     }
     fn assume_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
         self.slots[slot].assume(tokens)
+    }
+    fn can_copy_prefix(&self) -> bool {
+        true
+    }
+    fn copy_prefix(&mut self, src: usize, dst: usize, n: usize) -> Result<()> {
+        let slots = self.slots.len();
+        if src >= slots || dst >= slots || src == dst || n > self.slots[src].tokens.len() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot copy {n} tokens from slot {src} to slot {dst}"
+            )));
+        }
+        let (a, b) = self.slots.split_at_mut(src.max(dst));
+        let (from, to) = if src < dst {
+            (&a[src], &mut b[0])
+        } else {
+            (&b[0], &mut a[dst])
+        };
+        to.kv.copy_prefix_from(&from.kv, n);
+        to.tokens.clear();
+        to.tokens.extend_from_slice(&from.tokens[..n]);
+        Ok(())
     }
     fn step(&mut self, parts: &mut [Part]) -> Result<()> {
         Batch::step(self, parts)

@@ -68,6 +68,17 @@ pub trait Runner {
             "this backend cannot shift its KV cache".into(),
         ))
     }
+    /// Whether [`Runner::copy_prefix`] works.
+    fn can_copy_prefix(&self) -> bool {
+        false
+    }
+    /// Make slot `dst` hold the first `n` cached tokens of slot `src`, their cache rows copied
+    /// (computing nothing): a prompt prefix another slot already holds (a shared system prompt).
+    fn copy_prefix(&mut self, _src: usize, _dst: usize, _n: usize) -> Result<()> {
+        Err(Error::InvalidArgument(
+            "this backend cannot copy cache rows between slots".into(),
+        ))
+    }
     /// One forward pass over `parts` (at most one per slot).
     fn step(&mut self, parts: &mut [Part]) -> Result<()>;
     /// Pick a slot's next token from its last-position logits of the last step.

@@ -445,6 +445,27 @@ pub fn choose_slot<'a>(
     .max_by_key(|&(i, c)| (c, std::cmp::Reverse(i)))
 }
 
+/// Fewest tokens a copy from another slot must add to what the chosen slot keeps.
+const COPY_MIN: usize = 32;
+
+/// Another slot (busy or free) whose cache, holding this tenant's tokens, shares a longer prefix
+/// with `prompt` than the chosen slot `keep`s, by [`COPY_MIN`] tokens or more: its rows are copied
+/// instead of prefilled (the system prompt of an agent whose other request holds a slot). `others`
+/// lists (slot, owner tenant, cached tokens) of the other slots. Returns the slot and how many
+/// tokens to take.
+pub fn copy_source<'a>(
+    others: impl Iterator<Item = (usize, Option<u64>, &'a [u32])>,
+    tenant: u64,
+    prompt: &[u32],
+    keep: usize,
+) -> Option<(usize, usize)> {
+    others
+        .filter(|&(_, owner, _)| owner == Some(tenant))
+        .map(|(i, _, cached)| (i, reusable_prefix(cached, prompt)))
+        .filter(|&(_, n)| n >= keep + COPY_MIN)
+        .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
+}
+
 /// The scheduler thread's state.
 struct Loop<'t> {
     runner: Box<dyn Runner>,
@@ -457,6 +478,9 @@ struct Loop<'t> {
     waiting: VecDeque<Job>,
     /// Minimum moved run to reuse (0: off).
     cache_reuse: usize,
+    /// Copy a prompt prefix another slot holds ([`copy_source`]); `MENS_NO_PREFIX_COPY=1` turns it
+    /// off, for comparisons.
+    copy_prefix: bool,
     spec: Option<SpecOptions>,
     /// Per slot: the tokens its decode step feeds (the next token, then proposals), and the model's
     /// greedy picks at each of them.
@@ -489,6 +513,10 @@ fn run(
     let n = runner.slots();
     let mut l = Loop {
         cache_reuse,
+        copy_prefix: matches!(
+            std::env::var("MENS_NO_PREFIX_COPY").as_deref(),
+            Err(_) | Ok("") | Ok("0")
+        ),
         spec,
         feed: vec![Vec::new(); n],
         picks: vec![Vec::new(); n],
@@ -579,10 +607,25 @@ impl Loop<'_> {
             let free = (0..self.slots.len())
                 .filter(|&i| self.slots[i].is_none())
                 .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
-            let (slot, keep) =
+            let (slot, mut keep) =
                 choose_slot(free, job.req.tenant, &job.req.prompt).expect("a slot is free");
+            let copy = if self.copy_prefix && runner.can_copy_prefix() {
+                let others = (0..self.slots.len())
+                    .filter(|&i| i != slot)
+                    .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
+                copy_source(others, job.req.tenant, &job.req.prompt, keep)
+            } else {
+                None
+            };
             let mut reuse = VecDeque::new();
-            if self.cache_reuse > 0
+            if let Some((src, n)) = copy {
+                self.runner.truncate_slot(slot, 0);
+                keep = if self.runner.copy_prefix(src, slot, n).is_ok() {
+                    n
+                } else {
+                    0
+                };
+            } else if self.cache_reuse > 0
                 && self.owner[slot] == Some(job.req.tenant)
                 && self.runner.can_shift_kv()
             {
@@ -614,7 +657,12 @@ impl Loop<'_> {
             if let Some(d) = self.draft.as_mut() {
                 // The draft keeps no more of the old request than the target does (the same
                 // tenant's prefix): proposals' speed must not tell one tenant another's text.
-                let n = d.slot_tokens(slot).len().min(keep);
+                // After a copy from another slot its old tokens are not the prompt's: none.
+                let n = if copy.is_some() {
+                    0
+                } else {
+                    d.slot_tokens(slot).len().min(keep)
+                };
                 d.truncate_slot(slot, n);
             }
             self.slots[slot] = Some(Active {
@@ -1053,5 +1101,29 @@ mod tests {
         // A stranger reuses nothing and takes the lowest slot.
         assert_eq!(choose_slot(free(), 9, &[1, 2, 3]), Some((0, 0)));
         assert_eq!(choose_slot(std::iter::empty(), 9, &[1]), None);
+    }
+
+    #[test]
+    fn a_longer_prefix_in_another_slot_of_the_same_tenant_is_copied() {
+        let sys: Vec<u32> = (0..100).collect();
+        let mut a = sys.clone();
+        a.extend([500, 501]);
+        let mut b = sys[..40].to_vec();
+        b.push(600);
+        let mut prompt = sys.clone();
+        prompt.extend([700, 701, 702]);
+        let others = || vec![(1, Some(7), &a[..]), (2, Some(7), &b[..])].into_iter();
+        // Tenant 7 takes slot 1's 100 tokens (the longest), whatever the chosen slot keeps below
+        // that by COPY_MIN.
+        assert_eq!(copy_source(others(), 7, &prompt, 0), Some((1, 100)));
+        assert_eq!(copy_source(others(), 7, &prompt, 68), Some((1, 100)));
+        // Too little to gain: the chosen slot keeps 69 or more.
+        assert_eq!(copy_source(others(), 7, &prompt, 69), None);
+        // Another tenant's slots are never read.
+        assert_eq!(copy_source(others(), 8, &prompt, 0), None);
+        let stranger = vec![(1, Some(8), &a[..]), (2, None, &a[..])];
+        assert_eq!(copy_source(stranger.into_iter(), 7, &prompt, 0), None);
+        // The prompt's last token is always run (its logits start the answer).
+        assert_eq!(copy_source(others(), 7, &sys, 0), Some((1, 99)));
     }
 }

@@ -1574,3 +1574,40 @@ fn f16_weight_copy_gives_the_same_bits() {
         bytes >> 20
     );
 }
+
+/// `copy_prefix` on the GPU pool (f16 and q8_0): a slot given another slot's first n cached rows
+/// decodes the next token with bit for bit the logits of the slot that computed them.
+#[test]
+fn batch_copy_prefix_gives_the_logits_of_computing_it() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut r = rand::rngs::StdRng::seed_from_u64(31);
+    let prompt: Vec<u32> = (0..90).map(|_| r.gen_range(0..v)).collect();
+    let other: Vec<u32> = (0..20).map(|_| r.gen_range(0..v)).collect();
+    let n = 80;
+    for kv in [KvType::F16, KvType::Q8_0] {
+        let mut b = CudaBatch::with_cache(gm.clone(), 4, 256, 64, 512, kv).unwrap();
+        let part = |slot, tokens| Part {
+            slot,
+            tokens,
+            logits: Logits::Last,
+        };
+        b.step(&mut [part(0, &prompt[..n]), part(2, &other[..])])
+            .unwrap();
+        b.step(&mut [part(0, &prompt[n..n + 1])]).unwrap();
+        let computed = b.slot_logits(0).unwrap();
+        b.copy_prefix(0, 2, n).unwrap();
+        assert_eq!(b.slot_tokens(2), &prompt[..n]);
+        b.step(&mut [part(2, &prompt[n..n + 1])]).unwrap();
+        let copied = b.slot_logits(2).unwrap();
+        assert!(
+            computed == copied,
+            "{kv:?}: logits differ after a copied prefix"
+        );
+        assert!(b.copy_prefix(0, 0, 1).is_err());
+        assert!(b.copy_prefix(1, 0, 1).is_err(), "slot 1 holds nothing");
+        eprintln!("{kv:?} pool: a copied prefix of {n} rows decodes bit for bit as computed");
+    }
+}

@@ -871,6 +871,45 @@ impl Runner for CudaBatch {
         // A new request on the slot: its device sampler's draws count from 0 again.
         let _ = self.model.dev.write(&self.rng, 8 * slot, &[0u64]);
     }
+    fn can_copy_prefix(&self) -> bool {
+        true
+    }
+    fn copy_prefix(&mut self, src: usize, dst: usize, n: usize) -> Result<()> {
+        if src >= self.slots || dst >= self.slots || src == dst || n > self.tokens[src].len() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot copy {n} tokens from slot {src} to slot {dst}"
+            )));
+        }
+        self.chain = None;
+        self.ready[dst] = false;
+        let c = &self.model.config;
+        let dev = self.model.dev.clone();
+        dev.bind()?;
+        let rb = kv_row_bytes(self.kv, c.kv_dim());
+        let layer = (self.ctx * rb) as u64;
+        let (sk, sv) = self.slot_cache(src);
+        let (dk, dv) = self.slot_cache(dst);
+        // Each layer's rows of a slot are contiguous: one copy per layer for K and for V, in
+        // stream order with the steps before and after.
+        for li in 0..c.n_layer as u64 {
+            for (from, to) in [(sk, dk), (sv, dv)] {
+                unsafe {
+                    drv::memcpy_dtod_async(to + li * layer, from + li * layer, n * rb, dev.stream)
+                }
+                .map_err(|e| err("copy on device", e))?;
+            }
+        }
+        let (from, to) = if src < dst {
+            let (a, b) = self.tokens.split_at_mut(dst);
+            (&a[src], &mut b[0])
+        } else {
+            let (a, b) = self.tokens.split_at_mut(src);
+            (&b[0], &mut a[dst])
+        };
+        to.clear();
+        to.extend_from_slice(&from[..n]);
+        Ok(())
+    }
     fn step(&mut self, parts: &mut [Part]) -> Result<()> {
         let vocab = self.model.config.vocab_size;
         let mut seen = vec![false; self.slots];
