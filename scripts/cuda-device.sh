@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|prefix|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|prefix|penalties|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -212,6 +212,25 @@ if [ "$MODE" = prefix ]; then
       kill $ppid; wait $ppid 2>/dev/null
     done
   done | tee "$OUT/prefix.txt"
+fi
+
+if [ "$MODE" = penalties ]; then
+  # Repetition penalties on the device (the batch's penalize kernel) against plain greedy, and
+  # against $BIN/mens-old (a binary from before, carried as .device/mens-old.xz, which copied
+  # each penalised slot's logits to the host): synth 7b, --parallel 64, 64 clients.
+  m=$(synth 7b)
+  for bin in mens mens-old; do
+    [ -x "$BIN/$bin" ] || continue
+    for pen in "" 1.1; do
+      "$BIN/$bin" serve --backend cuda -m "$m" --port 8099 --parallel 64 -c 1024 > "$OUT/pen-serve.log" 2>&1 &
+      ppid=$!
+      for _ in $(seq 120); do grep -q "serving" "$OUT/pen-serve.log" && break; sleep 1; done
+      python3 scripts/load-test.py --url http://127.0.0.1:8099 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+        --temperature 0 --concurrency 64 --requests 2 ${pen:+--repeat-penalty $pen} 2>&1 | grep -E "^C=|rror" \
+        | sed "s/^/$bin, repeat_penalty ${pen:-off}: /"
+      kill $ppid; wait $ppid 2>/dev/null
+    done
+  done | tee "$OUT/penalties.txt"
 fi
 
 if [ "$MODE" = copy ]; then

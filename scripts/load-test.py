@@ -124,6 +124,8 @@ def run(url, concurrency, requests, max_tokens, timeout, opts):
             }
             if opts.ignore_eos:
                 body["ignore_eos"] = True
+            if opts.repeat_penalty is not None:
+                body["repeat_penalty"] = opts.repeat_penalty
             if opts.prompt_tokens:
                 rng = random.Random(concurrency * 100000 + ci * 1000 + r)
                 body["prompt"] = [rng.randrange(1000, 30000) for _ in range(opts.prompt_tokens)]
@@ -183,6 +185,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=0, help="random token-id prompts of this length (/v1/completions)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--ignore-eos", action="store_true", help="generate max-tokens every time")
+    ap.add_argument("--repeat-penalty", type=float, help="llama.cpp's repeat_penalty on every request")
     ap.add_argument("--gpu-mem", action="store_true", help="report nvidia-smi memory.used after each level")
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]

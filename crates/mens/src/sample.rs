@@ -107,6 +107,8 @@ pub struct Sampler {
     rng: rand::rngs::StdRng,
     candidates: Vec<(f32, u32)>,
     window: Vec<u32>,
+    /// The penalty window's (token, count) pairs.
+    counts: Vec<(u32, u32)>,
     top: Vec<(f32, u32)>,
 }
 
@@ -130,6 +132,7 @@ impl Sampler {
             rng: rand::rngs::StdRng::seed_from_u64(config.seed),
             candidates: Vec::with_capacity(vocab_size),
             window: Vec::with_capacity(config.repeat_last_n),
+            counts: Vec::with_capacity(config.repeat_last_n),
             top: Vec::new(),
             constraint: None,
             logprobs: None,
@@ -200,21 +203,28 @@ impl Sampler {
 
     /// Pick the next token. `logits` is scratch (penalties are applied in place); `history` holds the
     /// tokens so far (prompt and generated), for the penalties.
+    /// The distinct tokens of the penalty window (the last `repeat_last_n` of `history`) and how
+    /// often each occurs, ascending by id: what the penalties act on (also on a GPU).
+    pub fn penalty_counts(&mut self, history: &[u32], out: &mut Vec<(u32, u32)>) {
+        out.clear();
+        self.window.clear();
+        let start = history.len().saturating_sub(self.config.repeat_last_n);
+        self.window.extend_from_slice(&history[start..]);
+        self.window.sort_unstable();
+        for &id in &self.window {
+            match out.last_mut() {
+                Some((last, n)) if *last == id => *n += 1,
+                _ => out.push((id, 1)),
+            }
+        }
+    }
+
     pub fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let c = &self.config;
-        if c.penalised() {
-            self.window.clear();
-            let start = history.len().saturating_sub(c.repeat_last_n);
-            self.window.extend_from_slice(&history[start..]);
-            self.window.sort_unstable();
-            let mut i = 0;
-            while i < self.window.len() {
-                let id = self.window[i];
-                let mut count = 0;
-                while i < self.window.len() && self.window[i] == id {
-                    count += 1;
-                    i += 1;
-                }
+        if self.config.penalised() {
+            let mut counts = std::mem::take(&mut self.counts);
+            self.penalty_counts(history, &mut counts);
+            let c = &self.config;
+            for &(id, count) in &counts {
                 if let Some(l) = logits.get_mut(id as usize) {
                     *l = if *l > 0.0 {
                         *l / c.repeat_penalty
@@ -224,6 +234,7 @@ impl Sampler {
                     *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
                 }
             }
+            self.counts = counts;
         }
         if self.is_greedy() {
             return argmax(logits);

@@ -1611,3 +1611,97 @@ fn batch_copy_prefix_gives_the_logits_of_computing_it() {
         eprintln!("{kv:?} pool: a copied prefix of {n} rows decodes bit for bit as computed");
     }
 }
+
+/// Repetition penalties on the GPU (a batch slot): greedy picks the token the host sampler picks
+/// from the same logits with the same history, also where the penalty changes the choice, and
+/// the slot's own logits are left as they were; penalised top-k draws come from the penalised
+/// top k.
+#[test]
+fn batch_penalties_on_the_device_match_the_host_sampler() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let v = model.config.vocab_size;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut b = CudaBatch::new(gm, 2, 256, 64, 512).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(41);
+    let mut changed = 0;
+    // Slot 1 holds `prompt` alone; its last logits.
+    let prefill = |b: &mut CudaBatch, prompt: &[u32]| {
+        b.truncate_slot(1, 0);
+        b.step(&mut [Part {
+            slot: 1,
+            tokens: prompt,
+            logits: Logits::Last,
+        }])
+        .unwrap();
+        b.slot_logits(1).unwrap()
+    };
+    for case in 0..6 {
+        let mut prompt: Vec<u32> = (0..40).map(|_| r.gen_range(0..v as u32)).collect();
+        let mut before = prefill(&mut b, &prompt);
+        // Half the cases: the unpenalised choice is in the history, many times.
+        if case % 2 == 0 {
+            prompt.extend([mens::sample::argmax(&before); 6]);
+            before = prefill(&mut b, &prompt);
+        }
+        let config = SamplerConfig {
+            temperature: 0.0,
+            repeat_penalty: 1.3 + 0.2 * case as f32,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_last_n: 64,
+            ..SamplerConfig::greedy()
+        };
+        let mut gpu = Sampler::new(config.clone(), v).unwrap();
+        let mut host = Sampler::new(config, v).unwrap();
+        let got = b.sample_slot(1, &mut gpu).unwrap();
+        let mut l = before.clone();
+        let want = host.choose(&mut l, b.slot_tokens(1));
+        assert_eq!(
+            got, want,
+            "case {case}: device and host penalised greedy differ"
+        );
+        changed += (want != mens::sample::argmax(&before)) as usize;
+        assert!(
+            b.slot_logits(1).unwrap() == before,
+            "the slot's logits were changed"
+        );
+        // Penalised top-5 draws: within the host's penalised top 5.
+        let mut k5 = Sampler::new(
+            SamplerConfig {
+                temperature: 1.0,
+                top_k: 5,
+                top_p: 1.0,
+                min_p: 0.0,
+                repeat_penalty: 1.5,
+                repeat_last_n: 64,
+                seed: case,
+                ..Default::default()
+            },
+            v,
+        )
+        .unwrap();
+        let mut pen = before.clone();
+        let mut scratch = Sampler::new(k5.config.clone(), v).unwrap();
+        let mut counts = Vec::new();
+        scratch.penalty_counts(b.slot_tokens(1), &mut counts);
+        for &(id, _) in &counts {
+            let x = &mut pen[id as usize];
+            *x = if *x > 0.0 { *x / 1.5 } else { *x * 1.5 };
+        }
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &c| pen[c].total_cmp(&pen[a]));
+        for _ in 0..20 {
+            let t = b.sample_slot(1, &mut k5).unwrap() as usize;
+            assert!(
+                order[..5].contains(&t),
+                "case {case}: draw {t} outside the penalised top 5"
+            );
+        }
+    }
+    assert!(
+        changed >= 1,
+        "no case where the penalty changed the greedy choice"
+    );
+    eprintln!("penalised sampling on the device: 6 greedy cases as the host ({changed} changed by the penalty), top-5 draws in the penalised top 5");
+}

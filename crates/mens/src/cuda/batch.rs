@@ -70,7 +70,9 @@ pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize, kv: KvTy
     let engine = session_bytes(c, ctx, ubatch, kv) as usize - pool_bytes(c, 1, ctx, kv);
     let rows = step_rows(slots);
     let logits = 4 * rows * (c.vocab_size + 1);
-    (pool_bytes(c, slots, ctx, kv) + engine + decode_bytes(c, rows, ctx) + logits) as u64
+    let penalties = 8 * ctx;
+    (pool_bytes(c, slots, ctx, kv) + engine + decode_bytes(c, rows, ctx) + logits + penalties)
+        as u64
 }
 
 /// Kernels of a batched decode step.
@@ -218,6 +220,10 @@ pub struct CudaBatch {
     rng: Buf,
     cand: Buf,
     scratch: Buf,
+    /// A penalised request's (token, count) pairs ([ctx] pairs of i32), and their host staging.
+    pen: Buf,
+    pen_pairs: Vec<(u32, u32)>,
+    pen_flat: Vec<i32>,
     /// Pinned host memory: meta (4 × rows), ids (slots + 1), one sampled id.
     host: *mut i32,
     graphs: Vec<(usize, sys::CUgraphExec)>,
@@ -347,6 +353,9 @@ impl CudaBatch {
             rng: zeros(8 * slots)?,
             cand: zeros(8 * TOPK_BLOCKS * TOPK_MAX)?,
             scratch: zeros(16)?,
+            pen: zeros(8 * ctx)?,
+            pen_pairs: Vec::new(),
+            pen_flat: Vec::new(),
             host,
             graphs: Vec::new(),
             chain: None,
@@ -767,8 +776,9 @@ impl CudaBatch {
         Ok(())
     }
 
-    /// Pick a slot's next token on the device (top-k and the rest): one 4-byte read-back.
-    fn sample_device(&mut self, slot: usize, d: DeviceSampling) -> Result<u32> {
+    /// Pick a slot's next token on the device (top-k and the rest) from logits row `row` (the
+    /// slot's, or a penalised copy): one 4-byte read-back.
+    fn sample_device(&mut self, slot: usize, row: usize, d: DeviceSampling) -> Result<u32> {
         let DeviceSampling::TopK {
             k,
             temp,
@@ -783,7 +793,7 @@ impl CudaBatch {
         let v = self.model.config.vocab_size;
         let slice = v.div_ceil(TOPK_BLOCKS) as i32;
         let k = k as i32;
-        let row = self.logits.at(4 * slot * v);
+        let row = self.logits.at(4 * row * v);
         let sc = &self.scratch;
         launch!(dev, topk_partial, (TOPK_BLOCKS as u32, 1), 256;
             row, v as i32, k, slice, self.cand.ptr)?;
@@ -802,6 +812,54 @@ impl CudaBatch {
         dev.sync()?;
         self.pending = false;
         Ok(self.host()[at] as u32)
+    }
+
+    /// A request whose only host-side need is repetition penalties: the slot's logits copied to
+    /// the padding row, penalised there (`penalize`, the host sampler's arithmetic), then greedy
+    /// or top-k on the device as for any request. Only the penalty window's (token, count) pairs
+    /// go up and one id comes back, instead of the whole row going to the host.
+    fn sample_penalised(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32> {
+        let dev = self.model.dev.clone();
+        let v = self.model.config.vocab_size;
+        let pad = self.slots;
+        sampler.penalty_counts(&self.tokens[slot], &mut self.pen_pairs);
+        let n = self.pen_pairs.len().min(self.ctx);
+        self.pen_flat.clear();
+        for &(id, count) in &self.pen_pairs[..n] {
+            self.pen_flat.extend([id as i32, count as i32]);
+        }
+        // Synchronous: the last step (and its id copy) is done after this.
+        if n > 0 {
+            dev.write(&self.pen, 0, &self.pen_flat)?;
+        }
+        dev.write(&self.scratch, 12, &[pad as i32])?;
+        self.pending = false;
+        unsafe {
+            drv::memcpy_dtod_async(
+                self.logits.at(4 * pad * v),
+                self.logits.at(4 * slot * v),
+                4 * v,
+                dev.stream,
+            )
+        }
+        .map_err(|e| err("copy on device", e))?;
+        let c = &sampler.config;
+        if n > 0 {
+            launch!(dev, penalize, (n.div_ceil(256) as u32, 1), 256;
+                self.logits.at(4 * pad * v), v as i32, self.pen.ptr, n as i32, c.repeat_penalty,
+                c.frequency_penalty, c.presence_penalty)?;
+        }
+        match DeviceSampling::of_unpenalised(sampler) {
+            d @ DeviceSampling::TopK { .. } => self.sample_device(slot, pad, d),
+            _ => {
+                launch!(dev, argmax_b, (ARGMAX_BLOCKS as u32, 1), 1024;
+                    self.logits.ptr, v as i32, self.scratch.at(12), self.am_partial.ptr,
+                    self.am_counter.ptr, self.ids.ptr)?;
+                let mut id = [0i32];
+                dev.read(&self.ids, 4 * pad, &mut id)?;
+                Ok(id[0] as u32)
+            }
+        }
     }
 }
 
@@ -1014,7 +1072,10 @@ impl Runner for CudaBatch {
                 }
                 Ok(t)
             }
-            d @ DeviceSampling::TopK { .. } => self.sample_device(slot, d),
+            d @ DeviceSampling::TopK { .. } => self.sample_device(slot, slot, d),
+            DeviceSampling::Host if DeviceSampling::penalties_only(sampler) => {
+                self.sample_penalised(slot, sampler)
+            }
             DeviceSampling::Host => {
                 let v = self.model.config.vocab_size;
                 self.model

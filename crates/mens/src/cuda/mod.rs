@@ -109,6 +109,7 @@ kernels!(
     argmax,
     topk_partial,
     sample_final,
+    penalize,
     matmul_q8,
     glu_q8_b,
     qkv_rope_b,

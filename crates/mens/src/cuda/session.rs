@@ -20,10 +20,26 @@ pub enum DeviceSampling {
 
 impl DeviceSampling {
     pub fn of(s: &Sampler) -> Self {
-        let c = &s.config;
         if s.needs_logits() {
             DeviceSampling::Host
-        } else if s.is_greedy() {
+        } else {
+            Self::of_unpenalised(s)
+        }
+    }
+
+    /// Whether the host is needed for the penalties alone (no grammar, no log-probabilities,
+    /// and a top-k the device can draw): a batch applies them on the device.
+    pub fn penalties_only(s: &Sampler) -> bool {
+        s.config.penalised()
+            && s.constraint.is_none()
+            && s.logprobs.is_none()
+            && (s.is_greedy() || s.config.top_k <= TOPK_MAX)
+    }
+
+    /// How the device samples once any penalties are applied.
+    pub fn of_unpenalised(s: &Sampler) -> Self {
+        let c = &s.config;
+        if s.is_greedy() {
             DeviceSampling::Greedy
         } else if c.top_k > TOPK_MAX {
             DeviceSampling::Host

@@ -148,3 +148,18 @@ extern "C" __global__ void sample_final(const float2* cand, int ncand, int k, fl
   *pos += advance;
 }
 
+
+// Repetition penalties on one logits row, as llama.cpp applies them (and sample.rs's host sampler,
+// bit for bit: no contraction into FMAs): for each of n distinct recent tokens (id, count), a
+// positive logit is divided by `repeat`, a negative one multiplied, then count × freq + presence
+// is taken off.
+extern "C" __global__ void penalize(float* logits, int vocab, const int2* pairs, int n, float repeat,
+                                    float freq, float presence) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int id = pairs[i].x;
+  if (id < 0 || id >= vocab) return;
+  float l = logits[id];
+  l = l > 0.f ? __fdiv_rn(l, repeat) : __fmul_rn(l, repeat);
+  logits[id] = __fsub_rn(l, __fadd_rn(__fmul_rn((float)pairs[i].y, freq), presence));
+}
