@@ -58,7 +58,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Reuse cached runs of at least N tokens that moved in a new prompt (an edit before them), as
-    /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. CPU only for now.
+    /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. On CUDA with an f16 cache.
     #[arg(long, default_value_t = 0, value_name = "N")]
     cache_reuse: usize,
     /// Speculative decoding for greedy requests (temperature 0, no penalties, grammar or

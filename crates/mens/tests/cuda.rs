@@ -1705,3 +1705,67 @@ fn batch_penalties_on_the_device_match_the_host_sampler() {
     );
     eprintln!("penalised sampling on the device: 6 greedy cases as the host ({changed} changed by the penalty), top-5 draws in the penalised top 5");
 }
+
+/// Cache reuse across edits on the GPU pool (`shift_kv`, `--cache-reuse`): after a 5-token insert
+/// before 40 cached tokens, moving those rows (keys re-rotated) and reading only the inserted
+/// tokens gives the logits the CPU's shift gives (GPU against CPU, as every backend test), and
+/// leaving the rows where they were does not; a q8_0 pool does not shift.
+#[test]
+fn batch_shift_kv_moves_rows_as_the_cpu_does() {
+    use mens::cpu::Batch;
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut r = rand::rngs::StdRng::seed_from_u64(51);
+    let old: Vec<u32> = (0..60).map(|_| r.gen_range(0..v)).collect();
+    let insert: Vec<u32> = (0..5).map(|_| r.gen_range(0..v)).collect();
+    let last = [r.gen_range(0..v)];
+    // The edited text: old[..20] + insert + old[20..], then one more token.
+    let run = |b: &mut dyn Runner, shift: bool| -> Vec<f32> {
+        b.truncate_slot(0, 0);
+        let mut logits = Vec::new();
+        b.step(&mut [Part {
+            slot: 0,
+            tokens: &old,
+            logits: Logits::None,
+        }])
+        .unwrap();
+        b.truncate_slot(0, 20);
+        if shift {
+            b.shift_kv(0, 20, 25, 40).unwrap();
+        }
+        b.step(&mut [Part {
+            slot: 0,
+            tokens: &insert,
+            logits: Logits::None,
+        }])
+        .unwrap();
+        b.assume_tokens(0, &old[20..]).unwrap();
+        b.step(&mut [Part {
+            slot: 0,
+            tokens: &last,
+            logits: Logits::All {
+                from: 0,
+                f: &mut |_, l| logits = l.to_vec(),
+            },
+        }])
+        .unwrap();
+        assert_eq!(b.slot_tokens(0).len(), 66);
+        logits
+    };
+    let mut cpu = Batch::new(model.clone(), 1, 256, 64).unwrap();
+    let mut gpu = CudaBatch::new(gm.clone(), 1, 256, 64, 512).unwrap();
+    assert!(gpu.can_shift_kv());
+    let want = run(&mut cpu, true);
+    let moved = rel_l2(&run(&mut gpu, true), &want);
+    let unmoved = rel_l2(&run(&mut gpu, false), &want);
+    eprintln!("cache shift on the GPU: logits rel L2 to the CPU's shift {moved:.2e}; rows left unmoved {unmoved:.2e}");
+    assert!(moved < 2e-2, "GPU shift against the CPU's: {moved}");
+    assert!(
+        unmoved > 5.0 * moved,
+        "the shift changed nothing: {unmoved} against {moved}"
+    );
+    let q8 = CudaBatch::with_cache(gm, 1, 256, 64, 512, KvType::Q8_0).unwrap();
+    assert!(!q8.can_shift_kv());
+}

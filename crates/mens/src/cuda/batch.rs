@@ -59,6 +59,15 @@ fn decode_bytes(c: &Config, slots: usize, ctx: usize) -> usize {
         + 4096
 }
 
+/// Bytes of the rows a cache shift (reuse across edits) moves through: one layer's K and V of a
+/// slot, on an f16 pool.
+fn shift_bytes(c: &Config, ctx: usize, kv: KvType) -> usize {
+    match kv {
+        KvType::F16 => 2 * ctx * kv_row_bytes(kv, c.kv_dim()),
+        _ => 0,
+    }
+}
+
 /// Bytes of KV pool for `slots` sequences of `ctx` tokens of cache type `kv`.
 fn pool_bytes(c: &Config, slots: usize, ctx: usize, kv: KvType) -> usize {
     slots * super::session::cache_bytes(c, ctx, kv)
@@ -71,8 +80,13 @@ pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize, kv: KvTy
     let rows = step_rows(slots);
     let logits = 4 * rows * (c.vocab_size + 1);
     let penalties = 8 * ctx;
-    (pool_bytes(c, slots, ctx, kv) + engine + decode_bytes(c, rows, ctx) + logits + penalties)
-        as u64
+    let shift = shift_bytes(c, ctx, kv);
+    (pool_bytes(c, slots, ctx, kv)
+        + engine
+        + decode_bytes(c, rows, ctx)
+        + logits
+        + penalties
+        + shift) as u64
 }
 
 /// Kernels of a batched decode step.
@@ -224,6 +238,8 @@ pub struct CudaBatch {
     pen: Buf,
     pen_pairs: Vec<(u32, u32)>,
     pen_flat: Vec<i32>,
+    /// One layer's moved K and V rows for `shift_kv` (an f16 pool only: [`shift_bytes`]).
+    shift: Option<Buf>,
     /// Pinned host memory: meta (4 × rows), ids (slots + 1), one sampled id.
     host: *mut i32,
     graphs: Vec<(usize, sys::CUgraphExec)>,
@@ -356,6 +372,10 @@ impl CudaBatch {
             pen: zeros(8 * ctx)?,
             pen_pairs: Vec::new(),
             pen_flat: Vec::new(),
+            shift: match kv {
+                KvType::F16 => Some(zeros(shift_bytes(&c, ctx, kv))?),
+                _ => None,
+            },
             host,
             graphs: Vec::new(),
             chain: None,
@@ -928,6 +948,71 @@ impl Runner for CudaBatch {
         self.ready[slot] = false;
         // A new request on the slot: its device sampler's draws count from 0 again.
         let _ = self.model.dev.write(&self.rng, 8 * slot, &[0u64]);
+    }
+    /// Cache reuse across edits on an f16 pool (a quantized pool would need its blocks
+    /// requantized: there only the common prefix is reused).
+    fn can_shift_kv(&self) -> bool {
+        self.kv == KvType::F16
+    }
+    fn shift_kv(&mut self, slot: usize, src: usize, dst: usize, len: usize) -> Result<()> {
+        if slot >= self.slots || src.max(dst) + len > self.ctx {
+            return Err(Error::Context(format!(
+                "a cache shift of {len} rows from {src} to {dst} exceeds the context of {}",
+                self.ctx
+            )));
+        }
+        if !self.can_shift_kv() {
+            return Err(Error::InvalidArgument(
+                "a quantized CUDA cache cannot shift its rows".into(),
+            ));
+        }
+        if len == 0 || src == dst {
+            return Ok(());
+        }
+        self.chain = None;
+        let c = &self.model.config;
+        let dev = self.model.dev.clone();
+        dev.bind()?;
+        let kvd = c.kv_dim();
+        let rb = kv_row_bytes(self.kv, kvd);
+        let scratch = self.shift.as_ref().expect("an f16 pool has the shift rows");
+        let (sk, sv) = (scratch.ptr, scratch.at(self.ctx * rb));
+        let layer = (self.ctx * rb) as u64;
+        let (kc, vc) = self.slot_cache(slot);
+        let (cos, sin) = self.engine.rope();
+        let neox = (c.rope_style == RopeStyle::Neox) as i32;
+        let n = len * rb;
+        let at = |base: u64, li: usize, pos: usize| base + li as u64 * layer + (pos * rb) as u64;
+        for li in 0..c.n_layer {
+            // Through the scratch rows, so that overlapping ranges move whole.
+            unsafe {
+                drv::memcpy_dtod_async(sk, at(kc, li, src), n, dev.stream)
+                    .map_err(|e| err("copy on device", e))?;
+                drv::memcpy_dtod_async(sv, at(vc, li, src), n, dev.stream)
+                    .map_err(|e| err("copy on device", e))?;
+                drv::memcpy_dtod_async(at(vc, li, dst), sv, n, dev.stream)
+                    .map_err(|e| err("copy on device", e))?;
+            }
+            launch!(dev, shift_k, (len as u32, 1), 256;
+                sk, at(kc, li, dst), kvd as i32, c.head_dim as i32, neox, cos, sin,
+                dst as i32 - src as i32)?;
+        }
+        Ok(())
+    }
+    fn assume_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
+        if slot >= self.slots {
+            return Err(Error::InvalidArgument(format!("no slot {slot}")));
+        }
+        check_tokens(
+            self.tokens[slot].len(),
+            self.ctx,
+            tokens,
+            self.model.config.vocab_size,
+        )?;
+        self.chain = None;
+        self.ready[slot] = false;
+        self.tokens[slot].extend_from_slice(tokens);
+        Ok(())
     }
     fn can_copy_prefix(&self) -> bool {
         true

@@ -138,6 +138,7 @@ kernels!(
     kv_quant_q4,
     kv_to_f16_q8,
     kv_to_f16_q4,
+    shift_k,
 );
 
 /// Bytes of one KV cache row of `kvd` values (kv_row_bytes in kernels/common.cuh): f16, or the

@@ -236,3 +236,25 @@ extern "C" __global__ void kv_to_f16_q8(const u8* kc, const u8* vc, int kvd, u16
 extern "C" __global__ void kv_to_f16_q4(const u8* kc, const u8* vc, int kvd, u16* k16, u16* v16) {
   kv_to_f16_t<T_Q4_0>(kc, vc, kvd, k16, v16);
 }
+
+// Cache reuse across edits: `len` f16 K rows (kvd values each, heads of hd) read from `src` (a copy
+// of the rows before the move), rotated by `delta` positions and stored at `dst`: RoPE of position
+// p + delta is RoPE(delta) after RoPE(p), so a key moves without being computed again (as the CPU's
+// RopeTable::rotate_by: the table row |delta|, sin negated for a move back). Grid: rows; block 256.
+extern "C" __global__ void shift_k(const u16* src, u16* dst, int kvd, int hd, int neox,
+                                   const float* cosv, const float* sinv, int delta) {
+  int t = blockIdx.x, half = hd / 2;
+  int p = delta < 0 ? -delta : delta;
+  float sign = delta < 0 ? -1.f : 1.f;
+  const float* cs = cosv + (u64)p * half;
+  const float* sn = sinv + (u64)p * half;
+  const u16* r = src + (u64)t * kvd;
+  u16* o = dst + (u64)t * kvd;
+  for (int i = threadIdx.x; i < kvd / 2; i += blockDim.x) {
+    int h = i / half, k = i % half;
+    int a = h * hd + (neox ? k : 2 * k), b = h * hd + (neox ? k + half : 2 * k + 1);
+    float x0 = h2f(r[a]), x1 = h2f(r[b]), si = sign * sn[k];
+    o[a] = f2h(x0 * cs[k] - x1 * si);
+    o[b] = f2h(x0 * si + x1 * cs[k]);
+  }
+}
