@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|prefix|penalties|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -212,6 +212,25 @@ if [ "$MODE" = prefix ]; then
       kill $ppid; wait $ppid 2>/dev/null
     done
   done | tee "$OUT/prefix.txt"
+fi
+
+if [ "$MODE" = specdraft ]; then
+  # Issue 18: `mens serve --backend cuda --spec draft -md DRAFT` (the draft a second GPU batch):
+  # greedy texts against the same server without speculation (scripts/spec-serve-gpu.py), for
+  # synth 0.5b drafting itself (every proposal the target's own choice) and the 1.5b target with
+  # the 0.5b draft.
+  for pair in 0.5b:0.5b 1.5b:0.5b; do
+    t=$(synth ${pair%:*}); dm=$(synth ${pair#*:})
+    for mode in plain draft; do
+      extra=""; [ $mode = draft ] && extra="--spec draft -md $dm --spec-always"
+      "$BIN/mens" serve --backend cuda -m "$t" --port 8100 --parallel 4 -c 1024 $extra > "$OUT/specdraft-serve.log" 2>&1 &
+      spid=$!
+      python3 scripts/spec-serve-gpu.py http://127.0.0.1:8100 /tmp/specdraft-$mode.json 4 2>&1 | sed "s/^/$pair $mode: /"
+      grep -E "draft model|rror" "$OUT/specdraft-serve.log" | head -3
+      kill $spid; wait $spid 2>/dev/null
+    done
+    python3 -c "import json; a=json.load(open('/tmp/specdraft-plain.json'))['texts']; b=json.load(open('/tmp/specdraft-draft.json'))['texts']; print('$pair: texts equal to plain:', sum(x == y for x, y in zip(a, b)), 'of', len(a))"
+  done 2>&1 | tee "$OUT/specdraft.txt"
 fi
 
 if [ "$MODE" = penalties ]; then

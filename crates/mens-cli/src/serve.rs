@@ -6,6 +6,12 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use mens::load::Backend;
 use mens::scheduler::{RunnerFactory, Scheduler, SchedulerOptions};
+
+/// Where `--spec draft`'s model runs: beside the target on the CPU, or as a second GPU batch.
+enum Draft {
+    Cpu(Arc<mens::model::Model>),
+    Gpu(mens::load::Target),
+}
 use mens_server::{AppState, ServerConfig};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -58,13 +64,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Reuse cached runs of at least N tokens that moved in a new prompt (an edit before them), as
-    /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. On CUDA with an f16 cache.
+    /// llama-server's --cache-reuse; 0 keeps only the common prefix. Editors: 256. On CUDA with
+    /// an f16 cache.
     #[arg(long, default_value_t = 0, value_name = "N")]
     cache_reuse: usize,
     /// Speculative decoding for greedy requests (temperature 0, no penalties, grammar or
     /// logprobs): each such slot proposes up to --spec-max tokens per step (`ngram`: prompt
     /// lookup; `draft`: a small model of the same vocabulary, --model-draft), checked in the same
-    /// batched step; the output is unchanged. CPU only for now.
+    /// batched step; the output is unchanged. CPU and CUDA (a CUDA draft needs -c).
     #[arg(long, value_enum)]
     spec: Option<crate::args::SpecKind>,
     /// The draft model for `--spec draft` (also `-md`), with its own cache for every slot.
@@ -161,9 +168,29 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let target = l.target();
     let tokenizer = Arc::new(l.tokenizer);
     let draft = match (a.spec, &a.model_draft) {
+        (Some(crate::args::SpecKind::Draft), Some(path)) if backend == Backend::Cuda => {
+            // On the GPU the draft is a second batch of the same slots and context, made on the
+            // scheduler's thread after the target's: the context must be given, not fitted.
+            let Some(ctx) = a.model.ctx_size else {
+                bail!("invalid argument: --spec draft with --backend cuda needs -c (the draft model's context is the target's)");
+            };
+            let args = crate::args::ModelArgs {
+                model: Some(path.clone()),
+                ctx_size: Some(ctx),
+                ..a.model.clone()
+            };
+            let d = load(&args, a.parallel)?;
+            mens::spec::check_vocab(&tokenizer, &d.tokenizer)?;
+            eprintln!(
+                "mens: draft model {} on the GPU ({} slots of {ctx} tokens)",
+                path.display(),
+                a.parallel
+            );
+            Some(Draft::Gpu(d.target()))
+        }
         (Some(crate::args::SpecKind::Draft), Some(path)) => {
             if backend != Backend::Cpu {
-                bail!("invalid argument: --spec draft in the server runs on the CPU only for now");
+                bail!("invalid argument: --spec draft in the server runs on the CPU and CUDA only");
             }
             let args = crate::args::ModelArgs {
                 model: Some(path.clone()),
@@ -193,7 +220,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 a.parallel,
                 l.options.ctx
             );
-            Some(d.model)
+            Some(Draft::Cpu(d.model))
         }
         (Some(crate::args::SpecKind::Draft), None) => {
             bail!("invalid argument: --spec draft needs --model-draft FILE (-md FILE)")
@@ -214,20 +241,30 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }),
         cache: l.options.cache(),
     };
-    let scheduler = if let Some(d) = draft {
-        Scheduler::cpu_with_draft(l.model.clone(), d, tokenizer.clone(), options)?
-    } else if backend == Backend::Cpu {
-        Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
-    } else {
-        // The GPU runner is made (and its weights uploaded) on the scheduler's thread.
-        let (slots, step) = (a.parallel, step_tokens);
-        let factory: RunnerFactory = Box::new(move || {
-            target.batch_runner(slots, step, &mut |m| eprintln!("mens: {m}"), &mut |_, _| {})
-        });
-        let vocab = l.model.config.vocab_size;
-        // The batched runner verifies a slot's proposals as rows of the decode step (an f16
-        // pool; a quantized pool verifies position by position, where the gate turns it off).
-        Scheduler::start(factory, vocab, tokenizer.clone(), options)?
+    let scheduler = match draft {
+        Some(Draft::Cpu(d)) => {
+            Scheduler::cpu_with_draft(l.model.clone(), d, tokenizer.clone(), options)?
+        }
+        None if backend == Backend::Cpu => {
+            Scheduler::cpu(l.model.clone(), tokenizer.clone(), options)?
+        }
+        gpu_draft => {
+            // The GPU runners are made (and their weights uploaded) on the scheduler's thread.
+            let (slots, step) = (a.parallel, step_tokens);
+            let batch = move |t: mens::load::Target| -> RunnerFactory {
+                Box::new(move || {
+                    t.batch_runner(slots, step, &mut |m| eprintln!("mens: {m}"), &mut |_, _| {})
+                })
+            };
+            let vocab = l.model.config.vocab_size;
+            let draft = match gpu_draft {
+                Some(Draft::Gpu(d)) => Some(batch(d)),
+                _ => None,
+            };
+            // The batched runner verifies a slot's proposals as rows of the decode step (an f16
+            // pool; a quantized pool verifies position by position, where the gate turns it off).
+            Scheduler::start_with(batch(target), draft, vocab, tokenizer.clone(), options)?
+        }
     };
     let config = ServerConfig {
         api_keys,
