@@ -201,8 +201,6 @@ impl Sampler {
         self.config.temperature <= 0.0
     }
 
-    /// Pick the next token. `logits` is scratch (penalties are applied in place); `history` holds the
-    /// tokens so far (prompt and generated), for the penalties.
     /// The distinct tokens of the penalty window (the last `repeat_last_n` of `history`) and how
     /// often each occurs, ascending by id: what the penalties act on (also on a GPU).
     pub fn penalty_counts(&mut self, history: &[u32], out: &mut Vec<(u32, u32)>) {
@@ -219,6 +217,8 @@ impl Sampler {
         }
     }
 
+    /// Pick the next token. `logits` is scratch (penalties are applied in place); `history` holds the
+    /// tokens so far (prompt and generated), for the penalties.
     pub fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         if self.config.penalised() {
             let mut counts = std::mem::take(&mut self.counts);
