@@ -233,6 +233,7 @@ pub struct CudaBatch {
     meta: Buf,
     rng: Buf,
     cand: Buf,
+    /// The device sampler's outputs (bytes 0..12) and the padding row's index (at 12).
     scratch: Buf,
     /// A penalised request's (token, count) pairs ([ctx] pairs of i32), and their host staging.
     pen: Buf,
@@ -393,7 +394,8 @@ impl CudaBatch {
             ubatch,
             step_tokens: step_tokens.max(slots),
         };
-        dev.sync()?;
+        // The padding row's index, where a penalised slot's logits are sampled (argmax_b's orow).
+        dev.write(&b.scratch, 12, &[slots as i32])?;
         for bp in buckets(s) {
             b.capture(bp)?;
         }
@@ -459,10 +461,19 @@ impl CudaBatch {
         )
     }
 
+    /// Bytes of one cache row of the pool (one position of one layer, K or V).
+    fn row_bytes(&self) -> usize {
+        kv_row_bytes(self.kv, self.model.config.kv_dim())
+    }
+
+    /// Bytes between two layers' rows in a slot's region.
+    fn layer_stride(&self) -> u64 {
+        (self.ctx * self.row_bytes()) as u64
+    }
+
     /// Bytes between two slots' regions of the pool.
     fn slot_stride(&self) -> u64 {
-        let c = &self.model.config;
-        (c.n_layer * self.ctx * kv_row_bytes(self.kv, c.kv_dim())) as u64
+        self.model.config.n_layer as u64 * self.layer_stride()
     }
 
     /// Attention blocks per (row, KV head): enough blocks in all to fill the GPU twice over.
@@ -505,7 +516,7 @@ impl CudaBatch {
         let workers = self.workers(bp) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let slot_stride = self.slot_stride();
-        let layer = (self.ctx * kv_row_bytes(self.kv, kv)) as u64;
+        let layer = self.layer_stride();
         let quantized = self.kv != KvType::F16;
         let (cos, sin) = self.engine.rope();
         let b = bp as i32;
@@ -785,12 +796,8 @@ impl CudaBatch {
             let dev = &self.model.dev;
             let v = self.model.config.vocab_size;
             let (l, id) = self.engine.last_logits();
-            unsafe {
-                drv::memcpy_dtod_async(self.logits.at(4 * slot * v), l, 4 * v, dev.stream)
-                    .map_err(|e| err("copy on device", e))?;
-                drv::memcpy_dtod_async(self.ids.at(4 * slot), id, 4, dev.stream)
-                    .map_err(|e| err("copy on device", e))?;
-            }
+            dev.copy(self.logits.at(4 * slot * v), l, 4 * v)?;
+            dev.copy(self.ids.at(4 * slot), id, 4)?;
             self.ready[slot] = true;
         }
         Ok(())
@@ -851,18 +858,13 @@ impl CudaBatch {
         // Synchronous: the last step (and its id copy) is done after this.
         if n > 0 {
             dev.write(&self.pen, 0, &self.pen_flat)?;
+            self.pending = false;
         }
-        dev.write(&self.scratch, 12, &[pad as i32])?;
-        self.pending = false;
-        unsafe {
-            drv::memcpy_dtod_async(
-                self.logits.at(4 * pad * v),
-                self.logits.at(4 * slot * v),
-                4 * v,
-                dev.stream,
-            )
-        }
-        .map_err(|e| err("copy on device", e))?;
+        dev.copy(
+            self.logits.at(4 * pad * v),
+            self.logits.at(4 * slot * v),
+            4 * v,
+        )?;
         let c = &sampler.config;
         if n > 0 {
             launch!(dev, penalize, (n.div_ceil(256) as u32, 1), 256;
@@ -974,10 +976,9 @@ impl Runner for CudaBatch {
         let dev = self.model.dev.clone();
         dev.bind()?;
         let kvd = c.kv_dim();
-        let rb = kv_row_bytes(self.kv, kvd);
+        let (rb, layer) = (self.row_bytes(), self.layer_stride());
         let scratch = self.shift.as_ref().expect("an f16 pool has the shift rows");
         let (sk, sv) = (scratch.ptr, scratch.at(self.ctx * rb));
-        let layer = (self.ctx * rb) as u64;
         let (kc, vc) = self.slot_cache(slot);
         let (cos, sin) = self.engine.rope();
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
@@ -985,14 +986,9 @@ impl Runner for CudaBatch {
         let at = |base: u64, li: usize, pos: usize| base + li as u64 * layer + (pos * rb) as u64;
         for li in 0..c.n_layer {
             // Through the scratch rows, so that overlapping ranges move whole.
-            unsafe {
-                drv::memcpy_dtod_async(sk, at(kc, li, src), n, dev.stream)
-                    .map_err(|e| err("copy on device", e))?;
-                drv::memcpy_dtod_async(sv, at(vc, li, src), n, dev.stream)
-                    .map_err(|e| err("copy on device", e))?;
-                drv::memcpy_dtod_async(at(vc, li, dst), sv, n, dev.stream)
-                    .map_err(|e| err("copy on device", e))?;
-            }
+            dev.copy(sk, at(kc, li, src), n)?;
+            dev.copy(sv, at(vc, li, src), n)?;
+            dev.copy(at(vc, li, dst), sv, n)?;
             launch!(dev, shift_k, (len as u32, 1), 256;
                 sk, at(kc, li, dst), kvd as i32, c.head_dim as i32, neox, cos, sin,
                 dst as i32 - src as i32)?;
@@ -1028,29 +1024,20 @@ impl Runner for CudaBatch {
         let c = &self.model.config;
         let dev = self.model.dev.clone();
         dev.bind()?;
-        let rb = kv_row_bytes(self.kv, c.kv_dim());
-        let layer = (self.ctx * rb) as u64;
+        let (rb, layer) = (self.row_bytes(), self.layer_stride());
         let (sk, sv) = self.slot_cache(src);
         let (dk, dv) = self.slot_cache(dst);
         // Each layer's rows of a slot are contiguous: one copy per layer for K and for V, in
         // stream order with the steps before and after.
         for li in 0..c.n_layer as u64 {
             for (from, to) in [(sk, dk), (sv, dv)] {
-                unsafe {
-                    drv::memcpy_dtod_async(to + li * layer, from + li * layer, n * rb, dev.stream)
-                }
-                .map_err(|e| err("copy on device", e))?;
+                dev.copy(to + li * layer, from + li * layer, n * rb)?;
             }
         }
-        let (from, to) = if src < dst {
-            let (a, b) = self.tokens.split_at_mut(dst);
-            (&a[src], &mut b[0])
-        } else {
-            let (a, b) = self.tokens.split_at_mut(src);
-            (&b[0], &mut a[dst])
-        };
+        let mut to = std::mem::take(&mut self.tokens[dst]);
         to.clear();
-        to.extend_from_slice(&from[..n]);
+        to.extend_from_slice(&self.tokens[src][..n]);
+        self.tokens[dst] = to;
         Ok(())
     }
     fn step(&mut self, parts: &mut [Part]) -> Result<()> {

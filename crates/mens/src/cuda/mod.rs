@@ -426,6 +426,13 @@ impl Device {
         self.sync()
     }
 
+    /// Copy `bytes` from device address `from` to `to` (both inside buffers of this device), in
+    /// stream order with the work queued before and after.
+    pub(crate) fn copy(&self, to: u64, from: u64, bytes: usize) -> Result<()> {
+        unsafe { drv::memcpy_dtod_async(to, from, bytes, self.stream) }
+            .map_err(|e| err("copy on device", e))
+    }
+
     /// Copy from `b` at byte offset `off` into `out` (synchronous).
     pub fn read<T: Copy>(&self, b: &Buf, off: usize, out: &mut [T]) -> Result<()> {
         let n = std::mem::size_of_val(out);
