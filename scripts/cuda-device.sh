@@ -112,25 +112,25 @@ PY
   done 2>&1 | tee "$OUT/spec-check.txt"
 fi
 
+# `start_serve BINARY LOG ARGS…`: `$BIN/BINARY serve ARGS…` in the background, its output in LOG,
+# back once it says it is serving (at most 5 minutes); `stop_serve` ends it.
+start_serve() {
+  local bin=$1 log=$2; shift 2
+  "$BIN/$bin" serve "$@" > "$log" 2>&1 &
+  SERVE_PID=$!
+  for _ in $(seq 300); do grep -q "serving" "$log" && break; sleep 1; done
+}
+stop_serve() { kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null; }
+
 serve_load() {  # shape, parallel, clients...
   local shape=$1 m; m=$(synth "$1"); local n=$2; shift 2
-  "$BIN/mens" serve --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024 > "$OUT/batch-serve.log" 2>&1 &
-  local spid=$!
-  python3 - <<'PY'
-import time, urllib.request
-for _ in range(600):
-    try:
-        urllib.request.urlopen("http://127.0.0.1:8095/health", timeout=2)
-        break
-    except Exception:
-        time.sleep(0.5)
-PY
+  start_serve mens "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
   grep -E "memory plan|CUDA device" "$OUT/batch-serve.log"
   for c in "$@"; do
     python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
       --temperature 0 --concurrency "$c" --requests 2 --gpu-mem --json "$OUT/batch-$shape-$n-$c.json" 2>&1 | grep -E "^C=|Error|error" | sed "s/^/synth $shape, --parallel $n: /"
   done
-  kill $spid; wait $spid 2>/dev/null
+  stop_serve
 }
 
 if [ "$MODE" = batch ] || [ "$MODE" = all ]; then
@@ -190,10 +190,8 @@ if [ "$MODE" = serving ]; then
   for s in 1.5b 0.5b; do serve_load $s 64 64; done 2>&1 | tee -a "$OUT/serving.txt"
   "$BIN/mens" bench -m "$(synth 7b)" --backend cuda --prompt 256 --steps 0 --depth 256 --gen 256 --reps 3 -q 2>&1 \
     | grep -E "^\| tg|^\| prefill" | tee -a "$OUT/serving.txt"
-  timeout 120 "$BIN/mens" serve --backend cuda -m "$(synth 7b)" --port 8097 --parallel 64 > "$OUT/auto-ctx.log" 2>&1 &
-  apid=$!
-  for _ in $(seq 120); do grep -q "serving" "$OUT/auto-ctx.log" && break; sleep 1; done
-  kill $apid; wait $apid 2>/dev/null
+  start_serve mens "$OUT/auto-ctx.log" --backend cuda -m "$(synth 7b)" --port 8097 --parallel 64
+  stop_serve
   grep -E "memory plan|serving" "$OUT/auto-ctx.log" | sed "s/^/--parallel 64 without -c: /" | tee -a "$OUT/serving.txt"
 fi
 
@@ -203,13 +201,11 @@ if [ "$MODE" = prefix ]; then
   m=$(synth 7b)
   for round in 1 2; do
     for off in "" 1; do
-      MENS_NO_PREFIX_COPY=$off "$BIN/mens" serve --backend cuda -m "$m" --port 8098 --parallel 2 -c 8192 \
-        > "$OUT/prefix-serve.log" 2>&1 &
-      ppid=$!
-      for _ in $(seq 120); do grep -q "serving" "$OUT/prefix-serve.log" && break; sleep 1; done
+      MENS_NO_PREFIX_COPY=$off start_serve mens "$OUT/prefix-serve.log" --backend cuda -m "$m" --port 8098 \
+        --parallel 2 -c 8192
       python3 scripts/prefix-copy-check.py --url http://127.0.0.1:8098 --prefix-tokens 4000 2>&1 \
         | sed "s/^/synth 7b, round $round, prefix copy $([ -n "$off" ] && echo off || echo on): /"
-      kill $ppid; wait $ppid 2>/dev/null
+      stop_serve
     done
   done | tee "$OUT/prefix.txt"
 fi
@@ -223,11 +219,10 @@ if [ "$MODE" = specdraft ]; then
     t=$(synth ${pair%:*}); dm=$(synth ${pair#*:})
     for mode in plain draft; do
       extra=""; [ $mode = draft ] && extra="--spec draft -md $dm --spec-always"
-      "$BIN/mens" serve --backend cuda -m "$t" --port 8100 --parallel 4 -c 1024 $extra > "$OUT/specdraft-serve.log" 2>&1 &
-      spid=$!
+      start_serve mens "$OUT/specdraft-serve.log" --backend cuda -m "$t" --port 8100 --parallel 4 -c 1024 $extra
       python3 scripts/spec-serve-gpu.py http://127.0.0.1:8100 /tmp/specdraft-$mode.json 4 2>&1 | sed "s/^/$pair $mode: /"
       grep -E "draft model|rror" "$OUT/specdraft-serve.log" | head -3
-      kill $spid; wait $spid 2>/dev/null
+      stop_serve
     done
     python3 -c "import json; a=json.load(open('/tmp/specdraft-plain.json'))['texts']; b=json.load(open('/tmp/specdraft-draft.json'))['texts']; print('$pair: texts equal to plain:', sum(x == y for x, y in zip(a, b)), 'of', len(a))"
   done 2>&1 | tee "$OUT/specdraft.txt"
@@ -241,13 +236,11 @@ if [ "$MODE" = penalties ]; then
   for bin in mens mens-old; do
     [ -x "$BIN/$bin" ] || continue
     for pen in "" 1.1; do
-      "$BIN/$bin" serve --backend cuda -m "$m" --port 8099 --parallel 64 -c 1024 > "$OUT/pen-serve.log" 2>&1 &
-      ppid=$!
-      for _ in $(seq 120); do grep -q "serving" "$OUT/pen-serve.log" && break; sleep 1; done
+      start_serve "$bin" "$OUT/pen-serve.log" --backend cuda -m "$m" --port 8099 --parallel 64 -c 1024
       python3 scripts/load-test.py --url http://127.0.0.1:8099 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
         --temperature 0 --concurrency 64 --requests 2 ${pen:+--repeat-penalty $pen} 2>&1 | grep -E "^C=|rror" \
         | sed "s/^/$bin, repeat_penalty ${pen:-off}: /"
-      kill $ppid; wait $ppid 2>/dev/null
+      stop_serve
     done
   done | tee "$OUT/penalties.txt"
 fi
