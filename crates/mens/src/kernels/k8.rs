@@ -35,6 +35,11 @@ const DMIN: usize = 16;
 const SCALES: usize = 32;
 const MINS: usize = 96;
 const VALUES: usize = 160;
+pub(crate) const Q4K_D: usize = D;
+pub(crate) const Q4K_DMIN: usize = DMIN;
+pub(crate) const Q4K_SCALES: usize = SCALES;
+pub(crate) const Q4K_MINS: usize = MINS;
+pub(crate) const Q4K_VALUES: usize = VALUES;
 
 /// The cache lines of slice `j` of 8 of a group block of `bytes` at `b`: a group block's
 /// prefetches spread over its eight steps. (With one burst of 19 at the block's start, decode's
@@ -219,9 +224,9 @@ pub unsafe fn dot<const T: usize>(
 /// - 1168..1680: the values' top two bits: sub-block g at 1168 + 32g, byte 4r + m holding those of
 ///   value 16g + 4k + m of row r at bits 2k, 2k + 1 (k = 0..3).
 pub const Q6K_GROUP_BYTES: usize = 1680;
-const Q6_SCALES: usize = 16;
-const Q6_LOW: usize = 144;
-const Q6_HIGH: usize = 1168;
+pub(crate) const Q6_SCALES: usize = 16;
+pub(crate) const Q6_LOW: usize = 144;
+pub(crate) const Q6_HIGH: usize = 1168;
 
 /// Value v (0..256) of a Q6_K block, unsigned (q + 32, 0..63), and its scale index.
 fn q6k_value(b: &[u8], v: usize) -> u8 {

@@ -6,6 +6,8 @@
 //! scalar, so `simd.rs` has AVX2 versions (checked against candle's scalar code in the tests).
 
 mod act_quant;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod attention;
 pub mod k8;
 mod kquant;
@@ -264,9 +266,18 @@ pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32],
     // Enough chunks to balance the threads, each long enough to amortise scheduling.
     let min_rows = if t == 1 { 16 } else { 8 };
     // A multiple of 8: the repacked layouts hold groups of eight rows.
+    // A multiple of 16 where the AMX tiles (16 rows) may run.
+    #[cfg(target_arch = "x86_64")]
+    let align = if t >= amx::MIN_TOKENS && amx::available() {
+        16
+    } else {
+        8
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let align = 8;
     let chunk = (total_rows / (threads * 4))
         .max(min_rows)
-        .next_multiple_of(8);
+        .next_multiple_of(align);
     let mut ends = [0usize; 4];
     let mut total = 0;
     for (i, (w, _)) in ws.iter().enumerate() {
@@ -665,6 +676,40 @@ fn rows_k8(
 ) {
     let gb = p.group_bytes() * nb;
     assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
+    let mut r0 = r0;
+    if t >= amx::MIN_TOKENS && amx::available() {
+        // Whole tiles of 16 rows on AMX; an odd group left at the end goes below.
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<amx::Unpacked> =
+                const { std::cell::RefCell::new(amx::Unpacked::new()) };
+        }
+        let r = r0 + (r1 - r0) / 16 * 16;
+        SCRATCH.with_borrow_mut(|u| {
+            // SAFETY: AMX checked by `available`; bounds asserted above, and (row, column) pairs
+            // are disjoint across tasks and in bounds (asserted in `matmul`).
+            unsafe {
+                let (q6, o) = (p == x8::Packed::Q6K, out.0.add(off));
+                amx::matmul(
+                    q6,
+                    g.as_ptr(),
+                    nb,
+                    gb,
+                    r0,
+                    r,
+                    acts.as_ptr(),
+                    arb,
+                    t,
+                    o,
+                    stride,
+                    u,
+                )
+            }
+        });
+        if r == r1 {
+            return;
+        }
+        r0 = r;
+    }
     group_tiles(t, r0, r1, out, stride, off, |grp, ti, n, o| {
         let gp = g[grp * gb..].as_ptr();
         macro_rules! call {

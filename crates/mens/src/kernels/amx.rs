@@ -1,0 +1,704 @@
+//! Prompt passes on Intel AMX-INT8 tiles: one `tdpbssd` multiplies 16 activation rows × 64 values
+//! with 64 values × 16 weight rows, 16,384 products, where an AVX-512 VNNI instruction does 64.
+//!
+//! The weights stay in `k8`'s layout (no second copy: issue 19's memory bound). For each tile of
+//! 16 weight rows the kernel unpacks every block into int8 tiles in a per-thread scratch, once,
+//! and runs them against every 16-token tile of the prompt. A Q4_K block's scales multiply the
+//! values before the tile product, so the integer sum of a block comes out of the tiles whole and
+//! exact: a 6-bit scale `sc = 8a + b` (a, b in 0..8) makes two tiles, `a·q` and `b·q` (at most
+//! 7 · 15 = 105, an int8), and `8·C₁ + C₂ = Σ sc·q·y`. A third tile holds each sub-block's min, so
+//! `C₃ = Σ m·y`, the mins term. These are the same integers `k8::dot` computes, and the floats
+//! after them go through the same operations in the same order: a token's numbers are bit for bit
+//! those of the decode kernel, whatever its batch (tested), so cached = uncached and speculation's
+//! verify pass = plain decoding still hold.
+//!
+//! Hand-written: no Rust crate drives AMX, and Rust's AMX intrinsics are unstable, so the tile
+//! instructions are inline assembly. Linux only: the tile data state must be requested from the
+//! kernel (`arch_prctl(ARCH_REQ_XCOMP_PERM)`) before the first tile instruction.
+
+/// True when this CPU and OS run AMX-INT8 (and AVX-512BW, for unpacking) and `MENS_NO_AMX` is
+/// unset. The first call asks the kernel for the tile state, once for the whole process.
+pub fn available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MENS_NO_AMX").is_none() && detect())
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    #[allow(unused_unsafe)]
+    // SAFETY: cpuid exists on every x86-64 CPU.
+    let (max, l7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(7, 0)) };
+    let (tile, int8) = (l7.edx >> 24 & 1 == 1, l7.edx >> 25 & 1 == 1);
+    if max < 7 || !tile || !int8 || super::simd::level() != super::simd::Level::Vnni {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a plain system call with integer arguments.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect() -> bool {
+    false
+}
+
+/// Fewest tokens for which the tiles beat `k8`'s kernels: below this the unpacking is not paid
+/// back.
+pub const MIN_TOKENS: usize = 8;
+
+/// The 64-byte tile configuration (palette 1): tile 0 the activations (m × 64 bytes), tiles 1–3
+/// the weights (16 × 64), tiles 4–7 the sums (m × 16 int32).
+#[repr(C, align(64))]
+struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl Config {
+    fn new(m: usize) -> Config {
+        let mut c = Config {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for t in 0..8 {
+            c.colsb[t] = 64;
+            c.rows[t] = if (1..4).contains(&t) { 16 } else { m as u8 };
+        }
+        c
+    }
+}
+
+/// The tiles configured for `m` activation rows on this thread, until dropped (`tilerelease`).
+/// Loading a configuration is slow (a fifth of a kernel call when each call loaded one), so a
+/// caller loads one for all the calls of the same height.
+pub struct Tiles {
+    m: usize,
+}
+
+impl Tiles {
+    /// # Safety
+    /// AMX available (see [`available`]); one `Tiles` a thread at a time.
+    pub unsafe fn new(m: usize) -> Tiles {
+        assert!((1..=16).contains(&m));
+        let cfg = Config::new(m);
+        // SAFETY: the tile state was granted (`available`); the configuration is valid.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) &cfg as *const Config, options(nostack, readonly))
+        };
+        Tiles { m }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: tiles were configured by `new`.
+        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// One 64-byte line; the scratch is made of them so that every tile starts on a line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Bytes of one unpacked Q4_K block of 16 rows: four steps of 64 values, each three 1 KiB tiles
+/// (a·q, b·q, the mins).
+const Q4K_BLOCK: usize = 4 * 3 * 1024;
+
+/// One block (256 values) of several tiles of 16 weight rows, unpacked for the tiles: slot k holds
+/// row tile k's int8 tiles, its 16 d and (Q4_K) its 16 −dmin as f32.
+pub struct Unpacked {
+    tiles: Vec<Line>,
+    d: Vec<f32>,
+    neg_dmin: Vec<f32>,
+    /// The running sums, row tile by row tile, 16 per token: contiguous, where the output's rows
+    /// are a page or more apart.
+    sums: Vec<Line>,
+}
+
+impl Unpacked {
+    pub const fn new() -> Unpacked {
+        Unpacked {
+            tiles: Vec::new(),
+            d: Vec::new(),
+            neg_dmin: Vec::new(),
+            sums: Vec::new(),
+        }
+    }
+
+    /// Room for `slots` row tiles.
+    fn reserve(&mut self, slots: usize) {
+        let lines = slots * Q6K_BLOCK.max(Q4K_BLOCK) / 64;
+        if self.tiles.len() < lines {
+            self.tiles.resize(lines, Line([0; 64]));
+            self.d.resize(slots * 16, 0.0);
+            self.neg_dmin.resize(slots * 16, 0.0);
+        }
+    }
+}
+
+impl Default for Unpacked {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Unpack one block of the 16 rows of two `k8` Q4_K groups (`b0`, `b1`: their group blocks) into
+/// slot `k` of `u`.
+///
+/// # Safety
+/// AVX-512BW and F16C; `b0` and `b1` point at group blocks; `u` has room for slot `k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn unpack_q4k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
+    use super::k8::{Q4K_D, Q4K_DMIN, Q4K_MINS, Q4K_SCALES, Q4K_VALUES};
+    use std::arch::x86_64::*;
+    debug_assert!(u.d.len() >= 16 * (k + 1));
+    let low = _mm512_set1_epi8(15);
+    let even = _mm512_set1_epi16(0x00FF);
+    let odd = _mm512_set1_epi16(-256);
+    // Each byte of x times the same byte of y, both below 128 and their product below 256.
+    let mul = |x: __m512i, y: __m512i| {
+        let e = _mm512_maddubs_epi16(x, _mm512_and_si512(y, even));
+        let o = _mm512_maddubs_epi16(x, _mm512_and_si512(y, odd));
+        _mm512_or_si512(e, _mm512_slli_epi16(o, 8))
+    };
+    // Byte 4n + e of the result = byte n of the 16 (8 from each group) at `p0`, `p1`.
+    let spread = |p0: *const u8, p1: *const u8| {
+        let s = _mm_unpacklo_epi64(
+            _mm_loadl_epi64(p0 as *const __m128i),
+            _mm_loadl_epi64(p1 as *const __m128i),
+        );
+        _mm512_permutexvar_epi8(
+            _mm512_set_epi32(
+                0x0F0F0F0F, 0x0E0E0E0E, 0x0D0D0D0D, 0x0C0C0C0C, 0x0B0B0B0B, 0x0A0A0A0A, 0x09090909,
+                0x08080808, 0x07070707, 0x06060606, 0x05050505, 0x04040404, 0x03030303, 0x02020202,
+                0x01010101, 0x00000000,
+            ),
+            _mm512_castsi128_si512(s),
+        )
+    };
+    let block = (u.tiles.as_mut_ptr() as *mut u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    {
+        let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let d = _mm512_insertf32x8::<1>(
+            _mm512_castps256_ps512(halves(b0.add(Q4K_D))),
+            halves(b1.add(Q4K_D)),
+        );
+        let dmin = _mm512_insertf32x8::<1>(
+            _mm512_castps256_ps512(halves(b0.add(Q4K_DMIN))),
+            halves(b1.add(Q4K_DMIN)),
+        );
+        _mm512_storeu_ps(u.d.as_mut_ptr().add(16 * k), d);
+        // −dmin, as `k8::dot` negates it.
+        _mm512_storeu_ps(
+            u.neg_dmin.as_mut_ptr().add(16 * k),
+            _mm512_xor_ps(dmin, _mm512_set1_ps(-0.0)),
+        );
+        for j in 0..8 {
+            let sc = spread(b0.add(Q4K_SCALES + 8 * j), b1.add(Q4K_SCALES + 8 * j));
+            let a = _mm512_and_si512(_mm512_srli_epi16(sc, 3), _mm512_set1_epi8(7));
+            let b = _mm512_and_si512(sc, _mm512_set1_epi8(7));
+            // The mins of sub-block j, row r at MINS + 16(j / 2) + 2r + j % 2.
+            let mut mins = [0u8; 16];
+            for r in 0..8 {
+                mins[r] = *b0.add(Q4K_MINS + 16 * (j / 2) + 2 * r + j % 2);
+                mins[8 + r] = *b1.add(Q4K_MINS + 16 * (j / 2) + 2 * r + j % 2);
+            }
+            let m = spread(mins.as_ptr(), mins.as_ptr().add(8));
+            // Sub-block j is values 32j..32j + 32: step j / 2, tile rows 8(j % 2)..8(j % 2) + 8.
+            let step = block.add((j / 2) * 3 * 1024);
+            for k in 0..4 {
+                let n = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(
+                        b0.add(Q4K_VALUES + 128 * j + 32 * k) as *const __m256i,
+                    )),
+                    _mm256_loadu_si256(b1.add(Q4K_VALUES + 128 * j + 32 * k) as *const __m256i),
+                );
+                let lo = _mm512_and_si512(n, low);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(n, 4), low);
+                // Values 32j + 4k + e (low nibbles) and 32j + 16 + 4k + e (high): tile rows
+                // 8(j % 2) + k and 8(j % 2) + 4 + k.
+                for (q, row) in [(lo, 8 * (j % 2) + k), (hi, 8 * (j % 2) + 4 + k)] {
+                    let at = step.add(64 * row);
+                    _mm512_storeu_si512(at as *mut __m512i, mul(q, a));
+                    _mm512_storeu_si512(at.add(1024) as *mut __m512i, mul(q, b));
+                    _mm512_storeu_si512(at.add(2048) as *mut __m512i, m);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of one unpacked Q6_K block of 16 rows: four steps of 64 values, each four 1 KiB tiles.
+const Q6K_BLOCK: usize = 4 * 4 * 1024;
+
+/// Unpack one block of the 16 rows of two `k8` Q6_K groups into slot `k` of `u`. A value q (−32..31) times its scale sc
+/// (−128..127) does not fit a byte, so both are split: sc = 16a + b (a in −8..7, b in 0..15),
+/// q = 8c + e (c in −4..3, e in 0..7), and the four tiles hold a·c, a·e, b·c and b·e (each within
+/// −60..105); then sc·q = 128·ac + 16·ae + 8·bc + be.
+///
+/// # Safety
+/// As [`unpack_q4k`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn unpack_q6k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
+    use super::k8::{Q6_HIGH, Q6_LOW, Q6_SCALES};
+    use std::arch::x86_64::*;
+    debug_assert!(u.d.len() >= 16 * (k + 1));
+    let low = _mm512_set1_epi8(15);
+    let three = _mm512_set1_epi8(3);
+    let seven = _mm512_set1_epi8(7);
+    // Bytes times bytes, both signed, products within a byte: through 16-bit lanes.
+    let mul = |x: __m512i, y: __m512i| {
+        let half = |x: __m256i, y: __m256i| {
+            _mm512_cvtepi16_epi8(_mm512_mullo_epi16(
+                _mm512_cvtepi8_epi16(x),
+                _mm512_cvtepi8_epi16(y),
+            ))
+        };
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(half(_mm512_castsi512_si256(x), _mm512_castsi512_si256(y))),
+            half(
+                _mm512_extracti64x4_epi64::<1>(x),
+                _mm512_extracti64x4_epi64::<1>(y),
+            ),
+        )
+    };
+    let both = |p0: *const u8, p1: *const u8| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)),
+            _mm256_loadu_si256(p1 as *const __m256i),
+        )
+    };
+    let block = (u.tiles.as_mut_ptr() as *mut u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    {
+        let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let d = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(halves(b0)), halves(b1));
+        _mm512_storeu_ps(u.d.as_mut_ptr().add(16 * k), d);
+        for sb in 0..16 {
+            // Sub-block sb's scale of row r at SCALES + 16(sb / 2) + 2r + sb % 2, as bytes 4n..4n + 4.
+            let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
+            for n in 0..16 {
+                let g = if n < 8 { b0 } else { b1 };
+                let sc = *g.add(Q6_SCALES + 16 * (sb / 2) + 2 * (n % 8) + sb % 2) as i8;
+                a[4 * n..4 * n + 4].fill(sc >> 4);
+                b[4 * n..4 * n + 4].fill(sc & 15);
+            }
+            let (a, b) = (
+                _mm512_loadu_si512(a.as_ptr() as *const __m512i),
+                _mm512_loadu_si512(b.as_ptr() as *const __m512i),
+            );
+            let n0 = both(b0.add(Q6_LOW + 64 * sb), b1.add(Q6_LOW + 64 * sb));
+            let n1 = both(b0.add(Q6_LOW + 64 * sb + 32), b1.add(Q6_LOW + 64 * sb + 32));
+            let hb = both(b0.add(Q6_HIGH + 32 * sb), b1.add(Q6_HIGH + 32 * sb));
+            // Sub-block sb is values 16sb..16sb + 16: step sb / 4, tile rows 4(sb % 4)..+4.
+            let step = block.add((sb / 4) * 4 * 1024);
+            for k in 0..4 {
+                let nib = match k {
+                    0 => n0,
+                    1 => n1,
+                    2 => _mm512_srli_epi16(n0, 4),
+                    _ => _mm512_srli_epi16(n1, 4),
+                };
+                let shifted = match k {
+                    0 => hb,
+                    1 => _mm512_srli_epi16(hb, 2),
+                    2 => _mm512_srli_epi16(hb, 4),
+                    _ => _mm512_srli_epi16(hb, 6),
+                };
+                let top = _mm512_and_si512(shifted, three);
+                // u = q + 32 (0..63); c = (u >> 3) − 4, e = u & 7.
+                let uq = _mm512_or_si512(_mm512_and_si512(nib, low), _mm512_slli_epi16(top, 4));
+                let c = _mm512_sub_epi8(
+                    _mm512_and_si512(_mm512_srli_epi16(uq, 3), seven),
+                    _mm512_set1_epi8(4),
+                );
+                let e = _mm512_and_si512(uq, seven);
+                let at = step.add(64 * (4 * (sb % 4) + k));
+                _mm512_storeu_si512(at as *mut __m512i, mul(a, c));
+                _mm512_storeu_si512(at.add(1024) as *mut __m512i, mul(a, e));
+                _mm512_storeu_si512(at.add(2048) as *mut __m512i, mul(b, c));
+                _mm512_storeu_si512(at.add(3072) as *mut __m512i, mul(b, e));
+            }
+        }
+    }
+}
+
+/// One block of row tile `k` of `u` against `n` tiles of `tiles.rows()` Q8_K activation rows
+/// each, `act` pointing at the block in the first row (rows `arb` bytes apart): token t's 16 sums
+/// carried from `from + 16t` (from +0 when null) to `out + t * stride`. Each (row, token) pair's
+/// arithmetic is `k8::dot`'s (`k8::dot_q6k`'s with `Q6`).
+///
+/// # Safety
+/// AVX-512F and tiles configured; `act` holds `n · tiles.rows()` rows; `out` has room.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot<const Q6: bool>(
+    tiles: &Tiles,
+    u: &Unpacked,
+    k: usize,
+    from: *const f32,
+    act: *const u8,
+    arb: usize,
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    let m = tiles.rows();
+    debug_assert!(u.d.len() >= 16 * (k + 1));
+    let mut c = [Line([0; 64]); 64];
+    let cp = c.as_ptr() as *const __m512i;
+    let tp = (u.tiles.as_ptr() as *const u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    let d = _mm512_loadu_ps(u.d.as_ptr().add(16 * k));
+    let neg_dmin = _mm512_loadu_ps(u.neg_dmin.as_ptr().add(16 * k));
+    for tt in 0..n {
+        let a = act.add(tt * m * arb + 4);
+        asm!(
+            "tilezero tmm4",
+            "tilezero tmm5",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            options(nostack, nomem)
+        );
+        for s in 0..4 {
+            if Q6 {
+                asm!(
+                    "tileloadd tmm0, [{a} + {sa}*1]",
+                    "tileloadd tmm1, [{b} + {sb}*1]",
+                    "tileloadd tmm2, [{b} + {sb}*1 + 1024]",
+                    "tdpbssd tmm4, tmm0, tmm1",
+                    "tdpbssd tmm5, tmm0, tmm2",
+                    "tileloadd tmm3, [{b} + {sb}*1 + 2048]",
+                    "tileloadd tmm1, [{b} + {sb}*1 + 3072]",
+                    "tdpbssd tmm6, tmm0, tmm3",
+                    "tdpbssd tmm7, tmm0, tmm1",
+                    a = in(reg) a.add(64 * s),
+                    sa = in(reg) arb,
+                    b = in(reg) tp.add(s * 4 * 1024),
+                    sb = in(reg) 64usize,
+                    options(nostack, readonly)
+                );
+            } else {
+                asm!(
+                    "tileloadd tmm0, [{a} + {sa}*1]",
+                    "tileloadd tmm1, [{b} + {sb}*1]",
+                    "tileloadd tmm2, [{b} + {sb}*1 + 1024]",
+                    "tileloadd tmm3, [{b} + {sb}*1 + 2048]",
+                    "tdpbssd tmm4, tmm0, tmm1",
+                    "tdpbssd tmm5, tmm0, tmm2",
+                    "tdpbssd tmm6, tmm0, tmm3",
+                    a = in(reg) a.add(64 * s),
+                    sa = in(reg) arb,
+                    b = in(reg) tp.add(s * 3 * 1024),
+                    sb = in(reg) 64usize,
+                    options(nostack, readonly)
+                );
+            }
+        }
+        asm!(
+            "tilestored [{c} + {s}*1], tmm4",
+            "tilestored [{c} + {s}*1 + 1024], tmm5",
+            "tilestored [{c} + {s}*1 + 2048], tmm6",
+            "tilestored [{c} + {s}*1 + 3072], tmm7",
+            c = in(reg) c.as_mut_ptr(),
+            s = in(reg) 64usize,
+            options(nostack)
+        );
+        for t in 0..m {
+            let tok = tt * m + t;
+            let o = out.add(tok * stride);
+            let dy = _mm512_set1_ps((act.add(tok * arb) as *const f32).read_unaligned());
+            // The first block starts from +0, as the decode kernels' sums do.
+            let mut acc = if from.is_null() {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_loadu_ps(from.add(16 * tok))
+            };
+            let at = |k: usize| _mm512_loadu_si512(cp.add(16 * k + t));
+            if Q6 {
+                let sum = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32(at(0), 7), _mm512_slli_epi32(at(1), 4)),
+                    _mm512_add_epi32(_mm512_slli_epi32(at(2), 3), at(3)),
+                );
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, dy), acc);
+            } else {
+                let sum = _mm512_add_epi32(_mm512_slli_epi32(at(0), 3), at(1));
+                // The mins term first, as `k8::dot` (and ggml) add it.
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(at(2)), _mm512_mul_ps(neg_dmin, dy), acc);
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, dy), acc);
+            }
+            _mm512_storeu_ps(o, acc);
+        }
+    }
+}
+
+/// Rows `r0..r1` (whole tiles of 16) of a Q4_K or Q6_K matrix in `k8`'s layout (`g`, `nb`
+/// blocks a row, `gb` bytes a group) against `t` Q8_K rows (`acts`, `arb` bytes apart): token
+/// t's result for row r at `out + t * stride + r`. Blocks go in the outer loop: each block of the
+/// task's row tiles is unpacked once (into `u`), then each row tile's block is read from L1 for
+/// every token tile, and the activations' block from L2 for every row tile; the sums carry from
+/// block to block in `out`. Full 16-token tiles first, then one pass for the tokens left over.
+///
+/// # Safety
+/// AMX available ([`available`]); `g` holds rows `r0..r1`, `acts` `t` rows of `nb` blocks, `out`
+/// has room; no other `Tiles` on this thread.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul(
+    q6: bool,
+    g: *const u8,
+    nb: usize,
+    gb: usize,
+    r0: usize,
+    r1: usize,
+    acts: *const u8,
+    arb: usize,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+    u: &mut Unpacked,
+) {
+    debug_assert!(r0 % 16 == 0 && r1 % 16 == 0);
+    let rts = (r1 - r0) / 16;
+    u.reserve(rts);
+    if u.sums.len() < rts * t {
+        u.sums.resize(rts * t, Line([0; 64]));
+    }
+    let sums = u.sums.as_mut_ptr() as *mut f32;
+    let full = t / 16;
+    for (t0, m, n) in [(0, 16, full), (full * 16, t % 16, 1)] {
+        if m == 0 || n == 0 {
+            continue;
+        }
+        let tiles = Tiles::new(m);
+        let acts = acts.add(t0 * arb);
+        for i in 0..nb {
+            for k in 0..rts {
+                let grp = r0 / 8 + 2 * k;
+                let (b0, b1) = (
+                    g.add(grp * gb + i * gb / nb),
+                    g.add((grp + 1) * gb + i * gb / nb),
+                );
+                if q6 {
+                    unpack_q6k(b0, b1, u, k)
+                } else {
+                    unpack_q4k(b0, b1, u, k)
+                }
+            }
+            for k in 0..rts {
+                let a = acts.add(i * 292);
+                let s = sums.add(16 * (k * t + t0));
+                let from = if i == 0 {
+                    std::ptr::null()
+                } else {
+                    s as *const f32
+                };
+                // The last block writes the results in place.
+                let (o, os) = if i + 1 == nb {
+                    (out.add(t0 * stride + r0 + 16 * k), stride)
+                } else {
+                    (s, 16)
+                };
+                if q6 {
+                    dot::<true>(&tiles, u, k, from, a, arb, n, o, os)
+                } else {
+                    dot::<false>(&tiles, u, k, from, a, arb, n, o, os)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::gguf::TensorType;
+    use crate::weights::quantize;
+    use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+    use rand::{Rng, SeedableRng};
+
+    /// The tile kernels give, for every token and row, the bits of `k8`'s kernels on the same
+    /// data, for every tile height 1..=16, Q4_K and Q6_K.
+    #[test]
+    fn tiles_equal_the_decode_kernels() {
+        if !available() {
+            eprintln!("SKIP: no AMX-INT8 on this CPU (or MENS_NO_AMX set)");
+            return;
+        }
+        use super::super::k8;
+        for ttype in [TensorType::Q4K, TensorType::Q6K] {
+            let q6 = ttype == TensorType::Q6K;
+            let (rows, cols) = (32, 1024);
+            let nb = cols / 256;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+            // Rows of different sizes, and outliers, so that scales and mins vary.
+            let x: Vec<f32> = (0..rows * cols)
+                .map(|i| {
+                    let big = if rng.gen_range(0..50) == 0 { 8.0 } else { 1.0 };
+                    rng.gen_range(-1.0f32..1.0) * big * (1 + i / cols % 5) as f32
+                })
+                .collect();
+            let src = quantize(ttype, &x);
+            let gbytes = if q6 {
+                k8::Q6K_GROUP_BYTES
+            } else {
+                k8::GROUP_BYTES
+            };
+            let mut g = vec![0u8; rows / 8 * nb * gbytes];
+            if q6 {
+                k8::repack_q6k(&src, rows, nb, &mut g);
+            } else {
+                k8::repack_q4k(&src, rows, nb, &mut g);
+            }
+            let arb = nb * 292 + 36; // rows further apart than a row, as in the session buffers
+            let tokens = 40;
+            let mut acts = vec![0u8; tokens * arb];
+            for t in 0..tokens {
+                // One row at the extremes (−128 appears in Q8_K), one all zero.
+                let y: Vec<f32> = (0..cols)
+                    .map(|i| match t {
+                        3 if i % 2 == 0 => -5.0,
+                        3 => 4.9,
+                        5 => 0.0,
+                        _ => rng.gen_range(-3.0..3.0),
+                    })
+                    .collect();
+                let mut q = vec![BlockQ8K::zeros(); nb];
+                BlockQ8K::from_float(&y, &mut q);
+                // SAFETY: plain-old-data blocks viewed as bytes.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, nb * 292) };
+                acts[t * arb..t * arb + nb * 292].copy_from_slice(bytes);
+            }
+            let gb = nb * gbytes;
+            let mut u = Unpacked::new();
+            // Every tile height alone, runs of full tiles, full tiles and a rest; rows from 16.
+            for (t, r0) in (1..=16).map(|t| (t, 0)).chain([(32, 0), (40, 16), (33, 0)]) {
+                let stride = rows + 5;
+                let mut out = vec![f32::NAN; t * stride];
+                // SAFETY: AMX checked by `available`; sizes as made above.
+                unsafe {
+                    matmul(
+                        q6,
+                        g.as_ptr(),
+                        nb,
+                        gb,
+                        r0,
+                        rows,
+                        acts.as_ptr(),
+                        arb,
+                        t,
+                        out.as_mut_ptr(),
+                        stride,
+                        &mut u,
+                    )
+                };
+                for tok in 0..t {
+                    for grp in r0 / 8..rows / 8 {
+                        let mut want = [[0f32; 8]; 1];
+                        let ys = [acts[tok * arb..].as_ptr()];
+                        let gp = g[grp * gb..].as_ptr();
+                        unsafe {
+                            if q6 {
+                                k8::dot_q6k::<1>(nb, gp, &ys, &mut want)
+                            } else {
+                                k8::dot::<1>(nb, gp, &ys, &mut want)
+                            }
+                        };
+                        for l in 0..8 {
+                            let got = out[tok * stride + 8 * grp + l];
+                            assert_eq!(
+                                got.to_bits(),
+                                want[0][l].to_bits(),
+                                "{ttype:?} t {t} token {tok} row {}: {got} against {}",
+                                8 * grp + l,
+                                want[0][l]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod speed {
+    use super::*;
+
+    /// Nanoseconds per (16 tokens × 16 rows × 256 values) for the two formats, 512 tokens, 128
+    /// rows, NB blocks a row (default 6): `NB=35 cargo test --release -p mens --lib amx_speed --
+    /// --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn amx_speed() {
+        if !available() {
+            return;
+        }
+        let nb: usize = std::env::var("NB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(6);
+        let (tokens, rows, arb) = (512, 128, nb * 292 + 36);
+        let acts = vec![1u8; tokens * arb];
+        let mut out = vec![0f32; tokens * rows];
+        for q6 in [false, true] {
+            let mut u = Unpacked::new();
+            let gb = nb
+                * if q6 {
+                    super::super::k8::Q6K_GROUP_BYTES
+                } else {
+                    super::super::k8::GROUP_BYTES
+                };
+            let g = vec![0u8; rows / 8 * gb];
+            let reps = 20;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                // SAFETY: AMX checked; sizes as made above.
+                unsafe {
+                    matmul(
+                        q6,
+                        g.as_ptr(),
+                        nb,
+                        gb,
+                        0,
+                        rows,
+                        acts.as_ptr(),
+                        arb,
+                        tokens,
+                        out.as_mut_ptr(),
+                        rows,
+                        &mut u,
+                    )
+                };
+            }
+            let per = t.elapsed().as_nanos() as f64 / (reps * nb * tokens / 16 * rows / 16) as f64;
+            eprintln!(
+                "q6 {q6}: {per:.1} ns a tile block ({:.0} MAC/ns)",
+                65536.0 / per
+            );
+        }
+    }
+}
