@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [test|serve|coding|batch|serving|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|test|serve|coding|batch|serving|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -41,6 +41,19 @@ synth() {
   [ -f "$m" ] || "$BIN/mens" synth --shape "$1" -o "$m" >&2
   echo "$m"
 }
+
+if [ "$MODE" = cpu ]; then
+  # CPU prefill and decode on this machine's host CPU (issue 19): llama-bench built elsewhere from
+  # the 0.3.36 sdist with AVX-512 flags and AMX off (.device/llama-bench.xz, its libraries in
+  # .device/lib), against mens with AMX tiles and with MENS_NO_AMX=1, at $CPU_THREADS.
+  grep -o -w 'amx_int8\|amx_tile\|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' ' | tee "$OUT/cpu-flags.txt"; echo
+  nproc | tee -a "$OUT/cpu-flags.txt"
+  for s in ${SHAPES//,/ }; do
+    m=$(synth "$s")
+    LLAMA_BENCH="$BIN/llama-bench" LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" MENS_BIN="$BIN/mens" \
+      bash scripts/cpu-scaling.sh "$m" "${CPU_THREADS:-4,8,16}" 512 32 2 2>&1 | tee "$OUT/cpu-$s.md"
+  done
+fi
 
 if [ "$MODE" = test ] || [ "$MODE" = all ]; then
   echo "== CUDA tests"

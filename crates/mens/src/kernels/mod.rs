@@ -268,7 +268,7 @@ pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32],
     // A multiple of 8: the repacked layouts hold groups of eight rows.
     // A multiple of 16 where the AMX tiles (16 rows) may run.
     #[cfg(target_arch = "x86_64")]
-    let align = if t >= amx::MIN_TOKENS && amx::available() {
+    let align = if amx::tokens(t) > 0 && amx::available() {
         16
     } else {
         8
@@ -525,7 +525,7 @@ fn rows_x8(
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     let avx2 = simd::level() == simd::Level::Avx2;
-    group_tiles(t, r0, r1, out, stride, off, |grp, ti, n, o| {
+    group_tiles(0..t, r0, r1, out, stride, off, |grp, ti, n, o| {
         let gp = g[grp * nb * gb..].as_ptr();
         macro_rules! call {
             ($T:literal) => {{
@@ -628,7 +628,7 @@ fn rows_kquant(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn group_tiles(
-    t: usize,
+    tokens: std::ops::Range<usize>,
     r0: usize,
     r1: usize,
     out: OutPtr,
@@ -636,7 +636,8 @@ fn group_tiles(
     off: usize,
     dot: impl Fn(usize, usize, usize, &mut [[f32; 8]; 4]),
 ) {
-    for t0 in (0..t).step_by(64) {
+    let t = tokens.end;
+    for t0 in tokens.step_by(64) {
         let t1 = (t0 + 64).min(t);
         for grp in r0 / 8..r1 / 8 {
             let mut ti = t0;
@@ -676,63 +677,59 @@ fn rows_k8(
 ) {
     let gb = p.group_bytes() * nb;
     assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
-    let mut r0 = r0;
-    if t >= amx::MIN_TOKENS && amx::available() {
-        // Whole tiles of 16 rows on AMX; an odd group left at the end goes below.
+    // Whole tiles of 16 rows and 16 tokens on AMX (see `amx::tokens`); the rest below, with the
+    // same bits.
+    let (ra, ta) = if amx::available() {
+        (r0 + (r1 - r0) / 16 * 16, amx::tokens(t))
+    } else {
+        (r0, 0)
+    };
+    if ta > 0 && ra > r0 {
         thread_local! {
             static SCRATCH: std::cell::RefCell<amx::Unpacked> =
                 const { std::cell::RefCell::new(amx::Unpacked::new()) };
         }
-        let r = r0 + (r1 - r0) / 16 * 16;
         SCRATCH.with_borrow_mut(|u| {
             // SAFETY: AMX checked by `available`; bounds asserted above, and (row, column) pairs
             // are disjoint across tasks and in bounds (asserted in `matmul`).
             unsafe {
                 let (q6, o) = (p == x8::Packed::Q6K, out.0.add(off));
-                amx::matmul(
-                    q6,
-                    g.as_ptr(),
-                    nb,
-                    gb,
-                    r0,
-                    r,
-                    acts.as_ptr(),
-                    arb,
-                    t,
-                    o,
-                    stride,
-                    u,
-                )
+                let a = acts.as_ptr();
+                amx::matmul(q6, g.as_ptr(), nb, gb, r0, ra, a, arb, ta, o, stride, u)
             }
         });
-        if r == r1 {
-            return;
-        }
-        r0 = r;
     }
-    group_tiles(t, r0, r1, out, stride, off, |grp, ti, n, o| {
-        let gp = g[grp * gb..].as_ptr();
-        macro_rules! call {
-            ($T:literal) => {{
-                let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
-                let ys = std::array::from_fn(|k| acts[(ti + k) * arb..].as_ptr());
-                // SAFETY: AVX2 checked by `repacked`; bounds asserted above.
-                unsafe {
-                    if p == x8::Packed::Q6K {
-                        k8::dot_q6k::<$T>(nb, gp, &ys, o)
-                    } else {
-                        k8::dot::<$T>(nb, gp, &ys, o)
+    let k8 = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
+        group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
+            let gp = g[grp * gb..].as_ptr();
+            macro_rules! call {
+                ($T:literal) => {{
+                    let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
+                    let ys = std::array::from_fn(|k| acts[(ti + k) * arb..].as_ptr());
+                    // SAFETY: AVX2 checked by `repacked`; bounds asserted above.
+                    unsafe {
+                        if p == x8::Packed::Q6K {
+                            k8::dot_q6k::<$T>(nb, gp, &ys, o)
+                        } else {
+                            k8::dot::<$T>(nb, gp, &ys, o)
+                        }
                     }
-                }
-            }};
-        }
-        match n {
-            1 => call!(1),
-            2 => call!(2),
-            3 => call!(3),
-            _ => call!(4),
-        }
-    });
+                }};
+            }
+            match n {
+                1 => call!(1),
+                2 => call!(2),
+                3 => call!(3),
+                _ => call!(4),
+            }
+        })
+    };
+    if ta < t && ra > r0 {
+        k8(ta..t, r0, ra);
+    }
+    if ra < r1 {
+        k8(0..t, ra, r1);
+    }
 }
 
 /// One dot product of a weight row with an activation row, through candle's kernels.
@@ -1175,7 +1172,8 @@ mod tests {
                 );
             }
         }
-        for t in (1..=9).chain([70]) {
+        // 16, 30 and 70 rows reach the AMX tiles where the CPU has them (whole and part tiles).
+        for t in (1..=9).chain([16, 30, 70]) {
             let mut input = QuantizedInput::new(t, cols, &[at]);
             input.set(&x[..t * cols], t);
             let mut out = vec![0f32; t * rows];

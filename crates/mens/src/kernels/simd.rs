@@ -76,6 +76,10 @@ fn detect() -> Level {
 /// What the CPU kernels run on, for the load line.
 pub fn describe() -> &'static str {
     match level() {
+        #[cfg(target_arch = "x86_64")]
+        Level::Vnni if super::amx::available() => {
+            "AVX-512 VNNI kernels, AMX-INT8 tiles for prompts"
+        }
         Level::Vnni => "AVX-512 VNNI kernels",
         Level::Avx2 => "AVX2 kernels",
         #[cfg(target_arch = "x86_64")]
