@@ -23,7 +23,7 @@ echo "| threads | llama.cpp pp | mens pp | mens pp, no AMX | pp ratio | llama.cp
 echo "|---|---|---|---|---|---|---|---|---|"
 ll() { "$bench" -m "$model" -t "$1" -p "$2" -n "$3" -r "$reps" -o json 2>/dev/null |
   python3 -c "import json,sys; print('%.1f' % json.load(sys.stdin)[0]['avg_ts'])"; }
-mb() { "$mens" bench -q -m "$model" -t "$1" --prompt "$2" --steps 0 --gen "$3" --depth 0 --reps "$reps" \
+mb() { "$mens" bench -q --backend cpu -m "$model" -t "$1" --prompt "$2" --steps 0 --gen "$3" --depth 0 --reps "$reps" \
   --json /tmp/cpu-scaling-mens.json >/dev/null 2>&1
   python3 -c "import json; j=json.load(open('/tmp/cpu-scaling-mens.json'))
 print('%.1f %.1f' % (j['prefill'][0]['tokens_per_s'], j['results'][0]['tokens_per_s']))"; }

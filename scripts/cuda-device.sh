@@ -50,6 +50,7 @@ if [ "$MODE" = cpu ]; then
   nproc | tee -a "$OUT/cpu-flags.txt"
   for s in ${SHAPES//,/ }; do
     m=$(synth "$s")
+    "$BIN/mens" bench --backend cpu -m "$m" -t 4 --prompt 16 --steps 0 --paired 0 --reps 1 2>&1 | grep "loaded" | tee -a "$OUT/cpu-flags.txt"
     LLAMA_BENCH="$BIN/llama-bench" LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" MENS_BIN="$BIN/mens" \
       bash scripts/cpu-scaling.sh "$m" "${CPU_THREADS:-4,8,16}" 512 32 2 2>&1 | tee "$OUT/cpu-$s.md"
   done
@@ -161,7 +162,7 @@ if [ "$MODE" = batch ] || [ "$MODE" = all ]; then
   "$BIN/mens" bench -m "$(synth 7b)" --backend cuda --prompt 256 --steps 0 --depth 256 --gen 256 --reps 3 -q 2>&1 | tail -12 | tee -a "$OUT/batch.txt"
 fi
 
-MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'
+[ "$MODE" = cpu ] || MENS_CUDA_VERBOSE=1 "$BIN/mens" run --backend cuda -m "$(synth 0.5b)" -p hi -n 1 --temp 0 2>&1 | grep "registers" | sed 's/^mens: kernel //'
 
 if [ "$MODE" = concurrency ] || [ "$MODE" = all ]; then
   for s in ${SHAPES//,/ }; do

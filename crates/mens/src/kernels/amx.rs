@@ -61,6 +61,31 @@ pub fn tokens(t: usize) -> usize {
     }
 }
 
+/// The weight formats on the tiles, each in its repacked layout (`k8`, `x8`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Format {
+    Q4K,
+    Q6K,
+    Q5_0,
+    Q8_0,
+}
+
+impl Format {
+    fn kquant(self) -> bool {
+        matches!(self, Format::Q4K | Format::Q6K)
+    }
+
+    /// Blocks of the file's format in one unpacked block: the K-quants one (256 values), the
+    /// 32-value formats four, so that their four sums leave the tiles together.
+    fn per_unpacked(self) -> usize {
+        if self.kquant() {
+            1
+        } else {
+            4
+        }
+    }
+}
+
 /// The 64-byte tile configuration (palette 1): activation tiles (m × 64 bytes), weight tiles
 /// (16 × 64), and tiles 4–7 the sums (m × 16 int32).
 #[repr(C, align(64))]
@@ -73,7 +98,7 @@ struct Config {
 }
 
 impl Config {
-    fn new(m: usize, q6: bool) -> Config {
+    fn new(m: usize, f: Format) -> Config {
         let mut c = Config {
             palette: 1,
             start_row: 0,
@@ -83,14 +108,18 @@ impl Config {
         };
         for t in 0..8 {
             c.colsb[t] = 64;
-            // Q6_K: tile 0 the activations, 1–3 the weights; Q4_K: 0–1 two activation tiles,
-            // 2–3 the weights.
-            let weights = if q6 {
-                (1..4).contains(&t)
-            } else {
-                (2..4).contains(&t)
-            };
-            c.rows[t] = if weights { 16 } else { m as u8 };
+            c.rows[t] = m as u8;
+        }
+        match f {
+            // Tile 0 the activations, 1–3 the weights.
+            Format::Q6K => c.rows[1..4].fill(16),
+            // Tiles 0–1 two activation tiles, 2–3 the weights.
+            Format::Q4K => c.rows[2..4].fill(16),
+            // Tile 0 the activations of one 32-value block, tile 1 its weights.
+            Format::Q5_0 | Format::Q8_0 => {
+                c.colsb[0] = 32;
+                c.rows[1] = 8;
+            }
         }
         c
     }
@@ -106,9 +135,9 @@ pub struct Tiles {
 impl Tiles {
     /// # Safety
     /// AMX available (see [`available`]); one `Tiles` a thread at a time.
-    pub unsafe fn new(m: usize, q6: bool) -> Tiles {
+    pub unsafe fn new(m: usize, f: Format) -> Tiles {
         assert!((1..=16).contains(&m));
-        let cfg = Config::new(m, q6);
+        let cfg = Config::new(m, f);
         // SAFETY: the tile state was granted (`available`); the configuration is valid.
         unsafe {
             std::arch::asm!("ldtilecfg [{}]", in(reg) &cfg as *const Config, options(nostack, readonly))
@@ -138,8 +167,9 @@ struct Line([u8; 64]);
 const Q4K_BLOCK: usize = 4 * 2 * 1024 + 4 * 64;
 const Q4K_MINS16: usize = 4 * 2 * 1024;
 
-/// One block (256 values) of several tiles of 16 weight rows, unpacked for the tiles: slot k holds
-/// row tile k's int8 tiles, its 16 d and (Q4_K) its 16 −dmin as f32.
+/// One block (256 values; four blocks of the 32-value formats) of several tiles of 16 weight rows,
+/// unpacked for the tiles: slot k holds row tile k's int8 tiles, its 16 d (64: 16 a 32-value
+/// block) and (Q4_K) its 16 −dmin as f32.
 pub struct Unpacked {
     tiles: Vec<Line>,
     d: Vec<f32>,
@@ -164,7 +194,7 @@ impl Unpacked {
         let lines = slots * Q6K_BLOCK.max(Q4K_BLOCK) / 64;
         if self.tiles.len() < lines {
             self.tiles.resize(lines, Line([0; 64]));
-            self.d.resize(slots * 16, 0.0);
+            self.d.resize(slots * 64, 0.0);
             self.neg_dmin.resize(slots * 16, 0.0);
         }
     }
@@ -186,7 +216,7 @@ impl Default for Unpacked {
 unsafe fn unpack_q4k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
     use super::k8::{Q4K_D, Q4K_DMIN, Q4K_MINS, Q4K_SCALES, Q4K_VALUES};
     use std::arch::x86_64::*;
-    debug_assert!(u.d.len() >= 16 * (k + 1));
+    debug_assert!(u.d.len() >= 64 * (k + 1));
     let low = _mm512_set1_epi8(15);
     let even = _mm512_set1_epi16(0x00FF);
     let odd = _mm512_set1_epi16(-256);
@@ -222,7 +252,7 @@ unsafe fn unpack_q4k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
             _mm512_castps256_ps512(halves(b0.add(Q4K_DMIN))),
             halves(b1.add(Q4K_DMIN)),
         );
-        _mm512_storeu_ps(u.d.as_mut_ptr().add(16 * k), d);
+        _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k), d);
         // −dmin, as `k8::dot` negates it.
         _mm512_storeu_ps(
             u.neg_dmin.as_mut_ptr().add(16 * k),
@@ -283,7 +313,7 @@ const Q6K_BLOCK: usize = 4 * 4 * 1024;
 unsafe fn unpack_q6k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
     use super::k8::{Q6_HIGH, Q6_LOW, Q6_SCALES};
     use std::arch::x86_64::*;
-    debug_assert!(u.d.len() >= 16 * (k + 1));
+    debug_assert!(u.d.len() >= 64 * (k + 1));
     let low = _mm512_set1_epi8(15);
     let three = _mm512_set1_epi8(3);
     let seven = _mm512_set1_epi8(7);
@@ -313,7 +343,7 @@ unsafe fn unpack_q6k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
     {
         let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let d = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(halves(b0)), halves(b1));
-        _mm512_storeu_ps(u.d.as_mut_ptr().add(16 * k), d);
+        _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k), d);
         for sb in 0..16 {
             // Sub-block sb's scale of row r at SCALES + 16(sb / 2) + 2r + sb % 2, as bytes 4n..4n + 4.
             let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
@@ -387,11 +417,11 @@ unsafe fn dot<const Q6: bool>(
     use std::arch::asm;
     use std::arch::x86_64::*;
     let m = tiles.rows();
-    debug_assert!(u.d.len() >= 16 * (k + 1));
+    debug_assert!(u.d.len() >= 64 * (k + 1));
     let mut c = [Line([0; 64]); 64];
     let cp = c.as_ptr() as *const __m512i;
     let tp = (u.tiles.as_ptr() as *const u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
-    let d = _mm512_loadu_ps(u.d.as_ptr().add(16 * k));
+    let d = _mm512_loadu_ps(u.d.as_ptr().add(64 * k));
     let neg_dmin = _mm512_loadu_ps(u.neg_dmin.as_ptr().add(16 * k));
     let store = |c: &mut [Line; 64]| {
         asm!(
@@ -523,20 +553,151 @@ unsafe fn dot<const Q6: bool>(
     }
 }
 
-/// Rows `r0..r1` (whole tiles of 16) of a Q4_K or Q6_K matrix in `k8`'s layout (`g`, `nb`
-/// blocks a row, `gb` bytes a group) against `t` Q8_K rows (`acts`, `arb` bytes apart): token
+/// Unpack four 32-value blocks of the 16 rows of two `x8` groups (`b0`, `b1`: their first group
+/// blocks) into slot `k` of `u`: for block b, an 8 × 64-byte tile at 512b (value 4j + e of row n
+/// at row j, byte 4n + e, the signed value q), and its 16 scales at `d[64k + 16b..]`.
+///
+/// # Safety
+/// AVX-512BW and F16C; `b0` and `b1` point at four group blocks; `u` has room for slot `k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn unpack_x8<const Q8: bool>(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
+    use std::arch::x86_64::*;
+    debug_assert!(u.d.len() >= 64 * (k + 1));
+    let gb = if Q8 { 272 } else { 176 };
+    let slot = (u.tiles.as_mut_ptr() as *mut u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    let both = |p0: *const u8, p1: *const u8| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)),
+            _mm256_loadu_si256(p1 as *const __m256i),
+        )
+    };
+    for b in 0..4 {
+        let (g0, g1) = (b0.add(b * gb), b1.add(b * gb));
+        let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let d = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(halves(g0)), halves(g1));
+        _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k + 16 * b), d);
+        let tile = slot.add(512 * b);
+        for j in 0..8 {
+            let q = if Q8 {
+                // Stored q + 128.
+                _mm512_xor_si512(
+                    both(g0.add(16 + 32 * j), g1.add(16 + 32 * j)),
+                    _mm512_set1_epi8(-128),
+                )
+            } else {
+                // Stored q + 16: a nibble (low for even j) and a fifth bit from mask j.
+                let n = both(g0.add(48 + 32 * (j / 2)), g1.add(48 + 32 * (j / 2)));
+                let n = if j % 2 == 0 {
+                    n
+                } else {
+                    _mm512_srli_epi16(n, 4)
+                };
+                let lo = _mm512_and_si512(n, _mm512_set1_epi8(15));
+                let mask = (g0.add(16 + 4 * j) as *const u32).read_unaligned() as u64
+                    | ((g1.add(16 + 4 * j) as *const u32).read_unaligned() as u64) << 32;
+                let sixteen = _mm512_set1_epi8(16);
+                _mm512_sub_epi8(_mm512_mask_add_epi8(lo, mask, lo, sixteen), sixteen)
+            };
+            _mm512_storeu_si512(tile.add(64 * j) as *mut __m512i, q);
+        }
+    }
+}
+
+/// Four 32-value blocks of row tile `k` of `u` (unpacked by [`unpack_x8`]) against `n` tiles of
+/// `tiles.rows()` Q8_0 activation rows, `act` pointing at the first block in the first row, `dy`
+/// at its f32 scale (a row's scales `nb` apart): the sums carried as in [`dot`]. Each (row,
+/// token) pair's arithmetic is `x8::dot`'s: per block, the exact integer sum times dx·dy.
+///
+/// # Safety
+/// As [`dot`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_x8(
+    tiles: &Tiles,
+    u: &Unpacked,
+    k: usize,
+    from: *const f32,
+    act: *const u8,
+    arb: usize,
+    dy: *const f32,
+    nb: usize,
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    let m = tiles.rows();
+    let mut c = [Line([0; 64]); 64];
+    let cp = c.as_ptr() as *const __m512i;
+    let tp = (u.tiles.as_ptr() as *const u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    let dx: [__m512; 4] =
+        std::array::from_fn(|b| _mm512_loadu_ps(u.d.as_ptr().add(64 * k + 16 * b)));
+    for tt in 0..n {
+        let a = act.add(tt * m * arb + 2);
+        asm!(
+            "tilezero tmm4",
+            "tilezero tmm5",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            "tileloadd tmm0, [{a} + {sa}*1]",
+            "tileloadd tmm1, [{b} + {sb}*1]",
+            "tdpbssd tmm4, tmm0, tmm1",
+            "tileloadd tmm0, [{a} + {sa}*1 + 34]",
+            "tileloadd tmm1, [{b} + {sb}*1 + 512]",
+            "tdpbssd tmm5, tmm0, tmm1",
+            "tileloadd tmm0, [{a} + {sa}*1 + 68]",
+            "tileloadd tmm1, [{b} + {sb}*1 + 1024]",
+            "tdpbssd tmm6, tmm0, tmm1",
+            "tileloadd tmm0, [{a} + {sa}*1 + 102]",
+            "tileloadd tmm1, [{b} + {sb}*1 + 1536]",
+            "tdpbssd tmm7, tmm0, tmm1",
+            "tilestored [{c} + {sb}*1], tmm4",
+            "tilestored [{c} + {sb}*1 + 1024], tmm5",
+            "tilestored [{c} + {sb}*1 + 2048], tmm6",
+            "tilestored [{c} + {sb}*1 + 3072], tmm7",
+            a = in(reg) a,
+            sa = in(reg) arb,
+            b = in(reg) tp,
+            sb = in(reg) 64usize,
+            c = in(reg) c.as_mut_ptr(),
+            options(nostack)
+        );
+        for t in 0..m {
+            let tok = tt * m + t;
+            let mut acc = if from.is_null() {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_loadu_ps(from.add(16 * tok))
+            };
+            for (b, dx) in dx.iter().enumerate() {
+                let sum = _mm512_loadu_si512(cp.add(16 * b + t));
+                let scale = _mm512_mul_ps(*dx, _mm512_set1_ps(*dy.add(tok * nb + b)));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc);
+            }
+            _mm512_storeu_ps(out.add(tok * stride), acc);
+        }
+    }
+}
+
+/// Rows `r0..r1` (whole tiles of 16) of a matrix in its repacked layout (`g`, `nb` blocks of the
+/// file's format a row, `gb` bytes a group of 8 rows) against `t` activation rows (`acts`, `arb`
+/// bytes apart; Q8_K for the K-quants, Q8_0 with their f32 scales `dys` for the others): token
 /// t's result for row r at `out + t * stride + r`. Blocks go in the outer loop: each block of the
 /// task's row tiles is unpacked once (into `u`), then each row tile's block is read from L1 for
 /// every token tile, and the activations' block from L2 for every row tile; the sums carry from
-/// block to block in `out`. Full 16-token tiles first, then one pass for the tokens left over.
+/// block to block in `u`, the last block writing the results. Full 16-token tiles first, then one
+/// pass for the tokens left over. The 32-value formats need `nb` a multiple of 4.
 ///
 /// # Safety
-/// AMX available ([`available`]); `g` holds rows `r0..r1`, `acts` `t` rows of `nb` blocks, `out`
-/// has room; no other `Tiles` on this thread.
+/// AMX available ([`available`]); `g` holds rows `r0..r1`, `acts` (and `dys`) `t` rows of `nb`
+/// blocks, `out` has room; no other `Tiles` on this thread.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn matmul(
-    q6: bool,
+    f: Format,
     g: *const u8,
     nb: usize,
     gb: usize,
@@ -544,17 +705,32 @@ pub unsafe fn matmul(
     r1: usize,
     acts: *const u8,
     arb: usize,
+    dys: *const f32,
     t: usize,
     out: *mut f32,
     stride: usize,
     u: &mut Unpacked,
 ) {
-    debug_assert!(r0 % 16 == 0 && r1 % 16 == 0);
+    debug_assert!(r0 % 16 == 0 && r1 % 16 == 0 && nb % f.per_unpacked() == 0);
     // At most 16 row tiles (256 rows) a pass: their unpacked block (256 KiB) and the running sums
     // stay in L2, and the scratch stays small beside an LM head's 150,000 rows.
     let mut r0 = r0;
     while r1 - r0 > 256 {
-        matmul(q6, g, nb, gb, r0, r0 + 256, acts, arb, t, out, stride, u);
+        matmul(
+            f,
+            g,
+            nb,
+            gb,
+            r0,
+            r0 + 256,
+            acts,
+            arb,
+            dys,
+            t,
+            out,
+            stride,
+            u,
+        );
         r0 += 256;
     }
     let rts = (r1 - r0) / 16;
@@ -563,28 +739,29 @@ pub unsafe fn matmul(
         u.sums.resize(rts * t, Line([0; 64]));
     }
     let sums = u.sums.as_mut_ptr() as *mut f32;
+    let nu = nb / f.per_unpacked();
+    // Bytes of one unpacked block in a group's run, and in an activation row.
+    let (ub, ab) = (gb / nu, if f.kquant() { 292 } else { 4 * 34 });
     let full = t / 16;
     for (t0, m, n) in [(0, 16, full), (full * 16, t % 16, 1)] {
         if m == 0 || n == 0 {
             continue;
         }
-        let tiles = Tiles::new(m, q6);
+        let tiles = Tiles::new(m, f);
         let acts = acts.add(t0 * arb);
-        for i in 0..nb {
+        for i in 0..nu {
             for k in 0..rts {
                 let grp = r0 / 8 + 2 * k;
-                let (b0, b1) = (
-                    g.add(grp * gb + i * gb / nb),
-                    g.add((grp + 1) * gb + i * gb / nb),
-                );
-                if q6 {
-                    unpack_q6k(b0, b1, u, k)
-                } else {
-                    unpack_q4k(b0, b1, u, k)
+                let (b0, b1) = (g.add(grp * gb + i * ub), g.add((grp + 1) * gb + i * ub));
+                match f {
+                    Format::Q4K => unpack_q4k(b0, b1, u, k),
+                    Format::Q6K => unpack_q6k(b0, b1, u, k),
+                    Format::Q5_0 => unpack_x8::<false>(b0, b1, u, k),
+                    Format::Q8_0 => unpack_x8::<true>(b0, b1, u, k),
                 }
             }
             for k in 0..rts {
-                let a = acts.add(i * 292);
+                let a = acts.add(i * ab);
                 let s = sums.add(16 * (k * t + t0));
                 let from = if i == 0 {
                     std::ptr::null()
@@ -592,15 +769,18 @@ pub unsafe fn matmul(
                     s as *const f32
                 };
                 // The last block writes the results in place.
-                let (o, os) = if i + 1 == nb {
+                let (o, os) = if i + 1 == nu {
                     (out.add(t0 * stride + r0 + 16 * k), stride)
                 } else {
                     (s, 16)
                 };
-                if q6 {
-                    dot::<true>(&tiles, u, k, from, a, arb, n, o, os)
-                } else {
-                    dot::<false>(&tiles, u, k, from, a, arb, n, o, os)
+                match f {
+                    Format::Q4K => dot::<false>(&tiles, u, k, from, a, arb, n, o, os),
+                    Format::Q6K => dot::<true>(&tiles, u, k, from, a, arb, n, o, os),
+                    Format::Q5_0 | Format::Q8_0 => {
+                        let dy = dys.add(t0 * nb + 4 * i);
+                        dot_x8(&tiles, u, k, from, a, arb, dy, nb, n, o, os)
+                    }
                 }
             }
         }
@@ -677,7 +857,7 @@ mod tests {
                 // SAFETY: AMX checked by `available`; sizes as made above.
                 unsafe {
                     matmul(
-                        q6,
+                        if q6 { Format::Q6K } else { Format::Q4K },
                         g.as_ptr(),
                         nb,
                         gb,
@@ -685,6 +865,7 @@ mod tests {
                         rows,
                         acts.as_ptr(),
                         arb,
+                        std::ptr::null(),
                         t,
                         out.as_mut_ptr(),
                         stride,
@@ -701,6 +882,125 @@ mod tests {
                                 k8::dot_q6k::<1>(nb, gp, &ys, &mut want)
                             } else {
                                 k8::dot::<1>(nb, gp, &ys, &mut want)
+                            }
+                        };
+                        for l in 0..8 {
+                            let got = out[tok * stride + 8 * grp + l];
+                            assert_eq!(
+                                got.to_bits(),
+                                want[0][l].to_bits(),
+                                "{ttype:?} t {t} token {tok} row {}: {got} against {}",
+                                8 * grp + l,
+                                want[0][l]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod x8_tests {
+    use super::*;
+    use crate::gguf::TensorType;
+    use crate::weights::quantize;
+    use rand::{Rng, SeedableRng};
+
+    /// Q5_0 and Q8_0 on the tiles give, for every token and row, the bits of `x8::dot` on the same
+    /// data, for whole and part tiles.
+    #[test]
+    fn x8_tiles_equal_the_decode_kernel() {
+        if !available() {
+            eprintln!("SKIP: no AMX-INT8 on this CPU (or MENS_NO_AMX set)");
+            return;
+        }
+        use super::super::x8;
+        for (ttype, f, gbytes) in [
+            (TensorType::Q5_0, Format::Q5_0, 176),
+            (TensorType::Q8_0, Format::Q8_0, 272),
+        ] {
+            let (rows, cols) = (32, 512);
+            let nb = cols / 32;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+            let x: Vec<f32> = (0..rows * cols)
+                .map(|i| rng.gen_range(-1.0f32..1.0) * (1 + i / cols % 5) as f32)
+                .collect();
+            let src = quantize(ttype, &x);
+            let mut g = vec![0u8; rows / 8 * nb * gbytes];
+            if f == Format::Q8_0 {
+                x8::repack_q8_0(&src, rows, nb, &mut g);
+            } else {
+                x8::repack_q5_0(&src, rows, nb, &mut g);
+            }
+            // Q8_0 activation rows (34 bytes a block), their f32 scales and integer sums.
+            let tokens = 40;
+            let arb = nb * 34 + 6;
+            let mut acts = vec![0u8; tokens * arb];
+            let (mut ds, mut ss) = (vec![0f32; tokens * nb], vec![0i32; tokens * nb]);
+            for t in 0..tokens {
+                let y: Vec<f32> = (0..cols)
+                    .map(|i| {
+                        if t == 5 {
+                            0.0
+                        } else if t == 3 {
+                            if i % 2 == 0 {
+                                -5.0
+                            } else {
+                                4.9
+                            }
+                        } else {
+                            rng.gen_range(-3.0..3.0)
+                        }
+                    })
+                    .collect();
+                let q = quantize(TensorType::Q8_0, &y);
+                acts[t * arb..t * arb + nb * 34].copy_from_slice(&q);
+                for i in 0..nb {
+                    let b = &q[i * 34..(i + 1) * 34];
+                    ds[t * nb + i] =
+                        half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                    ss[t * nb + i] = b[2..].iter().map(|&v| v as i8 as i32).sum();
+                }
+            }
+            let gb = nb * gbytes;
+            let mut u = Unpacked::new();
+            for (t, r0) in [(1, 0), (7, 0), (16, 0), (32, 16), (40, 0)] {
+                let stride = rows + 3;
+                let mut out = vec![f32::NAN; t * stride];
+                // SAFETY: AMX checked by `available`; sizes as made above.
+                unsafe {
+                    matmul(
+                        f,
+                        g.as_ptr(),
+                        nb,
+                        gb,
+                        r0,
+                        rows,
+                        acts.as_ptr(),
+                        arb,
+                        ds.as_ptr(),
+                        t,
+                        out.as_mut_ptr(),
+                        stride,
+                        &mut u,
+                    )
+                };
+                for tok in 0..t {
+                    for grp in r0 / 8..rows / 8 {
+                        let mut want = [[0f32; 8]; 1];
+                        let (q, d, s) = (
+                            [acts[tok * arb..].as_ptr()],
+                            [ds[tok * nb..].as_ptr()],
+                            [ss[tok * nb..].as_ptr()],
+                        );
+                        let gp = g[grp * gb..].as_ptr();
+                        unsafe {
+                            if f == Format::Q8_0 {
+                                x8::dot::<1, true>(nb, gp, &q, &d, &s, &mut want)
+                            } else {
+                                x8::dot::<1, false>(nb, gp, &q, &d, &s, &mut want)
                             }
                         };
                         for l in 0..8 {
@@ -755,7 +1055,7 @@ mod speed {
                 // SAFETY: AMX checked; sizes as made above.
                 unsafe {
                     matmul(
-                        q6,
+                        if q6 { Format::Q6K } else { Format::Q4K },
                         g.as_ptr(),
                         nb,
                         gb,
@@ -763,6 +1063,7 @@ mod speed {
                         rows,
                         acts.as_ptr(),
                         arb,
+                        std::ptr::null(),
                         tokens,
                         out.as_mut_ptr(),
                         rows,
@@ -790,7 +1091,7 @@ mod raw {
         }
         let buf = vec![Line([1; 64]); 64];
         unsafe {
-            let _t = Tiles::new(16, true);
+            let _t = Tiles::new(16, Format::Q6K);
             let n = 1_000_000;
             let t = std::time::Instant::now();
             for _ in 0..n {
