@@ -711,7 +711,9 @@ pub unsafe fn matmul(
     stride: usize,
     u: &mut Unpacked,
 ) {
-    debug_assert!(r0 % 16 == 0 && r1 % 16 == 0 && nb % f.per_unpacked() == 0);
+    debug_assert!(
+        r0.is_multiple_of(16) && r1.is_multiple_of(16) && nb.is_multiple_of(f.per_unpacked())
+    );
     // At most 16 row tiles (256 rows) a pass: their unpacked block (256 KiB) and the running sums
     // stay in L2, and the scratch stays small beside an LM head's 150,000 rows.
     let mut r0 = r0;
@@ -795,6 +797,32 @@ mod tests {
     use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
     use rand::{Rng, SeedableRng};
 
+    /// Every token's results in `out` (rows `stride` apart) for the groups of 8 rows `groups` have
+    /// the bits `want(token, group)` gives.
+    pub(super) fn same_bits(
+        out: &[f32],
+        stride: usize,
+        t: usize,
+        groups: std::ops::Range<usize>,
+        label: &str,
+        want: impl Fn(usize, usize) -> [f32; 8],
+    ) {
+        for tok in 0..t {
+            for grp in groups.clone() {
+                let want = want(tok, grp);
+                for (l, w) in want.iter().enumerate() {
+                    let got = out[tok * stride + 8 * grp + l];
+                    assert_eq!(
+                        got.to_bits(),
+                        w.to_bits(),
+                        "{label} token {tok} row {}: {got} against {w}",
+                        8 * grp + l
+                    );
+                }
+            }
+        }
+    }
+
     /// The tile kernels give, for every token and row, the bits of `k8`'s kernels on the same
     /// data, for every tile height 1..=16, Q4_K and Q6_K.
     #[test]
@@ -872,30 +900,21 @@ mod tests {
                         &mut u,
                     )
                 };
-                for tok in 0..t {
-                    for grp in r0 / 8..rows / 8 {
-                        let mut want = [[0f32; 8]; 1];
-                        let ys = [acts[tok * arb..].as_ptr()];
-                        let gp = g[grp * gb..].as_ptr();
-                        unsafe {
-                            if q6 {
-                                k8::dot_q6k::<1>(nb, gp, &ys, &mut want)
-                            } else {
-                                k8::dot::<1>(nb, gp, &ys, &mut want)
-                            }
-                        };
-                        for l in 0..8 {
-                            let got = out[tok * stride + 8 * grp + l];
-                            assert_eq!(
-                                got.to_bits(),
-                                want[0][l].to_bits(),
-                                "{ttype:?} t {t} token {tok} row {}: {got} against {}",
-                                8 * grp + l,
-                                want[0][l]
-                            );
+                let label = format!("{ttype:?} t {t}");
+                same_bits(&out, stride, t, r0 / 8..rows / 8, &label, |tok, grp| {
+                    let mut want = [[0f32; 8]; 1];
+                    let ys = [acts[tok * arb..].as_ptr()];
+                    let gp = g[grp * gb..].as_ptr();
+                    // SAFETY: AVX2 (AMX CPUs have it); sizes as made above.
+                    unsafe {
+                        if q6 {
+                            k8::dot_q6k::<1>(nb, gp, &ys, &mut want)
+                        } else {
+                            k8::dot::<1>(nb, gp, &ys, &mut want)
                         }
-                    }
-                }
+                    };
+                    want[0]
+                });
             }
         }
     }
@@ -987,34 +1006,25 @@ mod x8_tests {
                         &mut u,
                     )
                 };
-                for tok in 0..t {
-                    for grp in r0 / 8..rows / 8 {
-                        let mut want = [[0f32; 8]; 1];
-                        let (q, d, s) = (
-                            [acts[tok * arb..].as_ptr()],
-                            [ds[tok * nb..].as_ptr()],
-                            [ss[tok * nb..].as_ptr()],
-                        );
-                        let gp = g[grp * gb..].as_ptr();
-                        unsafe {
-                            if f == Format::Q8_0 {
-                                x8::dot::<1, true>(nb, gp, &q, &d, &s, &mut want)
-                            } else {
-                                x8::dot::<1, false>(nb, gp, &q, &d, &s, &mut want)
-                            }
-                        };
-                        for l in 0..8 {
-                            let got = out[tok * stride + 8 * grp + l];
-                            assert_eq!(
-                                got.to_bits(),
-                                want[0][l].to_bits(),
-                                "{ttype:?} t {t} token {tok} row {}: {got} against {}",
-                                8 * grp + l,
-                                want[0][l]
-                            );
+                let label = format!("{ttype:?} t {t}");
+                super::tests::same_bits(&out, stride, t, r0 / 8..rows / 8, &label, |tok, grp| {
+                    let mut want = [[0f32; 8]; 1];
+                    let (q, d, s) = (
+                        [acts[tok * arb..].as_ptr()],
+                        [ds[tok * nb..].as_ptr()],
+                        [ss[tok * nb..].as_ptr()],
+                    );
+                    let gp = g[grp * gb..].as_ptr();
+                    // SAFETY: AVX-512 VNNI (AMX CPUs have it); sizes as made above.
+                    unsafe {
+                        if f == Format::Q8_0 {
+                            x8::dot::<1, true>(nb, gp, &q, &d, &s, &mut want)
+                        } else {
+                            x8::dot::<1, false>(nb, gp, &q, &d, &s, &mut want)
                         }
-                    }
-                }
+                    };
+                    want[0]
+                });
             }
         }
     }

@@ -527,42 +527,6 @@ fn rows_x8(
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     let avx2 = simd::level() == simd::Level::Avx2;
-    // Whole tiles of 16 rows and 16 tokens on AMX (see `amx::tokens`), four blocks at a time;
-    // the rest below, with the same bits.
-    let (ra, ta) = if !avx2 && nb % 4 == 0 && amx::available() {
-        (r0 + (r1 - r0) / 16 * 16, amx::tokens(t))
-    } else {
-        (r0, 0)
-    };
-    if ta > 0 && ra > r0 {
-        AMX_SCRATCH.with_borrow_mut(|u| {
-            // SAFETY: AMX checked by `available`; bounds asserted above, and (row, column) pairs
-            // are disjoint across tasks and in bounds (asserted in `matmul`).
-            unsafe {
-                let f = if p == x8::Packed::Q8_0 {
-                    amx::Format::Q8_0
-                } else {
-                    amx::Format::Q5_0
-                };
-                let (a, o, gb) = (acts.as_ptr(), out.0.add(off), gb * nb);
-                amx::matmul(
-                    f,
-                    g.as_ptr(),
-                    nb,
-                    gb,
-                    r0,
-                    ra,
-                    a,
-                    arb,
-                    d.as_ptr(),
-                    ta,
-                    o,
-                    stride,
-                    u,
-                )
-            }
-        });
-    }
     let tiles =
         |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
             group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
@@ -597,12 +561,30 @@ fn rows_x8(
                 }
             })
         };
-    if ta < t && ra > r0 {
-        tiles(ta..t, r0, ra);
+    // Four blocks a pass on the tiles (a CPU with AMX has VNNI, so never the AVX2 Q5_0 kernel).
+    let f = match p {
+        x8::Packed::Q8_0 => Some(amx::Format::Q8_0),
+        x8::Packed::Q5_0 if !avx2 => Some(amx::Format::Q5_0),
+        _ => None,
     }
-    if ra < r1 {
-        tiles(0..t, ra, r1);
-    }
+    .filter(|_| nb % 4 == 0);
+    let dys = d.as_ptr();
+    with_tiles(
+        f,
+        g,
+        nb,
+        nb * gb,
+        acts,
+        arb,
+        dys,
+        out,
+        stride,
+        off,
+        r0,
+        r1,
+        t,
+        tiles,
+    );
 }
 
 /// Rows `r0..r1` of a K-quant matrix: each weight block unpacked once for four activation rows.
@@ -712,6 +694,53 @@ thread_local! {
         const { std::cell::RefCell::new(amx::Unpacked::new()) };
 }
 
+/// Rows `r0..r1` × `t` tokens of a repacked matrix (`g`, `gb` bytes a group of 8 rows): whole
+/// tiles of 16 rows and the tokens `amx::tokens` gives on the AMX tiles in format `f` (None: not
+/// on this CPU or for this matrix), then `rest(tokens, r0, r1)` for what is left, with the same
+/// bits. `dys`: the Q8_0 activations' f32 scales (32-value formats).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn with_tiles(
+    f: Option<amx::Format>,
+    g: &[u8],
+    nb: usize,
+    gb: usize,
+    acts: &[u8],
+    arb: usize,
+    dys: *const f32,
+    out: OutPtr,
+    stride: usize,
+    off: usize,
+    r0: usize,
+    r1: usize,
+    t: usize,
+    rest: impl Fn(std::ops::Range<usize>, usize, usize),
+) {
+    let (ra, ta) = match f {
+        Some(_) if amx::available() => (r0 + (r1 - r0) / 16 * 16, amx::tokens(t)),
+        _ => (r0, 0),
+    };
+    if let (Some(f), true) = (f, ta > 0 && ra > r0) {
+        AMX_SCRATCH.with_borrow_mut(|u| {
+            // SAFETY: AMX checked by `available`; the callers assert `g` and `acts` (and `dys`)
+            // in bounds, and (row, column) pairs are disjoint across tasks and in bounds
+            // (asserted in `matmul`).
+            unsafe {
+                let (a, o) = (acts.as_ptr(), out.0.add(off));
+                amx::matmul(f, g.as_ptr(), nb, gb, r0, ra, a, arb, dys, ta, o, stride, u)
+            }
+        });
+    } else {
+        return rest(0..t, r0, r1);
+    }
+    if ta < t {
+        rest(ta..t, r0, ra);
+    }
+    if ra < r1 {
+        rest(0..t, ra, r1);
+    }
+}
+
 /// Rows `r0..r1` (whole groups of 8) of a Q4_K or Q6_K matrix in `k8`'s layout, against `t`
 /// Q8_K rows.
 #[cfg(target_arch = "x86_64")]
@@ -731,42 +760,6 @@ fn rows_k8(
 ) {
     let gb = p.group_bytes() * nb;
     assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
-    // Whole tiles of 16 rows and 16 tokens on AMX (see `amx::tokens`); the rest below, with the
-    // same bits.
-    let (ra, ta) = if amx::available() {
-        (r0 + (r1 - r0) / 16 * 16, amx::tokens(t))
-    } else {
-        (r0, 0)
-    };
-    if ta > 0 && ra > r0 {
-        AMX_SCRATCH.with_borrow_mut(|u| {
-            // SAFETY: AMX checked by `available`; bounds asserted above, and (row, column) pairs
-            // are disjoint across tasks and in bounds (asserted in `matmul`).
-            unsafe {
-                let f = if p == x8::Packed::Q6K {
-                    amx::Format::Q6K
-                } else {
-                    amx::Format::Q4K
-                };
-                let (a, o, none) = (acts.as_ptr(), out.0.add(off), std::ptr::null());
-                amx::matmul(
-                    f,
-                    g.as_ptr(),
-                    nb,
-                    gb,
-                    r0,
-                    ra,
-                    a,
-                    arb,
-                    none,
-                    ta,
-                    o,
-                    stride,
-                    u,
-                )
-            }
-        });
-    }
     let k8 = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
         group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
             let gp = g[grp * gb..].as_ptr();
@@ -792,12 +785,27 @@ fn rows_k8(
             }
         })
     };
-    if ta < t && ra > r0 {
-        k8(ta..t, r0, ra);
-    }
-    if ra < r1 {
-        k8(0..t, ra, r1);
-    }
+    let f = if p == x8::Packed::Q6K {
+        amx::Format::Q6K
+    } else {
+        amx::Format::Q4K
+    };
+    with_tiles(
+        Some(f),
+        g,
+        nb,
+        gb,
+        acts,
+        arb,
+        std::ptr::null(),
+        out,
+        stride,
+        off,
+        r0,
+        r1,
+        t,
+        k8,
+    );
 }
 
 /// One dot product of a weight row with an activation row, through candle's kernels.
