@@ -1,16 +1,22 @@
 //! Prompt passes on Intel AMX-INT8 tiles: one `tdpbssd` multiplies 16 activation rows × 64 values
 //! with 64 values × 16 weight rows, 16,384 products, where an AVX-512 VNNI instruction does 64.
 //!
-//! The weights stay in `k8`'s layout (no second copy: issue 19's memory bound). For each tile of
-//! 16 weight rows the kernel unpacks every block into int8 tiles in a per-thread scratch, once,
-//! and runs them against every 16-token tile of the prompt. A Q4_K block's scales multiply the
-//! values before the tile product, so the integer sum of a block comes out of the tiles whole and
-//! exact: a 6-bit scale `sc = 8a + b` (a, b in 0..8) makes two tiles, `a·q` and `b·q` (at most
-//! 7 · 15 = 105, an int8), and `8·C₁ + C₂ = Σ sc·q·y`. A third tile holds each sub-block's min, so
-//! `C₃ = Σ m·y`, the mins term. These are the same integers `k8::dot` computes, and the floats
-//! after them go through the same operations in the same order: a token's numbers are bit for bit
-//! those of the decode kernel, whatever its batch (tested), so cached = uncached and speculation's
-//! verify pass = plain decoding still hold.
+//! The weights stay in `k8`'s and `x8`'s layouts (no second copy: issue 19's memory bound). Each
+//! block of a tile of 16 weight rows is unpacked once into int8 tiles in a per-thread scratch and
+//! run against every 16-token tile of the pass. The scales multiply the values before the tile
+//! product where they are integers, so a block's integer sum comes out of the tiles whole and
+//! exact:
+//! - Q4_K: a 6-bit scale `sc = 8a + b` (a, b in 0..8) makes two tiles, `a·q` and `b·q` (at most
+//!   7 · 15 = 105, an int8), and `8·C₁ + C₂ = Σ sc·q·y`; the mins term comes from the activation's
+//!   sums, as in `k8::dot`.
+//! - Q6_K: `sc = 16a + b`, `q = 8c + e` make four tiles (`a·c`, `a·e`, `b·c`, `b·e`), and
+//!   `sc·q = 128ac + 16ae + 8bc + be`.
+//! - Q5_0 and Q8_0: one tile product a 32-value block (its scale is a float).
+//!
+//! These are the integers the decode kernels compute, and the floats after them go through the
+//! same operations in the same order: a token's numbers are bit for bit those of the decode
+//! kernels, whatever its batch (tested), so cached = uncached and speculation's verify pass =
+//! plain decoding still hold.
 //!
 //! Hand-written: no Rust crate drives AMX, and Rust's AMX intrinsics are unstable, so the tile
 //! instructions are inline assembly. Linux only: the tile data state must be requested from the
@@ -301,10 +307,10 @@ unsafe fn unpack_q4k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
 /// Bytes of one unpacked Q6_K block of 16 rows: four steps of 64 values, each four 1 KiB tiles.
 const Q6K_BLOCK: usize = 4 * 4 * 1024;
 
-/// Unpack one block of the 16 rows of two `k8` Q6_K groups into slot `k` of `u`. A value q (−32..31) times its scale sc
-/// (−128..127) does not fit a byte, so both are split: sc = 16a + b (a in −8..7, b in 0..15),
-/// q = 8c + e (c in −4..3, e in 0..7), and the four tiles hold a·c, a·e, b·c and b·e (each within
-/// −60..105); then sc·q = 128·ac + 16·ae + 8·bc + be.
+/// Unpack one block of the 16 rows of two `k8` Q6_K groups into slot `k` of `u`. A value q
+/// (−32..31) times its scale sc (−128..127) does not fit a byte, so both are split: sc = 16a + b
+/// (a in −8..7, b in 0..15), q = 8c + e (c in −4..3, e in 0..7), and the four tiles hold a·c,
+/// a·e, b·c and b·e (each within −60..105); then sc·q = 128·ac + 16·ae + 8·bc + be.
 ///
 /// # Safety
 /// As [`unpack_q4k`].
