@@ -87,19 +87,26 @@ unsafe fn q8k_avx2(src: &[f32], dst: &mut [u8]) {
     q8k_body(src, dst)
 }
 
+/// The largest magnitude in `x` (a multiple of 16 values; NaN ignored), over 16 independent
+/// lanes: a loop the compiler vectorizes, where a one-at-a-time search was a tenth of a prompt
+/// pass once the matmuls ran on AMX.
+#[inline(always)]
+fn amax(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for c in x.chunks_exact(16) {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            let a = v.abs();
+            *l = if a > *l { a } else { *l };
+        }
+    }
+    lanes.iter().fold(0f32, |m, &l| if l > m { l } else { m })
+}
+
 /// Per block of 32: d = max|x| / 127 (stored f16), q = round(x / d).
 #[inline(always)]
 fn q8_0_body(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
-        // Over 16 independent lanes, a loop the compiler vectorizes (as in `q8k_body`).
-        let mut lanes = [0f32; 16];
-        for c in x.chunks_exact(16) {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                let a = v.abs();
-                *l = if a > *l { a } else { *l };
-            }
-        }
-        let amax = lanes.iter().fold(0f32, |m, &l| if l > m { l } else { m });
+        let amax = amax(x);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
@@ -114,17 +121,8 @@ fn q8_0_body(src: &[f32], dst: &mut [u8]) {
 #[inline(always)]
 fn q8k_body(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
-        // The largest magnitude over 16 independent lanes (a loop the compiler vectorizes; the
-        // one-at-a-time search was a tenth of a prompt pass once the matmuls ran on AMX), then
-        // the first value that has it, as the one-at-a-time search picked.
-        let mut lanes = [0f32; 16];
-        for c in x.chunks_exact(16) {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                let a = v.abs();
-                *l = if a > *l { a } else { *l };
-            }
-        }
-        let amax = lanes.iter().fold(0f32, |m, &l| if l > m { l } else { m });
+        // The first value of the largest magnitude, as a one-at-a-time search picks it.
+        let amax = amax(x);
         let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         if amax == 0.0 {
             b.fill(0);

@@ -22,8 +22,9 @@
 //! instructions are inline assembly. Linux only: the tile data state must be requested from the
 //! kernel (`arch_prctl(ARCH_REQ_XCOMP_PERM)`) before the first tile instruction.
 
-/// True when this CPU and OS run AMX-INT8 (and AVX-512BW, for unpacking) and `MENS_NO_AMX` is
-/// unset. The first call asks the kernel for the tile state, once for the whole process.
+/// True when this CPU and OS run AMX-INT8 (and AVX-512BW and VBMI, for unpacking) and
+/// `MENS_NO_AMX` is unset. The first call asks the kernel for the tile state, once for the whole
+/// process.
 pub fn available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MENS_NO_AMX").is_none() && detect())
@@ -36,7 +37,8 @@ fn detect() -> bool {
     // SAFETY: cpuid exists on every x86-64 CPU.
     let (max, l7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(7, 0)) };
     let (tile, int8) = (l7.edx >> 24 & 1 == 1, l7.edx >> 25 & 1 == 1);
-    if max < 7 || !tile || !int8 || super::simd::level() != super::simd::Level::Vnni {
+    let vbmi = is_x86_feature_detected!("avx512vbmi");
+    if max < 7 || !tile || !int8 || !vbmi || super::simd::level() != super::simd::Level::Vnni {
         return false;
     }
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
@@ -172,6 +174,39 @@ struct Line([u8; 64]);
 /// (a·q, b·q), then the mins as four registers of 16 rows × two sub-blocks (i16).
 const Q4K_BLOCK: usize = 4 * 2 * 1024 + 4 * 64;
 const Q4K_MINS16: usize = 4 * 2 * 1024;
+/// Bytes of one unpacked Q6_K block of 16 rows: four steps of 64 values, each four 1 KiB tiles.
+const Q6K_BLOCK: usize = 4 * 4 * 1024;
+/// Bytes of one slot of [`Unpacked`]: the largest unpacked block.
+const SLOT: usize = Q6K_BLOCK;
+const _: () = assert!(Q4K_BLOCK <= SLOT && 4 * 512 <= SLOT); // Q4_K; four Q5_0/Q8_0 blocks
+
+/// The same 32 bytes of two groups of 8 rows (at `p0`, `p1`): 64 bytes, rows 0–7 then 8–15.
+///
+/// # Safety
+/// AVX-512F; 32 bytes readable at each.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn two_groups(p0: *const u8, p1: *const u8) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)),
+        _mm256_loadu_si256(p1 as *const __m256i),
+    )
+}
+
+/// The eight f16 scales of two groups of 8 rows (at `p0`, `p1`) as 16 f32.
+///
+/// # Safety
+/// AVX-512F and F16C; 16 bytes readable at each.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn two_groups_f16(p0: *const u8, p1: *const u8) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let half = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+    _mm512_insertf32x8::<1>(_mm512_castps256_ps512(half(p0)), half(p1))
+}
 
 /// One block (256 values; four blocks of the 32-value formats) of several tiles of 16 weight rows,
 /// unpacked for the tiles: slot k holds row tile k's int8 tiles, its 16 d (64: 16 a 32-value
@@ -197,7 +232,7 @@ impl Unpacked {
 
     /// Room for `slots` row tiles.
     fn reserve(&mut self, slots: usize) {
-        let lines = slots * Q6K_BLOCK.max(Q4K_BLOCK) / 64;
+        let lines = slots * SLOT / 64;
         if self.tiles.len() < lines {
             self.tiles.resize(lines, Line([0; 64]));
             self.d.resize(slots * 64, 0.0);
@@ -216,11 +251,12 @@ impl Default for Unpacked {
 /// slot `k` of `u`.
 ///
 /// # Safety
-/// AVX-512BW and F16C; `b0` and `b1` point at group blocks; `u` has room for slot `k`.
+/// AVX-512BW, AVX-512VBMI and F16C; `b0` and `b1` point at group blocks; `u` has room for slot
+/// `k`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,f16c")]
 unsafe fn unpack_q4k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
-    use super::k8::{Q4K_D, Q4K_DMIN, Q4K_MINS, Q4K_SCALES, Q4K_VALUES};
+    use super::k8::{D, DMIN, MINS, SCALES, VALUES};
     use std::arch::x86_64::*;
     debug_assert!(u.d.len() >= 64 * (k + 1));
     let low = _mm512_set1_epi8(15);
@@ -247,65 +283,49 @@ unsafe fn unpack_q4k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
             _mm512_castsi128_si512(s),
         )
     };
-    let block = (u.tiles.as_mut_ptr() as *mut u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
-    {
-        let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        let d = _mm512_insertf32x8::<1>(
-            _mm512_castps256_ps512(halves(b0.add(Q4K_D))),
-            halves(b1.add(Q4K_D)),
-        );
-        let dmin = _mm512_insertf32x8::<1>(
-            _mm512_castps256_ps512(halves(b0.add(Q4K_DMIN))),
-            halves(b1.add(Q4K_DMIN)),
-        );
-        _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k), d);
-        // −dmin, as `k8::dot` negates it.
-        _mm512_storeu_ps(
-            u.neg_dmin.as_mut_ptr().add(16 * k),
-            _mm512_xor_ps(dmin, _mm512_set1_ps(-0.0)),
-        );
-        for j in 0..8 {
-            let sc = spread(b0.add(Q4K_SCALES + 8 * j), b1.add(Q4K_SCALES + 8 * j));
-            let a = _mm512_and_si512(_mm512_srli_epi16(sc, 3), _mm512_set1_epi8(7));
-            let b = _mm512_and_si512(sc, _mm512_set1_epi8(7));
-            // Sub-block j is values 32j..32j + 32: step j / 2, tile rows 8(j % 2)..8(j % 2) + 8.
-            let step = block.add((j / 2) * 2 * 1024);
-            for k in 0..4 {
-                let n = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(
-                        b0.add(Q4K_VALUES + 128 * j + 32 * k) as *const __m256i,
-                    )),
-                    _mm256_loadu_si256(b1.add(Q4K_VALUES + 128 * j + 32 * k) as *const __m256i),
-                );
-                let lo = _mm512_and_si512(n, low);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(n, 4), low);
-                // Values 32j + 4k + e (low nibbles) and 32j + 16 + 4k + e (high): tile rows
-                // 8(j % 2) + k and 8(j % 2) + 4 + k.
-                for (q, row) in [(lo, 8 * (j % 2) + k), (hi, 8 * (j % 2) + 4 + k)] {
-                    let at = step.add(64 * row);
-                    _mm512_storeu_si512(at as *mut __m512i, mul(q, a));
-                    _mm512_storeu_si512(at.add(1024) as *mut __m512i, mul(q, b));
-                }
+    let block = (u.tiles.as_mut_ptr() as *mut u8).add(k * SLOT);
+    let d = two_groups_f16(b0.add(D), b1.add(D));
+    let dmin = two_groups_f16(b0.add(DMIN), b1.add(DMIN));
+    _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k), d);
+    // −dmin, as `k8::dot` negates it.
+    _mm512_storeu_ps(
+        u.neg_dmin.as_mut_ptr().add(16 * k),
+        _mm512_xor_ps(dmin, _mm512_set1_ps(-0.0)),
+    );
+    for j in 0..8 {
+        let sc = spread(b0.add(SCALES + 8 * j), b1.add(SCALES + 8 * j));
+        let a = _mm512_and_si512(_mm512_srli_epi16(sc, 3), _mm512_set1_epi8(7));
+        let b = _mm512_and_si512(sc, _mm512_set1_epi8(7));
+        // Sub-block j is values 32j..32j + 32: step j / 2, tile rows 8(j % 2)..8(j % 2) + 8.
+        let step = block.add((j / 2) * 2 * 1024);
+        for k in 0..4 {
+            let n = two_groups(
+                b0.add(VALUES + 128 * j + 32 * k),
+                b1.add(VALUES + 128 * j + 32 * k),
+            );
+            let lo = _mm512_and_si512(n, low);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(n, 4), low);
+            // Values 32j + 4k + e (low nibbles) and 32j + 16 + 4k + e (high): tile rows
+            // 8(j % 2) + k and 8(j % 2) + 4 + k.
+            for (q, row) in [(lo, 8 * (j % 2) + k), (hi, 8 * (j % 2) + 4 + k)] {
+                let at = step.add(64 * row);
+                _mm512_storeu_si512(at as *mut __m512i, mul(q, a));
+                _mm512_storeu_si512(at.add(1024) as *mut __m512i, mul(q, b));
             }
         }
-        // The mins, as `k8::dot` reads them: register p holds (m[r][2p], m[r][2p + 1]), r = 0..15.
-        for p in 0..4 {
-            let m = _mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(
-                    _mm_loadu_si128(b0.add(Q4K_MINS + 16 * p) as *const __m128i),
-                ),
-                _mm_loadu_si128(b1.add(Q4K_MINS + 16 * p) as *const __m128i),
-            );
-            _mm512_storeu_si512(
-                block.add(Q4K_MINS16 + 64 * p) as *mut __m512i,
-                _mm512_cvtepu8_epi16(m),
-            );
-        }
+    }
+    // The mins, as `k8::dot` reads them: register p holds (m[r][2p], m[r][2p + 1]), r = 0..15.
+    for p in 0..4 {
+        let m = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(b0.add(MINS + 16 * p) as *const __m128i)),
+            _mm_loadu_si128(b1.add(MINS + 16 * p) as *const __m128i),
+        );
+        _mm512_storeu_si512(
+            block.add(Q4K_MINS16 + 64 * p) as *mut __m512i,
+            _mm512_cvtepu8_epi16(m),
+        );
     }
 }
-
-/// Bytes of one unpacked Q6_K block of 16 rows: four steps of 64 values, each four 1 KiB tiles.
-const Q6K_BLOCK: usize = 4 * 4 * 1024;
 
 /// Unpack one block of the 16 rows of two `k8` Q6_K groups into slot `k` of `u`. A value q
 /// (−32..31) times its scale sc (−128..127) does not fit a byte, so both are split: sc = 16a + b
@@ -339,62 +359,52 @@ unsafe fn unpack_q6k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
             ),
         )
     };
-    let both = |p0: *const u8, p1: *const u8| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)),
-            _mm256_loadu_si256(p1 as *const __m256i),
-        )
-    };
-    let block = (u.tiles.as_mut_ptr() as *mut u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
-    {
-        let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        let d = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(halves(b0)), halves(b1));
-        _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k), d);
-        for sb in 0..16 {
-            // Sub-block sb's scale of row r at SCALES + 16(sb / 2) + 2r + sb % 2, as bytes 4n..4n + 4.
-            let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
-            for n in 0..16 {
-                let g = if n < 8 { b0 } else { b1 };
-                let sc = *g.add(Q6_SCALES + 16 * (sb / 2) + 2 * (n % 8) + sb % 2) as i8;
-                a[4 * n..4 * n + 4].fill(sc >> 4);
-                b[4 * n..4 * n + 4].fill(sc & 15);
-            }
-            let (a, b) = (
-                _mm512_loadu_si512(a.as_ptr() as *const __m512i),
-                _mm512_loadu_si512(b.as_ptr() as *const __m512i),
+    let block = (u.tiles.as_mut_ptr() as *mut u8).add(k * SLOT);
+    _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k), two_groups_f16(b0, b1));
+    for sb in 0..16 {
+        // Sub-block sb's scale of row r at SCALES + 16(sb / 2) + 2r + sb % 2, as bytes 4n..4n + 4.
+        let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
+        for n in 0..16 {
+            let g = if n < 8 { b0 } else { b1 };
+            let sc = *g.add(Q6_SCALES + 16 * (sb / 2) + 2 * (n % 8) + sb % 2) as i8;
+            a[4 * n..4 * n + 4].fill(sc >> 4);
+            b[4 * n..4 * n + 4].fill(sc & 15);
+        }
+        let (a, b) = (
+            _mm512_loadu_si512(a.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(b.as_ptr() as *const __m512i),
+        );
+        let n0 = two_groups(b0.add(Q6_LOW + 64 * sb), b1.add(Q6_LOW + 64 * sb));
+        let n1 = two_groups(b0.add(Q6_LOW + 64 * sb + 32), b1.add(Q6_LOW + 64 * sb + 32));
+        let hb = two_groups(b0.add(Q6_HIGH + 32 * sb), b1.add(Q6_HIGH + 32 * sb));
+        // Sub-block sb is values 16sb..16sb + 16: step sb / 4, tile rows 4(sb % 4)..+4.
+        let step = block.add((sb / 4) * 4 * 1024);
+        for k in 0..4 {
+            let nib = match k {
+                0 => n0,
+                1 => n1,
+                2 => _mm512_srli_epi16(n0, 4),
+                _ => _mm512_srli_epi16(n1, 4),
+            };
+            let shifted = match k {
+                0 => hb,
+                1 => _mm512_srli_epi16(hb, 2),
+                2 => _mm512_srli_epi16(hb, 4),
+                _ => _mm512_srli_epi16(hb, 6),
+            };
+            let top = _mm512_and_si512(shifted, three);
+            // u = q + 32 (0..63); c = (u >> 3) − 4, e = u & 7.
+            let uq = _mm512_or_si512(_mm512_and_si512(nib, low), _mm512_slli_epi16(top, 4));
+            let c = _mm512_sub_epi8(
+                _mm512_and_si512(_mm512_srli_epi16(uq, 3), seven),
+                _mm512_set1_epi8(4),
             );
-            let n0 = both(b0.add(Q6_LOW + 64 * sb), b1.add(Q6_LOW + 64 * sb));
-            let n1 = both(b0.add(Q6_LOW + 64 * sb + 32), b1.add(Q6_LOW + 64 * sb + 32));
-            let hb = both(b0.add(Q6_HIGH + 32 * sb), b1.add(Q6_HIGH + 32 * sb));
-            // Sub-block sb is values 16sb..16sb + 16: step sb / 4, tile rows 4(sb % 4)..+4.
-            let step = block.add((sb / 4) * 4 * 1024);
-            for k in 0..4 {
-                let nib = match k {
-                    0 => n0,
-                    1 => n1,
-                    2 => _mm512_srli_epi16(n0, 4),
-                    _ => _mm512_srli_epi16(n1, 4),
-                };
-                let shifted = match k {
-                    0 => hb,
-                    1 => _mm512_srli_epi16(hb, 2),
-                    2 => _mm512_srli_epi16(hb, 4),
-                    _ => _mm512_srli_epi16(hb, 6),
-                };
-                let top = _mm512_and_si512(shifted, three);
-                // u = q + 32 (0..63); c = (u >> 3) − 4, e = u & 7.
-                let uq = _mm512_or_si512(_mm512_and_si512(nib, low), _mm512_slli_epi16(top, 4));
-                let c = _mm512_sub_epi8(
-                    _mm512_and_si512(_mm512_srli_epi16(uq, 3), seven),
-                    _mm512_set1_epi8(4),
-                );
-                let e = _mm512_and_si512(uq, seven);
-                let at = step.add(64 * (4 * (sb % 4) + k));
-                _mm512_storeu_si512(at as *mut __m512i, mul(a, c));
-                _mm512_storeu_si512(at.add(1024) as *mut __m512i, mul(a, e));
-                _mm512_storeu_si512(at.add(2048) as *mut __m512i, mul(b, c));
-                _mm512_storeu_si512(at.add(3072) as *mut __m512i, mul(b, e));
-            }
+            let e = _mm512_and_si512(uq, seven);
+            let at = step.add(64 * (4 * (sb % 4) + k));
+            _mm512_storeu_si512(at as *mut __m512i, mul(a, c));
+            _mm512_storeu_si512(at.add(1024) as *mut __m512i, mul(a, e));
+            _mm512_storeu_si512(at.add(2048) as *mut __m512i, mul(b, c));
+            _mm512_storeu_si512(at.add(3072) as *mut __m512i, mul(b, e));
         }
     }
 }
@@ -426,7 +436,7 @@ unsafe fn dot<const Q6: bool>(
     debug_assert!(u.d.len() >= 64 * (k + 1));
     let mut c = [Line([0; 64]); 64];
     let cp = c.as_ptr() as *const __m512i;
-    let tp = (u.tiles.as_ptr() as *const u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    let tp = (u.tiles.as_ptr() as *const u8).add(k * SLOT);
     let d = _mm512_loadu_ps(u.d.as_ptr().add(64 * k));
     let neg_dmin = _mm512_loadu_ps(u.neg_dmin.as_ptr().add(16 * k));
     let store = |c: &mut [Line; 64]| {
@@ -571,29 +581,24 @@ unsafe fn unpack_x8<const Q8: bool>(b0: *const u8, b1: *const u8, u: &mut Unpack
     use std::arch::x86_64::*;
     debug_assert!(u.d.len() >= 64 * (k + 1));
     let gb = if Q8 { 272 } else { 176 };
-    let slot = (u.tiles.as_mut_ptr() as *mut u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
-    let both = |p0: *const u8, p1: *const u8| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)),
-            _mm256_loadu_si256(p1 as *const __m256i),
-        )
-    };
+    let slot = (u.tiles.as_mut_ptr() as *mut u8).add(k * SLOT);
     for b in 0..4 {
         let (g0, g1) = (b0.add(b * gb), b1.add(b * gb));
-        let halves = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        let d = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(halves(g0)), halves(g1));
-        _mm512_storeu_ps(u.d.as_mut_ptr().add(64 * k + 16 * b), d);
+        _mm512_storeu_ps(
+            u.d.as_mut_ptr().add(64 * k + 16 * b),
+            two_groups_f16(g0, g1),
+        );
         let tile = slot.add(512 * b);
         for j in 0..8 {
             let q = if Q8 {
                 // Stored q + 128.
                 _mm512_xor_si512(
-                    both(g0.add(16 + 32 * j), g1.add(16 + 32 * j)),
+                    two_groups(g0.add(16 + 32 * j), g1.add(16 + 32 * j)),
                     _mm512_set1_epi8(-128),
                 )
             } else {
                 // Stored q + 16: a nibble (low for even j) and a fifth bit from mask j.
-                let n = both(g0.add(48 + 32 * (j / 2)), g1.add(48 + 32 * (j / 2)));
+                let n = two_groups(g0.add(48 + 32 * (j / 2)), g1.add(48 + 32 * (j / 2)));
                 let n = if j % 2 == 0 {
                     n
                 } else {
@@ -638,7 +643,7 @@ unsafe fn dot_x8(
     let m = tiles.rows();
     let mut c = [Line([0; 64]); 64];
     let cp = c.as_ptr() as *const __m512i;
-    let tp = (u.tiles.as_ptr() as *const u8).add(k * Q6K_BLOCK.max(Q4K_BLOCK));
+    let tp = (u.tiles.as_ptr() as *const u8).add(k * SLOT);
     let dx: [__m512; 4] =
         std::array::from_fn(|b| _mm512_loadu_ps(u.d.as_ptr().add(64 * k + 16 * b)));
     for tt in 0..n {
@@ -1036,6 +1041,7 @@ mod x8_tests {
     }
 }
 
+/// Timings by hand (ignored tests), measurements behind the kernel's design.
 #[cfg(all(test, target_arch = "x86_64"))]
 mod speed {
     use super::*;
@@ -1094,11 +1100,7 @@ mod speed {
             );
         }
     }
-}
 
-#[cfg(all(test, target_arch = "x86_64"))]
-mod raw {
-    use super::*;
     #[test]
     #[ignore]
     fn amx_raw() {

@@ -30,16 +30,11 @@ pub fn enabled() -> bool {
 
 /// Bytes of a group of eight rows × one block.
 pub const GROUP_BYTES: usize = 1184;
-const D: usize = 0;
-const DMIN: usize = 16;
-const SCALES: usize = 32;
-const MINS: usize = 96;
-const VALUES: usize = 160;
-pub(crate) const Q4K_D: usize = D;
-pub(crate) const Q4K_DMIN: usize = DMIN;
-pub(crate) const Q4K_SCALES: usize = SCALES;
-pub(crate) const Q4K_MINS: usize = MINS;
-pub(crate) const Q4K_VALUES: usize = VALUES;
+pub(crate) const D: usize = 0;
+pub(crate) const DMIN: usize = 16;
+pub(crate) const SCALES: usize = 32;
+pub(crate) const MINS: usize = 96;
+pub(crate) const VALUES: usize = 160;
 
 /// The cache lines of slice `j` of 8 of a group block of `bytes` at `b`: a group block's
 /// prefetches spread over its eight steps. (With one burst of 19 at the block's start, decode's

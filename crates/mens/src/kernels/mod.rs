@@ -265,7 +265,6 @@ pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32],
     let total_rows: usize = ws.iter().map(|(w, _)| w.rows).sum();
     // Enough chunks to balance the threads, each long enough to amortise scheduling.
     let min_rows = if t == 1 { 16 } else { 8 };
-    // A multiple of 8: the repacked layouts hold groups of eight rows.
     #[cfg(target_arch = "x86_64")]
     let tiles = amx::tokens(t) > 0 && amx::available();
     #[cfg(not(target_arch = "x86_64"))]
@@ -276,6 +275,7 @@ pub fn matmul(ws: &[(&QTensor, usize)], input: &QuantizedInput, out: &mut [f32],
         // to 16 threads, where llama.cpp doubles).
         total_rows.div_ceil(threads).next_multiple_of(16)
     } else {
+        // A multiple of 8: the repacked layouts hold groups of eight rows.
         (total_rows / (threads * 4))
             .max(min_rows)
             .next_multiple_of(8)
@@ -527,40 +527,41 @@ fn rows_x8(
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     let avx2 = simd::level() == simd::Level::Avx2;
-    let tiles =
-        |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
-            group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
-                let gp = g[grp * nb * gb..].as_ptr();
-                macro_rules! call {
-            ($T:literal) => {{
-                let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
-                let (qs, ds, ss) = (
-                    &std::array::from_fn(|k| q(ti + k)),
-                    &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
-                    &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
-                );
-                // SAFETY: AVX-512 VNNI (or AVX2, for `dot_q5_0_avx2`) checked by `repacked`;
-                // bounds asserted above.
-                unsafe {
-                    match p {
-                        x8::Packed::Q5_0 if avx2 => x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, o),
-                        x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, o),
-                        x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, o),
-                        x8::Packed::Q4K | x8::Packed::Q6K => {
-                            unreachable!("K-quant groups go through rows_k8")
+    let tiles = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
+        group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
+            let gp = g[grp * nb * gb..].as_ptr();
+            macro_rules! call {
+                ($T:literal) => {{
+                    let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
+                    let (qs, ds, ss) = (
+                        &std::array::from_fn(|k| q(ti + k)),
+                        &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
+                        &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
+                    );
+                    // SAFETY: AVX-512 VNNI (or AVX2, for `dot_q5_0_avx2`) checked by `repacked`;
+                    // bounds asserted above.
+                    unsafe {
+                        match p {
+                            x8::Packed::Q5_0 if avx2 => {
+                                x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, o)
+                            }
+                            x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, o),
+                            x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, o),
+                            x8::Packed::Q4K | x8::Packed::Q6K => {
+                                unreachable!("K-quant groups go through rows_k8")
+                            }
                         }
                     }
-                }
-            }};
-        }
-                match n {
-                    1 => call!(1),
-                    2 => call!(2),
-                    3 => call!(3),
-                    _ => call!(4),
-                }
-            })
-        };
+                }};
+            }
+            match n {
+                1 => call!(1),
+                2 => call!(2),
+                3 => call!(3),
+                _ => call!(4),
+            }
+        })
+    };
     // Four blocks a pass on the tiles (a CPU with AMX has VNNI, so never the AVX2 Q5_0 kernel).
     let f = match p {
         x8::Packed::Q8_0 => Some(amx::Format::Q8_0),
@@ -716,23 +717,19 @@ fn with_tiles(
     t: usize,
     rest: impl Fn(std::ops::Range<usize>, usize, usize),
 ) {
-    let (ra, ta) = match f {
-        Some(_) if amx::available() => (r0 + (r1 - r0) / 16 * 16, amx::tokens(t)),
-        _ => (r0, 0),
-    };
-    if let (Some(f), true) = (f, ta > 0 && ra > r0) {
-        AMX_SCRATCH.with_borrow_mut(|u| {
-            // SAFETY: AMX checked by `available`; the callers assert `g` and `acts` (and `dys`)
-            // in bounds, and (row, column) pairs are disjoint across tasks and in bounds
-            // (asserted in `matmul`).
-            unsafe {
-                let (a, o) = (acts.as_ptr(), out.0.add(off));
-                amx::matmul(f, g.as_ptr(), nb, gb, r0, ra, a, arb, dys, ta, o, stride, u)
-            }
-        });
-    } else {
+    let (ra, ta) = (r0 + (r1 - r0) / 16 * 16, amx::tokens(t));
+    let Some(f) = f.filter(|_| ta > 0 && ra > r0 && amx::available()) else {
         return rest(0..t, r0, r1);
-    }
+    };
+    AMX_SCRATCH.with_borrow_mut(|u| {
+        // SAFETY: AMX checked by `available`; the callers assert `g` and `acts` (and `dys`) in
+        // bounds, and (row, column) pairs are disjoint across tasks and in bounds (asserted in
+        // `matmul`).
+        unsafe {
+            let (a, o) = (acts.as_ptr(), out.0.add(off));
+            amx::matmul(f, g.as_ptr(), nb, gb, r0, ra, a, arb, dys, ta, o, stride, u)
+        }
+    });
     if ta < t {
         rest(ta..t, r0, ra);
     }
