@@ -1059,7 +1059,11 @@ mod speed {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(6);
-        let (tokens, rows, arb) = (512, 128, nb * 292 + 36);
+        let tokens: usize = std::env::var("TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512);
+        let (rows, arb) = (128, nb * 292 + 36);
         let acts = vec![1u8; tokens * arb];
         let mut out = vec![0f32; tokens * rows];
         for q6 in [false, true] {

@@ -382,6 +382,196 @@ pub unsafe fn dot_q6k<const T: usize>(
     }
 }
 
+/// Dword lane order that puts register half 0's lane r at 2r and half 1's lane r at 2r + 1: two
+/// 32-byte rows of a group block (eight rows each) become pairs per row, so that one 8-byte
+/// broadcast of the activation (two 4-value steps) meets both.
+#[cfg(target_arch = "x86_64")]
+const PAIRS: [i32; 16] = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15];
+
+/// Row r's sum from lanes 2r and 2r + 1, as eight lanes in row order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fold_pairs(s: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)))
+}
+
+/// As [`dot`], on AVX-512 VNNI: the same integers, from a quarter of the instructions. Two 4-value
+/// steps of eight rows share a 512-bit register ([`PAIRS`]); `vpdpbusd` sums each lane's four
+/// products into 32 bits, and `vpdpwssd` multiplies a sub-block's sum (16 products a lane, at most
+/// 16 · 15 · 128 = 30,720, so it fits 16 bits) by its scale and adds it. The integer sums are
+/// exact, so every result is bit for bit [`dot`]'s, whatever `T` is (tested); eight activation rows
+/// fit the 32 registers.
+///
+/// # Safety
+/// AVX-512 F, BW, VL and VNNI, FMA and F16C; `g` holds `nb` group blocks, each of `ys` `nb` Q8_K
+/// blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn dot_vnni<const T: usize>(
+    nb: usize,
+    g: *const u8,
+    ys: &[*const u8; T],
+    out: &mut [[f32; 8]; T],
+) {
+    use std::arch::x86_64::*;
+    let low = _mm512_set1_epi8(15);
+    let pairs = _mm512_loadu_si512(PAIRS.as_ptr() as *const _);
+    let mut acc = [_mm256_setzero_ps(); T];
+    let ahead = super::simd::PREFETCH_AHEAD;
+    for i in 0..nb {
+        let b = g.add(i * GROUP_BYTES);
+        let mut sum = [_mm512_setzero_si512(); T];
+        for j in 0..8 {
+            prefetch_slice(b.wrapping_add(ahead), j, GROUP_BYTES);
+            let s8 = _mm_loadl_epi64(b.add(SCALES + 8 * j) as *const __m128i);
+            let sc = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s8, s8));
+            let v = b.add(VALUES + 128 * j);
+            let n01 = _mm512_permutexvar_epi32(pairs, _mm512_loadu_si512(v as *const _));
+            let n23 = _mm512_permutexvar_epi32(pairs, _mm512_loadu_si512(v.add(64) as *const _));
+            let w = [
+                _mm512_and_si512(n01, low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(n01), low),
+                _mm512_and_si512(n23, low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(n23), low),
+            ];
+            for t in 0..T {
+                let y = ys[t].add(i * 292 + 4 + 32 * j);
+                let yv = |o: usize| _mm512_set1_epi64((y.add(o) as *const i64).read_unaligned());
+                let mut p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], yv(0));
+                p = _mm512_dpbusd_epi32(p, w[1], yv(16));
+                p = _mm512_dpbusd_epi32(p, w[2], yv(8));
+                p = _mm512_dpbusd_epi32(p, w[3], yv(24));
+                sum[t] = _mm512_dpwssd_epi32(sum[t], p, sc);
+            }
+        }
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(b.add(D) as *const __m128i));
+        let neg_dmin = _mm256_xor_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128(b.add(DMIN) as *const __m128i)),
+            _mm256_set1_ps(-0.0),
+        );
+        let mins: [__m256i; 4] = std::array::from_fn(|p| {
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(MINS + 16 * p) as *const __m128i))
+        });
+        for t in 0..T {
+            let yb = ys[t].add(i * 292);
+            let dy = _mm256_set1_ps((yb as *const f32).read_unaligned());
+            let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+            let q8s = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bsums),
+                _mm256_extracti128_si256(bsums, 1),
+            );
+            let pairs = [
+                _mm256_broadcastd_epi32(q8s),
+                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0x55)),
+                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xAA)),
+                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xFF)),
+            ];
+            let mut ms = _mm256_madd_epi16(mins[0], pairs[0]);
+            for p in 1..4 {
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mins[p], pairs[p]));
+            }
+            // As in `dot`: the mins term first, then the values'.
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(neg_dmin, dy), acc[t]);
+            let s = fold_pairs(sum[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, dy), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// As [`dot_q6k`], on AVX-512 VNNI, as [`dot_vnni`] does for Q4_K: the two 32-byte registers of
+/// a sub-block's low bits in one ([`PAIRS`]), the top bits spread to match by a variable shift,
+/// four products a lane by `vpdpbusd` (at most 4 · 63 · 128 = 32,256) and the scale by `vpdpwssd`.
+///
+/// # Safety
+/// As [`dot_vnni`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn dot_q6k_vnni<const T: usize>(
+    nb: usize,
+    g: *const u8,
+    ys: &[*const u8; T],
+    out: &mut [[f32; 8]; T],
+) {
+    use std::arch::x86_64::*;
+    const GB: usize = Q6K_GROUP_BYTES;
+    let low = _mm512_set1_epi8(15);
+    let two = _mm512_set1_epi8(0x30);
+    let pairs = _mm512_loadu_si512(PAIRS.as_ptr() as *const _);
+    // The top bits' dword of row r in lanes 2r and 2r + 1.
+    let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    // Bits 2k, 2k + 1 to bits 4, 5: k = 0 (lane 2r) and 1 (2r + 1) up, then k = 2 and 3 down.
+    let up = _mm512_setr_epi32(4, 2, 4, 2, 4, 2, 4, 2, 4, 2, 4, 2, 4, 2, 4, 2);
+    let down = _mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2);
+    let sixteen_bits = _mm512_set1_epi32(0xFFFF);
+    let mut acc = [_mm256_setzero_ps(); T];
+    let ahead = super::simd::PREFETCH_AHEAD;
+    for i in 0..nb {
+        let b = g.add(i * GB);
+        let mut sum = [_mm512_setzero_si512(); T];
+        let mut corr = [_mm256_setzero_si256(); T];
+        for p in 0..8 {
+            prefetch_slice(b.wrapping_add(ahead), p, GB);
+            let s16 = _mm_loadu_si128(b.add(Q6_SCALES + 16 * p) as *const __m128i);
+            let pair = _mm256_cvtepi8_epi16(s16);
+            for t in 0..T {
+                let bs = (ys[t].add(i * 292 + 260 + 4 * p) as *const i32).read_unaligned();
+                corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(pair, _mm256_set1_epi32(bs)));
+            }
+            // Lane 2r + e: s[r][2p + e], kept to its low 16 bits for `vpdpwssd`.
+            let s32 = _mm512_and_si512(_mm512_cvtepi8_epi32(s16), sixteen_bits);
+            for e in 0..2 {
+                let sb = 2 * p + e;
+                let sc = if e == 0 {
+                    _mm512_shuffle_epi32::<0xA0>(s32)
+                } else {
+                    _mm512_shuffle_epi32::<0xF5>(s32)
+                };
+                let n = _mm512_permutexvar_epi32(
+                    pairs,
+                    _mm512_loadu_si512(b.add(Q6_LOW + 64 * sb) as *const _),
+                );
+                let hb = _mm512_permutexvar_epi32(
+                    twice,
+                    _mm512_castsi256_si512(_mm256_loadu_si256(
+                        b.add(Q6_HIGH + 32 * sb) as *const __m256i
+                    )),
+                );
+                let w01 = _mm512_or_si512(
+                    _mm512_and_si512(n, low),
+                    _mm512_and_si512(_mm512_sllv_epi32(hb, up), two),
+                );
+                let w23 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(n), low),
+                    _mm512_and_si512(_mm512_srlv_epi32(hb, down), two),
+                );
+                for t in 0..T {
+                    let y = ys[t].add(i * 292 + 4 + 16 * sb);
+                    let yv =
+                        |o: usize| _mm512_set1_epi64((y.add(o) as *const i64).read_unaligned());
+                    let a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, yv(0));
+                    let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, yv(8));
+                    sum[t] = _mm512_dpwssd_epi32(sum[t], a, sc);
+                    sum[t] = _mm512_dpwssd_epi32(sum[t], c, sc);
+                }
+            }
+        }
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        for t in 0..T {
+            let dy = _mm256_set1_ps((ys[t].add(i * 292) as *const f32).read_unaligned());
+            let s = _mm256_sub_epi32(fold_pairs(sum[t]), _mm256_slli_epi32(corr[t], 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, dy), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +636,99 @@ mod tests {
                 let mut got = vec![0f32; cols];
                 deq(&g, nb, r, &mut got);
                 assert_eq!(got, want, "{t:?} row {r}");
+            }
+        }
+    }
+
+    /// Q8_K rows for `cols` values: random ones, one at the extremes (-128 appears in Q8_K), one
+    /// all zero.
+    fn act_rows(n: usize, cols: usize, seed: u64) -> Vec<Vec<u8>> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let nb = cols / 256;
+        (0..n)
+            .map(|a| {
+                let y: Vec<f32> = (0..cols)
+                    .map(|i| match a {
+                        2 => {
+                            if i % 2 == 0 {
+                                -5.0
+                            } else {
+                                4.9
+                            }
+                        }
+                        3 => 0.0,
+                        _ => rng.gen_range(-3.0..3.0),
+                    })
+                    .collect();
+                let mut q = vec![BlockQ8K::zeros(); nb];
+                BlockQ8K::from_float(&y, &mut q);
+                // SAFETY: plain-old-data blocks viewed as bytes.
+                unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, nb * 292) }.to_vec()
+            })
+            .collect()
+    }
+
+    /// The AVX-512 VNNI kernels give the AVX2 kernels' bits, for every tile height 1..=8, on
+    /// matrices whose values and scales reach their extremes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vnni_kernels_equal_the_avx2_kernels() {
+        if crate::kernels::simd::level() != crate::kernels::simd::Level::Vnni {
+            eprintln!("SKIP: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for (t, _, gbytes, repack, _) in FORMATS {
+            let (rows, cols) = (24, 1024);
+            let nb = cols / 256;
+            let src = matrix(t, rows, cols, 11);
+            let mut g = vec![0u8; rows / 8 * nb * gbytes];
+            repack(&src, rows, nb, &mut g);
+            let acts = act_rows(8, cols, 13);
+            for grp in 0..rows / 8 {
+                let gp = g[grp * nb * gbytes..].as_ptr();
+                // SAFETY: AVX-512 VNNI checked above; `gp` holds `nb` group blocks, each
+                // activation row `nb` blocks.
+                unsafe {
+                    macro_rules! go {
+                        ($T:literal) => {{
+                            let y: [*const u8; $T] =
+                                std::array::from_fn(|k| acts[8 - $T + k].as_ptr());
+                            let (mut a, mut b) = ([[0f32; 8]; $T], [[0f32; 8]; $T]);
+                            if t == TensorType::Q4K {
+                                dot_vnni::<$T>(nb, gp, &y, &mut a);
+                            } else {
+                                dot_q6k_vnni::<$T>(nb, gp, &y, &mut a);
+                            }
+                            for k in 0..$T {
+                                let one = [y[k]];
+                                let mut o = [[0f32; 8]; 1];
+                                if t == TensorType::Q4K {
+                                    dot::<1>(nb, gp, &one, &mut o);
+                                } else {
+                                    dot_q6k::<1>(nb, gp, &one, &mut o);
+                                }
+                                b[k] = o[0];
+                            }
+                            for k in 0..$T {
+                                let bits = |v: &[f32; 8]| v.map(f32::to_bits);
+                                assert_eq!(
+                                    bits(&a[k]),
+                                    bits(&b[k]),
+                                    "{t:?} group {grp} T={} row {k}",
+                                    $T
+                                );
+                            }
+                        }};
+                    }
+                    go!(1);
+                    go!(2);
+                    go!(3);
+                    go!(4);
+                    go!(5);
+                    go!(6);
+                    go!(7);
+                    go!(8);
+                }
             }
         }
     }
@@ -544,6 +827,60 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Single-thread speed of the group kernels, MACs per ns for tile heights 1, 4 and 8, on a
+    /// matrix of ROWS rows × 1536 values (default 64: it stays in L2; 65536 streams from memory):
+    /// `ROWS=65536 cargo test --release -p mens --lib k8_speed -- --ignored --nocapture`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[ignore]
+    fn k8_speed() {
+        if crate::kernels::simd::level() != crate::kernels::simd::Level::Vnni {
+            return;
+        }
+        let rows: usize = std::env::var("ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64);
+        let nb = 6;
+        let acts = act_rows(8, nb * 256, 3);
+        for (t, _, gbytes, _, _) in FORMATS {
+            let g = vec![0x5Au8; rows / 8 * nb * gbytes];
+            for vnni in [false, true] {
+                let mut line = format!("{t:?} vnni {vnni}:");
+                macro_rules! go {
+                    ($T:literal) => {{
+                        let y: [*const u8; $T] = std::array::from_fn(|k| acts[k].as_ptr());
+                        let mut o = [[0f32; 8]; $T];
+                        let reps = (1 << 26) / (rows * nb * 256) + 1;
+                        let start = std::time::Instant::now();
+                        for _ in 0..reps {
+                            for grp in 0..rows / 8 {
+                                let gp = g[grp * nb * gbytes..].as_ptr();
+                                // SAFETY: VNNI checked above; sizes as made above.
+                                unsafe {
+                                    match (t == TensorType::Q4K, vnni) {
+                                        (true, false) => dot::<$T>(nb, gp, &y, &mut o),
+                                        (true, true) => dot_vnni::<$T>(nb, gp, &y, &mut o),
+                                        (false, false) => dot_q6k::<$T>(nb, gp, &y, &mut o),
+                                        (false, true) => dot_q6k_vnni::<$T>(nb, gp, &y, &mut o),
+                                    }
+                                }
+                                std::hint::black_box(&o);
+                            }
+                        }
+                        let ns = start.elapsed().as_nanos() as f64;
+                        let macs = (reps * rows * nb * 256 * $T) as f64;
+                        line += &format!(" T={}: {:.1} MAC/ns", $T, macs / ns);
+                    }};
+                }
+                go!(1);
+                go!(4);
+                go!(8);
+                eprintln!("{line}");
             }
         }
     }

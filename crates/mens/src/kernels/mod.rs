@@ -527,8 +527,10 @@ fn rows_x8(
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     let avx2 = simd::level() == simd::Level::Avx2;
+    // AVX-512 VNNI: eight activation rows a pass over the weights, as in `rows_k8`.
+    let most = if avx2 { 4 } else { 8 };
     let tiles = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
-        group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
+        group_tiles(tokens, r0, r1, out, stride, off, most, |grp, ti, n, o| {
             let gp = g[grp * nb * gb..].as_ptr();
             macro_rules! call {
                 ($T:literal) => {{
@@ -558,7 +560,11 @@ fn rows_x8(
                 1 => call!(1),
                 2 => call!(2),
                 3 => call!(3),
-                _ => call!(4),
+                4 => call!(4),
+                5 => call!(5),
+                6 => call!(6),
+                7 => call!(7),
+                _ => call!(8),
             }
         })
     };
@@ -650,7 +656,7 @@ fn rows_kquant(
 }
 
 /// The tiles of a repacked matmul over rows `r0..r1` (whole groups of 8) and `t` activation rows:
-/// `dot(group, first row, n, out)` fills `out[..n]` (n ≤ 4), the eight results of each activation
+/// `dot(group, first row, n, out)` fills `out[..n]` (n ≤ `most` ≤ 8), the eight results of each activation
 /// row, written at out[(row) * stride + off + group * 8 + lane]. Activation rows go in blocks of 64,
 /// each block passing every group of the task's rows before the next: a block (at most 64 · 292
 /// bytes per 256 columns) stays in L2 beside the task's weights, where a whole 512-row prompt
@@ -664,7 +670,8 @@ fn group_tiles(
     out: OutPtr,
     stride: usize,
     off: usize,
-    dot: impl Fn(usize, usize, usize, &mut [[f32; 8]; 4]),
+    most: usize,
+    dot: impl Fn(usize, usize, usize, &mut [[f32; 8]; 8]),
 ) {
     let t = tokens.end;
     for t0 in tokens.step_by(64) {
@@ -672,8 +679,8 @@ fn group_tiles(
         for grp in r0 / 8..r1 / 8 {
             let mut ti = t0;
             while ti < t1 {
-                let n = (t1 - ti).min(4);
-                let mut o = [[0f32; 8]; 4];
+                let n = (t1 - ti).min(most);
+                let mut o = [[0f32; 8]; 8];
                 dot(grp, ti, n, &mut o);
                 for (k, row) in o[..n].iter().enumerate() {
                     for (l, v) in row.iter().enumerate() {
@@ -757,19 +764,24 @@ fn rows_k8(
 ) {
     let gb = p.group_bytes() * nb;
     assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
+    // AVX-512 VNNI: eight activation rows a pass over the weights (the registers hold them).
+    let vnni = simd::level() == simd::Level::Vnni;
+    let most = if vnni { 8 } else { 4 };
     let k8 = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
-        group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
+        group_tiles(tokens, r0, r1, out, stride, off, most, |grp, ti, n, o| {
             let gp = g[grp * gb..].as_ptr();
             macro_rules! call {
                 ($T:literal) => {{
                     let o: &mut [[f32; 8]; $T] = (&mut o[..$T]).try_into().unwrap();
                     let ys = std::array::from_fn(|k| acts[(ti + k) * arb..].as_ptr());
-                    // SAFETY: AVX2 checked by `repacked`; bounds asserted above.
+                    // SAFETY: AVX2 checked by `repacked`, AVX-512 VNNI by `level`; bounds
+                    // asserted above.
                     unsafe {
-                        if p == x8::Packed::Q6K {
-                            k8::dot_q6k::<$T>(nb, gp, &ys, o)
-                        } else {
-                            k8::dot::<$T>(nb, gp, &ys, o)
+                        match (p == x8::Packed::Q6K, vnni) {
+                            (true, true) => k8::dot_q6k_vnni::<$T>(nb, gp, &ys, o),
+                            (true, false) => k8::dot_q6k::<$T>(nb, gp, &ys, o),
+                            (false, true) => k8::dot_vnni::<$T>(nb, gp, &ys, o),
+                            (false, false) => k8::dot::<$T>(nb, gp, &ys, o),
                         }
                     }
                 }};
@@ -778,7 +790,11 @@ fn rows_k8(
                 1 => call!(1),
                 2 => call!(2),
                 3 => call!(3),
-                _ => call!(4),
+                4 => call!(4),
+                5 => call!(5),
+                6 => call!(6),
+                7 => call!(7),
+                _ => call!(8),
             }
         })
     };
