@@ -30,11 +30,15 @@ if a.only:
     tasks = [t for t in tasks if t["id"] in keep]
 modes = a.modes.split(",")
 FLAGS = {"plain": [], "ngram": ["--spec", "ngram"], "draft": ["--spec", "draft", "-md", a.draft]}
-# NAME:K is mode NAME proposing up to K tokens (--spec-max K), e.g. ngram:16 beside ngram.
+# NAME:K is mode NAME proposing up to K tokens (--spec-max K), e.g. ngram:16 beside ngram;
+# NAME/N looks up suffixes of up to N tokens (--spec-ngram N), e.g. ngram/6.
 for m in a.modes.split(","):
     if ":" in m:
         base, k = m.split(":")
         FLAGS[m] = FLAGS[base] + ["--spec-max", k]
+    elif "/" in m:
+        base, n = m.split("/")
+        FLAGS[m] = FLAGS[base] + ["--spec-ngram", n]
 
 GEN = re.compile(r"generated (\d+) tokens, decode (\d+) steps, ([\d.]+) ms, ([\d.]+) tokens/s")
 SPEC = re.compile(r"speculation: (\d+) tokens proposed, (\d+) accepted")
