@@ -58,16 +58,23 @@ fn detect() -> bool {
     false
 }
 
-/// How many of `t` tokens go through the tiles: whole tiles of 16, and a last part tile of 12 or
-/// more. A pass unpacks every weight block once, which costs about what `k8`'s kernels spend on 12
-/// tokens (measured on the 1.5B: a verify pass of 8 tokens took 154 ms on the tiles against 114).
+/// How many of `t` tokens go through the tiles: none below [`FROM`]; else whole tiles of 16, and a
+/// last part tile of 12 or more. A pass unpacks every weight block once, which costs about what
+/// the AVX-512 VNNI group kernels spend on 24 tokens: on this VM, 2 threads, a verify pass took
+/// 1.5B 124 / 159 / 233 / 307 ms at 12 / 16 / 24 / 32 tokens without the tiles against
+/// 172 / 202 / 286 / 274 with them (0.5B: 55 / 69 / 102 / 131 against 61 / 71 / 109 / 112).
 pub fn tokens(t: usize) -> usize {
-    if t % 16 >= 12 {
+    if t < FROM {
+        0
+    } else if t % 16 >= 12 {
         t
     } else {
         t / 16 * 16
     }
 }
+
+/// Tokens of a pass from which the tiles run.
+pub const FROM: usize = 32;
 
 /// The weight formats on the tiles, each in its repacked layout (`k8`, `x8`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

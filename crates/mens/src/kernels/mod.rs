@@ -1261,8 +1261,9 @@ mod tests {
                 );
             }
         }
-        // 16, 30 and 70 rows reach the AMX tiles where the CPU has them (whole and part tiles).
-        for t in (1..=9).chain([16, 30, 70]) {
+        // From 32 rows the AMX tiles run where the CPU has them: 32 and 70 (whole tiles, the rest
+        // through the group kernels), 44 (a part tile); 16 and 30 stay on the group kernels.
+        for t in (1..=9).chain([16, 30, 32, 44, 70]) {
             let mut input = QuantizedInput::new(t, cols, &[at]);
             input.set(&x[..t * cols], t);
             let mut out = vec![0f32; t * rows];
