@@ -414,7 +414,9 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
         head_dim: c.head_dim,
     };
     let row = l.q_dim + 2 * l.kv_dim;
+    use crate::kernels::profile::{time, Section};
 
+    let embed = time(Section::Embed);
     for (i, &tok) in parts.iter().flat_map(|p| p.1.iter()).enumerate() {
         let x = &mut r.x[i * d..(i + 1) * d];
         m.embedding.dequantize_row(tok as usize, x);
@@ -428,8 +430,12 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
         c.rms_eps,
         &mut r.xb[..t * d],
     );
+    drop(embed);
     for (li, layer) in m.layers.iter().enumerate() {
+        let p = time(Section::Quantize);
         r.in_norm.set(&r.xb[..t * d], t);
+        drop(p);
+        let p = time(Section::Qkv);
         matmul(
             &[
                 (&layer.q, 0),
@@ -440,6 +446,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             &mut r.qkv,
             row,
         );
+        drop(p);
         let rope = layer_rope(&r.rope, &r.rope_swa, c, li);
         let mut first = 0;
         for (seq, toks) in parts.iter_mut() {
@@ -447,6 +454,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             let pos0 = seq.tokens.len();
             let (mut kc, mut vc, cap) = seq.kv.layer(li);
             let qkv = &mut r.qkv[first * row..(first + n) * row];
+            let p = time(Section::RopeStore);
             ops::bias_rope_store(
                 qkv,
                 n,
@@ -463,6 +471,8 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 &mut vc,
                 cap,
             );
+            drop(p);
+            let p = time(Section::Attention);
             attention::attention_masked(
                 qkv,
                 n,
@@ -479,11 +489,17 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                 },
                 &mut r.att[first * l.q_dim..(first + n) * l.q_dim],
             );
+            drop(p);
             first += n;
         }
+        let p = time(Section::Quantize);
         r.in_att.set(&r.att[..t * l.q_dim], t);
+        drop(p);
+        let p = time(Section::Output);
         matmul(&[(&layer.o, 0)], &r.in_att, &mut r.tmp, d);
+        drop(p);
         let post = layer.post_norms.as_ref();
+        let p = time(Section::Norm);
         ops::add_rmsnorm(
             &mut r.x[..t * d],
             &r.tmp[..t * d],
@@ -492,27 +508,39 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
             c.rms_eps,
             &mut r.xb[..t * d],
         );
+        drop(p);
+        let p = time(Section::Quantize);
         r.in_norm.set(&r.xb[..t * d], t);
+        drop(p);
         if let (Some(moe), Some(x)) = (&layer.moe, c.experts) {
+            let _p = time(Section::Moe);
             moe_ffn(moe, x, r, t, d, f);
         } else {
+            let p = time(Section::GateUp);
             matmul(
                 &[(&layer.gate, 0), (&layer.up, f)],
                 &r.in_norm,
                 &mut r.gate_up,
                 2 * f,
             );
+            drop(p);
+            let p = time(Section::Activation);
             match c.activation {
                 Activation::Silu => ops::swiglu(&mut r.gate_up, t, f),
                 Activation::Gelu => ops::geglu(&mut r.gate_up, t, f),
             }
+            drop(p);
+            let p = time(Section::Quantize);
             r.in_ffn.set(&r.gate_up[..t * f], t);
+            drop(p);
+            let _p = time(Section::Down);
             matmul(&[(&layer.down, 0)], &r.in_ffn, &mut r.tmp, d);
         }
         let norm = match m.layers.get(li + 1) {
             Some(next) => &next.attn_norm,
             None => &m.output_norm,
         };
+        let _p = time(Section::Norm);
         ops::add_rmsnorm(
             &mut r.x[..t * d],
             &r.tmp[..t * d],
@@ -627,6 +655,7 @@ fn moe_ffn(
 /// The LM head over `rows` rows of `input`, into `logits` (soft-capped when the model says so).
 fn lm_head(m: &Model, input: &QuantizedInput, logits: &mut [f32], rows: usize) {
     let v = m.config.vocab_size;
+    let _p = crate::kernels::profile::time(crate::kernels::profile::Section::LmHead);
     matmul(&[(&m.output, 0)], input, logits, v);
     if let Some(cap) = m.config.logit_softcap {
         ops::softcap(&mut logits[..rows * v], cap);

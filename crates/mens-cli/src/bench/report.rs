@@ -33,6 +33,7 @@ pub(super) fn write(
     let graph = s.launches_per_token();
     let (mut md, window_json) = table(args, plan, r, &name, &l.model.config.name, &device, graph);
     footer(args, plan, l, s, r, graph, &mut md);
+    cpu_profile(&mut md);
     print!("{md}");
     if let Some(path) = &args.md {
         std::fs::write(path, &md)?;
@@ -375,4 +376,23 @@ pub(super) fn plot(path: &std::path::Path, schedules: &[Schedule], name: &str) -
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// With `MENS_CPU_PROFILE=1`: the CPU passes' time by section, over the whole run.
+fn cpu_profile(md: &mut String) {
+    let sections = mens::kernels::profile::report();
+    if sections.is_empty() {
+        return;
+    }
+    let all: f64 = sections.iter().map(|s| s.1).sum();
+    md.push_str(
+        "\nCPU forward passes by section, every pass of the run (`MENS_CPU_PROFILE=1`):\n\n",
+    );
+    md.push_str("| section | calls | seconds | share |\n|---|---|---|---|\n");
+    for (name, secs, calls) in sections {
+        md.push_str(&format!(
+            "| {name} | {calls} | {secs:.3} | {:.1}% |\n",
+            100.0 * secs / all
+        ));
+    }
 }

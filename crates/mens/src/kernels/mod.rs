@@ -14,6 +14,7 @@ mod kquant;
 pub mod kv;
 pub mod ops;
 pub mod pool;
+pub mod profile;
 mod prompt_attention;
 mod simd;
 pub mod x8;

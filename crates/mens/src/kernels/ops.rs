@@ -8,13 +8,32 @@ use crate::model::KvType;
 pub use crate::rope::{RopeStyle, RopeTable, MAX_HEAD_DIM};
 use half::f16;
 
+/// Runs `f(rows)` over `t` rows of `cols` values each: on the pool in one run of rows per thread
+/// when the pass is large enough to pay for it (a prompt), else on this thread. Row r's work must
+/// touch only row r's data.
+fn by_rows(t: usize, cols: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    let threads = super::pool::pool().threads();
+    if t < 2 || threads == 1 || t * cols < 1 << 15 {
+        return f(0..t);
+    }
+    let per = t.div_ceil(threads);
+    super::pool::pool().run(t.div_ceil(per), &|j| f(j * per..((j + 1) * per).min(t)));
+}
+
 /// out[i] = x[i] / sqrt(mean(x²) + eps) * w[i], for each row of `x`.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     count_dispatch();
     let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        norm_row(xr, w, eps, or);
-    }
+    let t = x.len() / d;
+    assert!(out.len() >= t * d);
+    let o = super::OutPtr(out.as_mut_ptr());
+    by_rows(t, d, &|rows| {
+        for r in rows {
+            // SAFETY: row r of `out` (in bounds, asserted) is this task's alone.
+            let or = unsafe { std::slice::from_raw_parts_mut(o.ptr().add(r * d), d) };
+            norm_row(&x[r * d..(r + 1) * d], w, eps, or);
+        }
+    });
 }
 
 #[inline]
@@ -37,26 +56,49 @@ pub fn add_rmsnorm(
 ) {
     count_dispatch();
     let d = w.len();
-    for ((xr, dr), or) in x
-        .chunks_exact_mut(d)
-        .zip(delta.chunks_exact(d))
-        .zip(out.chunks_exact_mut(d))
-    {
-        match post {
-            None => {
-                for (a, b) in xr.iter_mut().zip(dr) {
-                    *a += b;
-                }
-            }
-            Some(pw) => {
-                let s = inv_rms(dr, eps);
-                for ((a, &b), &g) in xr.iter_mut().zip(dr).zip(pw) {
-                    *a += b * s * g;
-                }
+    let t = x.len() / d;
+    assert!(delta.len() >= t * d && out.len() >= t * d);
+    let (xp, op) = (
+        super::OutPtr(x.as_mut_ptr()),
+        super::OutPtr(out.as_mut_ptr()),
+    );
+    by_rows(t, d, &|rows| {
+        for r in rows {
+            // SAFETY: row r of `x` and of `out` (in bounds, asserted) are this task's alone.
+            let (xr, or) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(xp.ptr().add(r * d), d),
+                    std::slice::from_raw_parts_mut(op.ptr().add(r * d), d),
+                )
+            };
+            add_norm_row(xr, &delta[r * d..(r + 1) * d], post, w, eps, or);
+        }
+    });
+}
+
+#[inline]
+fn add_norm_row(
+    xr: &mut [f32],
+    dr: &[f32],
+    post: Option<&[f32]>,
+    w: &[f32],
+    eps: f32,
+    or: &mut [f32],
+) {
+    match post {
+        None => {
+            for (a, b) in xr.iter_mut().zip(dr) {
+                *a += b;
             }
         }
-        norm_row(xr, w, eps, or);
+        Some(pw) => {
+            let s = inv_rms(dr, eps);
+            for ((a, &b), &g) in xr.iter_mut().zip(dr).zip(pw) {
+                *a += b * s * g;
+            }
+        }
     }
+    norm_row(xr, w, eps, or);
 }
 
 #[inline]
@@ -95,41 +137,64 @@ pub fn bias_rope_store(
     let row = l.q_dim + 2 * l.kv_dim;
     let hd = l.head_dim;
     let round_q = k_cache.t == KvType::F16;
+    assert!(qkv.len() >= t * row);
+    let base = super::OutPtr(qkv.as_mut_ptr());
+    by_rows(t, row, &|rows| {
+        for ti in rows {
+            // SAFETY: token ti's row (in bounds, asserted) is this task's alone.
+            let r = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(ti * row), row) };
+            bias_rope_row(r, l, bias, qk_norm, rope, style, pos0 + ti, round_q);
+        }
+    });
     for ti in 0..t {
-        let r = &mut qkv[ti * row..(ti + 1) * row];
-        if let Some(b) = bias {
-            for (a, b) in r.iter_mut().zip(b) {
-                *a += b;
-            }
-        }
-        let pos = pos0 + ti;
-        let (q, kv) = r.split_at_mut(l.q_dim);
-        if let Some((wq, wk, eps)) = qk_norm {
-            let mut tmp = [0f32; MAX_HEAD_DIM];
-            let tmp = &mut tmp[..hd];
-            for (part, w) in [(&mut *q, wq), (&mut kv[..l.kv_dim], wk)] {
-                for h in part.chunks_exact_mut(hd) {
-                    norm_row(h, w, eps, tmp);
-                    h.copy_from_slice(tmp);
-                }
-            }
-        }
-        for h in q.chunks_exact_mut(l.head_dim) {
-            rope.rotate(h, pos, style);
-            if round_q {
-                for x in h.iter_mut() {
-                    *x = f16::from_f32(*x).to_f32();
-                }
-            }
-        }
-        let (k, v) = kv.split_at_mut(l.kv_dim);
-        for h in k.chunks_exact_mut(l.head_dim) {
-            rope.rotate(h, pos, style);
-        }
+        let kv = &qkv[ti * row + l.q_dim..(ti + 1) * row];
+        let (k, v) = kv.split_at(l.kv_dim);
         for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            k_cache.store(h * cap + pos, k);
-            v_cache.store(h * cap + pos, v);
+            k_cache.store(h * cap + pos0 + ti, k);
+            v_cache.store(h * cap + pos0 + ti, v);
         }
+    }
+}
+
+/// One token's row of [`bias_rope_store`], before the cache stores.
+#[allow(clippy::too_many_arguments)]
+fn bias_rope_row(
+    r: &mut [f32],
+    l: &QkvLayout,
+    bias: Option<&[f32]>,
+    qk_norm: Option<(&[f32], &[f32], f32)>,
+    rope: &RopeTable,
+    style: RopeStyle,
+    pos: usize,
+    round_q: bool,
+) {
+    let hd = l.head_dim;
+    if let Some(b) = bias {
+        for (a, b) in r.iter_mut().zip(b) {
+            *a += b;
+        }
+    }
+    let (q, kv) = r.split_at_mut(l.q_dim);
+    if let Some((wq, wk, eps)) = qk_norm {
+        let mut tmp = [0f32; MAX_HEAD_DIM];
+        let tmp = &mut tmp[..hd];
+        for (part, w) in [(&mut *q, wq), (&mut kv[..l.kv_dim], wk)] {
+            for h in part.chunks_exact_mut(hd) {
+                norm_row(h, w, eps, tmp);
+                h.copy_from_slice(tmp);
+            }
+        }
+    }
+    for h in q.chunks_exact_mut(l.head_dim) {
+        rope.rotate(h, pos, style);
+        if round_q {
+            for x in h.iter_mut() {
+                *x = f16::from_f32(*x).to_f32();
+            }
+        }
+    }
+    for h in kv[..l.kv_dim].chunks_exact_mut(l.head_dim) {
+        rope.rotate(h, pos, style);
     }
 }
 
@@ -137,28 +202,93 @@ pub fn bias_rope_store(
 /// act(gate) * up, written to values t·ffn.. (the first t × ffn values end up as the [t, ffn]
 /// result; no separate output buffer: 18 MiB at 512 rows of the 1.5B). Row t's output lies in rows
 /// before it (or, for row 0, in its own gate half, each value written after it is read).
-fn glu_in_place(gate_up: &mut [f32], t: usize, ffn: usize, act: impl Fn(f32, f32) -> f32) {
+///
+/// A prompt's rows are split by columns across the pool: value c of row t is written over value
+/// c of row t / 2's gate or up half, the same column, which the same task read before (its rows go
+/// in order), so no task writes what another still has to read.
+/// `row(g, u, out, n)` computes n values; `out` is `g` itself for row 0, else disjoint from both.
+fn glu_in_place(
+    gate_up: &mut [f32],
+    t: usize,
+    ffn: usize,
+    row: &(dyn Fn(*const f32, *const f32, *mut f32, usize) + Sync),
+) {
     count_dispatch();
-    for ti in 0..t {
-        if ti == 0 {
-            let (g, u) = gate_up[..2 * ffn].split_at_mut(ffn);
-            for (g, &u) in g.iter_mut().zip(u.iter()) {
-                *g = act(*g, u);
-            }
-        } else {
-            let (done, rest) = gate_up.split_at_mut(2 * ti * ffn);
-            let (g, u) = rest[..2 * ffn].split_at(ffn);
-            for ((o, &g), &u) in done[ti * ffn..(ti + 1) * ffn].iter_mut().zip(g).zip(u) {
-                *o = act(g, u);
-            }
+    assert!(gate_up.len() >= 2 * t * ffn);
+    let base = super::OutPtr(gate_up.as_mut_ptr());
+    let threads = super::pool::pool().threads();
+    let parts = if t * ffn < 1 << 15 { 1 } else { threads };
+    let per = ffn.div_ceil(parts).next_multiple_of(16).min(ffn);
+    let task = |j: usize| {
+        let (c0, c1) = (j * per, ((j + 1) * per).min(ffn));
+        for ti in 0..t {
+            let p = base.ptr();
+            // SAFETY: in bounds (asserted); see the comment above for why tasks do not collide.
+            unsafe {
+                row(
+                    p.add(2 * ti * ffn + c0),
+                    p.add((2 * ti + 1) * ffn + c0),
+                    p.add(ti * ffn + c0),
+                    c1 - c0,
+                )
+            };
         }
+    };
+    let parts = ffn.div_ceil(per);
+    if parts == 1 {
+        task(0)
+    } else {
+        super::pool::pool().run(parts, &task)
     }
 }
 
 /// SwiGLU in place: silu(gate) * up of each [gate | up] row of `gate_up`, the [t, ffn] result in
-/// its first t × ffn values.
+/// its first t × ffn values. Each value is `g / (1 + expf(-g)) * u` with glibc's expf (8 at a
+/// time on AVX2, with the same bits: `attention::expf8`).
 pub fn swiglu(gate_up: &mut [f32], t: usize, ffn: usize) {
-    glu_in_place(gate_up, t, ffn, |g, u| g / (1.0 + (-g).exp()) * u);
+    glu_in_place(gate_up, t, ffn, &|g, u, o, n| {
+        // SAFETY: `glu_in_place` passes n readable values at g and u and n writable at o.
+        unsafe { silu_row(g, u, o, n) }
+    });
+}
+
+/// silu(g) · u for n values (out may be g itself).
+///
+/// # Safety
+/// n values readable at g and u and writable at out; out is g or disjoint from both.
+unsafe fn silu_row(g: *const f32, u: *const f32, out: *mut f32, n: usize) {
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::level() != super::simd::Level::None {
+        i = silu_avx2(g, u, out, n);
+    }
+    while i < n {
+        let (gv, uv) = (*g.add(i), *u.add(i));
+        *out.add(i) = gv / (1.0 + (-gv).exp()) * uv;
+        i += 1;
+    }
+}
+
+/// [`silu_row`] 8 values at a time; returns how many it did. expf's argument is capped at 100:
+/// above 88.73 glibc's expf is infinite, and the table arithmetic needs a bounded argument.
+///
+/// # Safety
+/// As [`silu_row`], and AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_avx2(g: *const f32, u: *const f32, out: *mut f32, n: usize) -> usize {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i + 8 <= n {
+        let gv = _mm256_loadu_ps(g.add(i));
+        let uv = _mm256_loadu_ps(u.add(i));
+        let neg = _mm256_sub_ps(_mm256_setzero_ps(), gv);
+        let e = super::attention::expf8(_mm256_min_ps(neg, _mm256_set1_ps(100.0)));
+        let s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(out.add(i), _mm256_mul_ps(s, uv));
+        i += 8;
+    }
+    i
 }
 
 /// GeGLU in place, as [`swiglu`], with GELU as llama.cpp's CPU computes it (`ggml_vec_geglu_f32`):
@@ -166,13 +296,20 @@ pub fn swiglu(gate_up: &mut [f32], t: usize, ffn: usize) {
 /// above 10 and zero below -10.
 pub fn geglu(gate_up: &mut [f32], t: usize, ffn: usize) {
     let table = gelu_table();
-    glu_in_place(gate_up, t, ffn, |g, u| {
-        if g <= -10.0 {
-            0.0
-        } else if g >= 10.0 {
-            g * u
-        } else {
-            table[f16::from_f32(g).to_bits() as usize].to_f32() * u
+    glu_in_place(gate_up, t, ffn, &|g, u, o, n| {
+        for i in 0..n {
+            // SAFETY: `glu_in_place` passes n readable values at g and u and n writable at o;
+            // value i is read before it is written.
+            unsafe {
+                let (g, u) = (*g.add(i), *u.add(i));
+                *o.add(i) = if g <= -10.0 {
+                    0.0
+                } else if g >= 10.0 {
+                    g * u
+                } else {
+                    table[f16::from_f32(g).to_bits() as usize].to_f32() * u
+                };
+            }
         }
     });
 }
@@ -316,5 +453,68 @@ mod tests {
         swiglu(&mut one, 1, f);
         assert_eq!(one[1], silu(rows[1]) * rows[f + 1]);
         assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+    }
+
+    /// The vector SwiGLU gives the scalar formula's bits (glibc's expf) on a sweep of arguments
+    /// both sides of zero and past expf's overflow and underflow, and on the special values.
+    #[test]
+    fn silu_rows_equal_the_scalar_formula() {
+        let mut g = vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e30, -1e30];
+        g.extend([88.7f32, 88.73, 88.8, -88.7, -88.73, -88.8, 103.9, -103.9, 104.0, -104.0]);
+        for sign in [1.0f32, -1.0] {
+            let mut b = 0f32.to_bits();
+            while b <= 110f32.to_bits() {
+                g.push(sign * f32::from_bits(b));
+                b += 997;
+            }
+        }
+        let u: Vec<f32> = (0..g.len()).map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0).collect();
+        let mut out = vec![0f32; g.len()];
+        // SAFETY: three buffers of g.len() values.
+        unsafe { silu_row(g.as_ptr(), u.as_ptr(), out.as_mut_ptr(), g.len()) };
+        let mut differ = 0;
+        for ((&g, &u), &o) in g.iter().zip(&u).zip(&out) {
+            let want = g / (1.0 + (-g).exp()) * u;
+            if !(want.to_bits() == o.to_bits() || (want.is_nan() && o.is_nan())) {
+                differ += 1;
+                eprintln!("silu({g}) * {u}: {o} against {want}");
+            }
+        }
+        assert_eq!(differ, 0, "of {} values", g.len());
+    }
+
+    /// A prompt's gated activation, split by columns over the pool (odd width, so tasks end
+    /// mid-vector), and its norms, split by rows, give each row's bits alone.
+    #[test]
+    fn prompt_ops_split_over_the_pool_equal_each_row_alone() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        let (t, f) = (40, 1203);
+        let rows: Vec<f32> = (0..t * 2 * f).map(|_| rng.gen_range(-6.0..6.0)).collect();
+        type Glu = fn(&mut [f32], usize, usize);
+        for (name, glu) in [("swiglu", swiglu as Glu), ("geglu", geglu as Glu)] {
+            let mut all = rows.clone();
+            glu(&mut all, t, f);
+            for ti in 0..t {
+                let mut one = rows[ti * 2 * f..(ti + 1) * 2 * f].to_vec();
+                glu(&mut one, 1, f);
+                assert_eq!(all[ti * f..(ti + 1) * f], one[..f], "{name} row {ti}");
+            }
+        }
+        let d = 1536;
+        let x: Vec<f32> = (0..t * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let delta: Vec<f32> = (0..t * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let w: Vec<f32> = (0..d).map(|_| rng.gen_range(0.5..1.5)).collect();
+        let (mut xa, mut oa, mut na) = (x.clone(), vec![0f32; t * d], vec![0f32; t * d]);
+        add_rmsnorm(&mut xa, &delta, Some(&w), &w, 1e-6, &mut oa);
+        rmsnorm(&x, &w, 1e-6, &mut na);
+        for r in 0..t {
+            let span = r * d..(r + 1) * d;
+            let (mut x1, mut o1, mut n1) = (x[span.clone()].to_vec(), vec![0f32; d], vec![0f32; d]);
+            add_rmsnorm(&mut x1, &delta[span.clone()], Some(&w), &w, 1e-6, &mut o1);
+            rmsnorm(&x[span.clone()], &w, 1e-6, &mut n1);
+            assert_eq!(xa[span.clone()], x1[..], "row {r}");
+            assert_eq!(oa[span.clone()], o1[..], "row {r}");
+            assert_eq!(na[span], n1[..], "row {r}");
+        }
     }
 }
