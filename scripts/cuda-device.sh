@@ -53,6 +53,9 @@ if [ "$MODE" = cpu ]; then
     "$BIN/mens" bench --backend cpu -m "$m" -t 4 --prompt 16 --steps 0 --paired 0 --reps 1 2>&1 | grep "loaded" | tee -a "$OUT/cpu-flags.txt"
     LLAMA_BENCH="$BIN/llama-bench" LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" MENS_BIN="$BIN/mens" \
       bash scripts/cpu-scaling.sh "$m" "${CPU_THREADS:-4,8,16}" 512 32 2 2>&1 | tee "$OUT/cpu-$s.md"
+    # Where a 16-thread prompt pass goes (MENS_CPU_PROFILE=1: time by section).
+    MENS_CPU_PROFILE=1 "$BIN/mens" bench -q --backend cpu -m "$m" -t 16 --prompt 512 --steps 0 --paired 0 \
+      --reps 1 2>&1 | tail -16 | tee "$OUT/cpu-profile-$s-t16.md"
   done
 fi
 
