@@ -1084,8 +1084,14 @@ mod tests {
     #[test]
     fn activation_quantizers_equal_candles() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-        let cols = 1024;
-        let mut x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let cols = 8192;
+        // Blocks of different magnitudes, some with one large outlier.
+        let mut x: Vec<f32> = (0..cols)
+            .map(|i| rng.gen_range(-3.0..3.0) * [1.0, 1e-3, 40.0, 7.0][i / 256 % 4])
+            .collect();
+        for i in (1024..cols).step_by(700) {
+            x[i] *= 50.0;
+        }
         x[..256].fill(0.0);
         // Ties: with amax 127 in a block, q = x exactly; x.5 rounds away from zero.
         for (i, v) in x[256..288].iter_mut().enumerate() {

@@ -459,8 +459,18 @@ mod tests {
     /// both sides of zero and past expf's overflow and underflow, and on the special values.
     #[test]
     fn silu_rows_equal_the_scalar_formula() {
-        let mut g = vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e30, -1e30];
-        g.extend([88.7f32, 88.73, 88.8, -88.7, -88.73, -88.8, 103.9, -103.9, 104.0, -104.0]);
+        let mut g = vec![
+            0.0f32,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e30,
+            -1e30,
+        ];
+        g.extend([
+            88.7f32, 88.73, 88.8, -88.7, -88.73, -88.8, 103.9, -103.9, 104.0, -104.0,
+        ]);
         for sign in [1.0f32, -1.0] {
             let mut b = 0f32.to_bits();
             while b <= 110f32.to_bits() {
@@ -468,7 +478,9 @@ mod tests {
                 b += 997;
             }
         }
-        let u: Vec<f32> = (0..g.len()).map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0).collect();
+        let u: Vec<f32> = (0..g.len())
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0)
+            .collect();
         let mut out = vec![0f32; g.len()];
         // SAFETY: three buffers of g.len() values.
         unsafe { silu_row(g.as_ptr(), u.as_ptr(), out.as_mut_ptr(), g.len()) };
