@@ -139,13 +139,10 @@ unsafe fn quant32(
 unsafe fn q8k_avx2(src: &[f32], dst: &mut [u8]) {
     use std::arch::x86_64::*;
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
-        let amax = amax(x);
-        let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
-        if amax == 0.0 {
+        let Some(iscale) = q8k_iscale(x) else {
             b.fill(0);
             continue;
-        }
-        let iscale = -127f32 / max;
+        };
         let is = _mm256_set1_ps(iscale);
         let xp = x.as_ptr();
         let qp = b.as_mut_ptr().add(4);
@@ -198,19 +195,24 @@ fn q8_0_body(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// A Q8_K block's scale: the first value of the largest magnitude (as a one-at-a-time search
+/// picks it) maps to -127; None for a block of zeros.
+#[inline(always)]
+fn q8k_iscale(x: &[f32]) -> Option<f32> {
+    let amax = amax(x);
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
+    (amax != 0.0).then(|| -127f32 / max)
+}
+
 /// Per block of 256: the value of largest magnitude maps to -127, d = 1 / scale (f32), then the
 /// 16 sums of 16 quantized values (i16).
 #[inline(always)]
 fn q8k_body(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
-        // The first value of the largest magnitude, as a one-at-a-time search picks it.
-        let amax = amax(x);
-        let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
-        if amax == 0.0 {
+        let Some(iscale) = q8k_iscale(x) else {
             b.fill(0);
             continue;
-        }
-        let iscale = -127f32 / max;
+        };
         let (d, rest) = b.split_at_mut(4);
         let (qs, sums) = rest.split_at_mut(256);
         for (q, &v) in qs.iter_mut().zip(x) {

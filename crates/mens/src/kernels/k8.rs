@@ -130,6 +130,58 @@ pub fn dequantize_row(g: &[u8], nb: usize, r: usize, out: &mut [f32]) {
     }
 }
 
+/// A group block's eight d and −dmin (the mins term is subtracted; negating first gives the same
+/// bits as after), and its mins widened to 16 bits, as [`dot`] and [`dot_vnni`] read them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn block_scales(
+    b: *const u8,
+) -> (
+    std::arch::x86_64::__m256,
+    std::arch::x86_64::__m256,
+    [std::arch::x86_64::__m256i; 4],
+) {
+    use std::arch::x86_64::*;
+    let d = _mm256_cvtph_ps(_mm_loadu_si128(b.add(D) as *const __m128i));
+    let neg_dmin = _mm256_xor_ps(
+        _mm256_cvtph_ps(_mm_loadu_si128(b.add(DMIN) as *const __m128i)),
+        _mm256_set1_ps(-0.0),
+    );
+    let mins = std::array::from_fn(|p| {
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(MINS + 16 * p) as *const __m128i))
+    });
+    (d, neg_dmin, mins)
+}
+
+/// Σ over sub-blocks of min · the activation's sub-block sum, for the eight rows: the sums of the
+/// eight 32-value sub-blocks come from the Q8_K block's 16 sums of 16 (at `yb` + 260).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn mins_dot(
+    mins: &[std::arch::x86_64::__m256i; 4],
+    yb: *const u8,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+    let q8s = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256(bsums, 1),
+    );
+    let pairs = [
+        _mm256_broadcastd_epi32(q8s),
+        _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0x55)),
+        _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xAA)),
+        _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xFF)),
+    ];
+    let mut ms = _mm256_madd_epi16(mins[0], pairs[0]);
+    for p in 1..4 {
+        ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mins[p], pairs[p]));
+    }
+    ms
+}
+
 /// The dot of the eight rows of one group (`nb` blocks at `g`) with `T` Q8_K activation rows: the
 /// eight results per activation row, in row order. The arithmetic of each (row, activation row)
 /// pair is the same whatever `T` is.
@@ -172,34 +224,11 @@ pub unsafe fn dot<const T: usize>(
                 sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(p[t], sc));
             }
         }
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(b.add(D) as *const __m128i));
-        // −dmin: the mins term is subtracted (negating first gives the same bits as after).
-        let neg_dmin = _mm256_xor_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128(b.add(DMIN) as *const __m128i)),
-            _mm256_set1_ps(-0.0),
-        );
-        let mins: [__m256i; 4] = std::array::from_fn(|p| {
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(MINS + 16 * p) as *const __m128i))
-        });
+        let (d, neg_dmin, mins) = block_scales(b);
         for t in 0..T {
             let yb = ys[t].add(i * 292);
             let dy = _mm256_set1_ps((yb as *const f32).read_unaligned());
-            // The sums of the eight 32-value sub-blocks of the activation row (from its 16 sums of 16).
-            let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
-            let q8s = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bsums),
-                _mm256_extracti128_si256(bsums, 1),
-            );
-            let pairs = [
-                _mm256_broadcastd_epi32(q8s),
-                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0x55)),
-                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xAA)),
-                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xFF)),
-            ];
-            let mut ms = _mm256_madd_epi16(mins[0], pairs[0]);
-            for p in 1..4 {
-                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mins[p], pairs[p]));
-            }
+            let ms = mins_dot(&mins, yb);
             // The mins term first, as ggml adds it.
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(neg_dmin, dy), acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_mul_ps(d, dy), acc[t]);
@@ -446,32 +475,11 @@ pub unsafe fn dot_vnni<const T: usize>(
                 sum[t] = _mm512_dpwssd_epi32(sum[t], p, sc);
             }
         }
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(b.add(D) as *const __m128i));
-        let neg_dmin = _mm256_xor_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128(b.add(DMIN) as *const __m128i)),
-            _mm256_set1_ps(-0.0),
-        );
-        let mins: [__m256i; 4] = std::array::from_fn(|p| {
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(MINS + 16 * p) as *const __m128i))
-        });
+        let (d, neg_dmin, mins) = block_scales(b);
         for t in 0..T {
             let yb = ys[t].add(i * 292);
             let dy = _mm256_set1_ps((yb as *const f32).read_unaligned());
-            let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
-            let q8s = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bsums),
-                _mm256_extracti128_si256(bsums, 1),
-            );
-            let pairs = [
-                _mm256_broadcastd_epi32(q8s),
-                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0x55)),
-                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xAA)),
-                _mm256_broadcastd_epi32(_mm_shuffle_epi32(q8s, 0xFF)),
-            ];
-            let mut ms = _mm256_madd_epi16(mins[0], pairs[0]);
-            for p in 1..4 {
-                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mins[p], pairs[p]));
-            }
+            let ms = mins_dot(&mins, yb);
             // As in `dot`: the mins term first, then the values'.
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(neg_dmin, dy), acc[t]);
             let s = fold_pairs(sum[t]);
@@ -748,30 +756,7 @@ mod tests {
             let src = matrix(t, rows, cols, 5);
             let mut g = vec![0u8; rows / 8 * nb * gbytes];
             repack(&src, rows, nb, &mut g);
-            let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-            // Random rows, one all at the extremes (-128 appears in Q8_K), one all zero.
-            let acts: Vec<Vec<u8>> = (0..4)
-                .map(|a| {
-                    let y: Vec<f32> = (0..cols)
-                        .map(|i| match a {
-                            2 => {
-                                if i % 2 == 0 {
-                                    -5.0
-                                } else {
-                                    4.9
-                                }
-                            }
-                            3 => 0.0,
-                            _ => rng.gen_range(-3.0..3.0),
-                        })
-                        .collect();
-                    let mut q = vec![BlockQ8K::zeros(); nb];
-                    BlockQ8K::from_float(&y, &mut q);
-                    // SAFETY: plain-old-data blocks viewed as bytes.
-                    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, nb * 292) }
-                        .to_vec()
-                })
-                .collect();
+            let acts = act_rows(4, cols, 9);
             let ys: [*const u8; 4] = std::array::from_fn(|a| acts[a].as_ptr());
             let run = |n: usize, gp: *const u8, ys: &[*const u8]| -> Vec<[f32; 8]> {
                 // SAFETY: AVX2 checked above; `gp` holds `nb` group blocks, each row `nb` blocks.

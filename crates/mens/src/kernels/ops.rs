@@ -425,6 +425,20 @@ mod tests {
         }
     }
 
+    /// SwiGLU and GeGLU over `t` rows of [gate | up] (`f` each) in place equal each row alone.
+    fn glu_rows_equal_each_row_alone(rows: &[f32], t: usize, f: usize) {
+        type Glu = fn(&mut [f32], usize, usize);
+        for (name, glu) in [("swiglu", swiglu as Glu), ("geglu", geglu as Glu)] {
+            let mut all = rows.to_vec();
+            glu(&mut all, t, f);
+            for ti in 0..t {
+                let mut one = rows[ti * 2 * f..(ti + 1) * 2 * f].to_vec();
+                glu(&mut one, 1, f);
+                assert_eq!(all[ti * f..(ti + 1) * f], one[..f], "{name} row {ti}");
+            }
+        }
+    }
+
     #[test]
     fn swiglu_and_argmax() {
         use crate::sample::argmax;
@@ -438,16 +452,7 @@ mod tests {
         let rows: Vec<f32> = (0..t * 2 * f)
             .map(|i| ((i * 37 % 23) as f32 - 11.0) / 3.0)
             .collect();
-        type Glu = fn(&mut [f32], usize, usize);
-        for (name, glu) in [("swiglu", swiglu as Glu), ("geglu", geglu as Glu)] {
-            let mut all = rows.clone();
-            glu(&mut all, t, f);
-            for ti in 0..t {
-                let mut one = rows[ti * 2 * f..(ti + 1) * 2 * f].to_vec();
-                glu(&mut one, 1, f);
-                assert_eq!(all[ti * f..(ti + 1) * f], one[..f], "{name} row {ti}");
-            }
-        }
+        glu_rows_equal_each_row_alone(&rows, t, f);
         // SwiGLU's value itself, in place in the gate half.
         let mut one = rows[..2 * f].to_vec();
         swiglu(&mut one, 1, f);
@@ -502,16 +507,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(8);
         let (t, f) = (40, 1203);
         let rows: Vec<f32> = (0..t * 2 * f).map(|_| rng.gen_range(-6.0..6.0)).collect();
-        type Glu = fn(&mut [f32], usize, usize);
-        for (name, glu) in [("swiglu", swiglu as Glu), ("geglu", geglu as Glu)] {
-            let mut all = rows.clone();
-            glu(&mut all, t, f);
-            for ti in 0..t {
-                let mut one = rows[ti * 2 * f..(ti + 1) * 2 * f].to_vec();
-                glu(&mut one, 1, f);
-                assert_eq!(all[ti * f..(ti + 1) * f], one[..f], "{name} row {ti}");
-            }
-        }
+        glu_rows_equal_each_row_alone(&rows, t, f);
         let d = 1536;
         let x: Vec<f32> = (0..t * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
         let delta: Vec<f32> = (0..t * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
