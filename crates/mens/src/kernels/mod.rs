@@ -506,7 +506,25 @@ fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
     Some((g, p))
 }
 
-/// Rows `r0..r1` (whole groups of 8) of a repacked matrix, four activation rows at a time.
+/// `$call!(N)` with N the literal of `$n` (1 to 8): the group kernels' tile height is a const.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_height {
+    ($n:expr, $call:ident) => {
+        match $n {
+            1 => $call!(1),
+            2 => $call!(2),
+            3 => $call!(3),
+            4 => $call!(4),
+            5 => $call!(5),
+            6 => $call!(6),
+            7 => $call!(7),
+            _ => $call!(8),
+        }
+    };
+}
+
+/// Rows `r0..r1` (whole groups of 8) of a repacked matrix, up to eight activation rows at a time
+/// ([`group_tiles`]).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn rows_x8(
@@ -528,10 +546,8 @@ fn rows_x8(
     assert!(d.len() >= t * nb && s.len() >= t * nb);
     let q = |ti: usize| acts[ti * arb..].as_ptr();
     let avx2 = simd::level() == simd::Level::Avx2;
-    // AVX-512 VNNI: eight activation rows a pass over the weights, as in `rows_k8`.
-    let most = if avx2 { 4 } else { 8 };
     let tiles = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
-        group_tiles(tokens, r0, r1, out, stride, off, most, |grp, ti, n, o| {
+        group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
             let gp = g[grp * nb * gb..].as_ptr();
             macro_rules! call {
                 ($T:literal) => {{
@@ -557,16 +573,7 @@ fn rows_x8(
                     }
                 }};
             }
-            match n {
-                1 => call!(1),
-                2 => call!(2),
-                3 => call!(3),
-                4 => call!(4),
-                5 => call!(5),
-                6 => call!(6),
-                7 => call!(7),
-                _ => call!(8),
-            }
+            by_height!(n, call)
         })
     };
     // Four blocks a pass on the tiles (a CPU with AMX has VNNI, so never the AVX2 Q5_0 kernel).
@@ -657,8 +664,8 @@ fn rows_kquant(
 }
 
 /// The tiles of a repacked matmul over rows `r0..r1` (whole groups of 8) and `t` activation rows:
-/// `dot(group, first row, n, out)` fills `out[..n]` (n ≤ `most` ≤ 8), the eight results of each activation
-/// row, written at out[(row) * stride + off + group * 8 + lane]. Activation rows go in blocks of 64,
+/// `dot(group, first row, n, out)` fills `out[..n]`, the eight results of each activation row
+/// (n ≤ 8 on AVX-512 VNNI, whose 32 registers hold eight rows' sums; else ≤ 4), written at out[(row) * stride + off + group * 8 + lane]. Activation rows go in blocks of 64,
 /// each block passing every group of the task's rows before the next: a block (at most 64 · 292
 /// bytes per 256 columns) stays in L2 beside the task's weights, where a whole 512-row prompt
 /// would stream from L3 once per group, by every thread at once.
@@ -671,9 +678,13 @@ fn group_tiles(
     out: OutPtr,
     stride: usize,
     off: usize,
-    most: usize,
     dot: impl Fn(usize, usize, usize, &mut [[f32; 8]; 8]),
 ) {
+    let most = if simd::level() == simd::Level::Vnni {
+        8
+    } else {
+        4
+    };
     let t = tokens.end;
     for t0 in tokens.step_by(64) {
         let t1 = (t0 + 64).min(t);
@@ -765,11 +776,9 @@ fn rows_k8(
 ) {
     let gb = p.group_bytes() * nb;
     assert!(g.len() >= r1 / 8 * gb && acts.len() >= t * arb && arb >= nb * kquant::Q8K_BYTES);
-    // AVX-512 VNNI: eight activation rows a pass over the weights (the registers hold them).
     let vnni = simd::level() == simd::Level::Vnni;
-    let most = if vnni { 8 } else { 4 };
     let k8 = |tokens: std::ops::Range<usize>, r0: usize, r1: usize| {
-        group_tiles(tokens, r0, r1, out, stride, off, most, |grp, ti, n, o| {
+        group_tiles(tokens, r0, r1, out, stride, off, |grp, ti, n, o| {
             let gp = g[grp * gb..].as_ptr();
             macro_rules! call {
                 ($T:literal) => {{
@@ -787,16 +796,7 @@ fn rows_k8(
                     }
                 }};
             }
-            match n {
-                1 => call!(1),
-                2 => call!(2),
-                3 => call!(3),
-                4 => call!(4),
-                5 => call!(5),
-                6 => call!(6),
-                7 => call!(7),
-                _ => call!(8),
-            }
+            by_height!(n, call)
         })
     };
     let f = if p == x8::Packed::Q6K {

@@ -8,16 +8,25 @@ use crate::model::KvType;
 pub use crate::rope::{RopeStyle, RopeTable, MAX_HEAD_DIM};
 use half::f16;
 
-/// Runs `f(rows)` over `t` rows of `cols` values each: on the pool in one run of rows per thread
-/// when the pass is large enough to pay for it (a prompt), else on this thread. Row r's work must
-/// touch only row r's data.
-fn by_rows(t: usize, cols: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+/// Values an elementwise op of a pass touches from which it runs on the pool (a prompt's; a
+/// decode step's stay on the calling thread).
+const POOL_FROM: usize = 1 << 15;
+
+/// Runs `f` over 0..n: on the pool in one run per thread, each a multiple of `align` long but the
+/// last, when the op touches `size` values or more; else `f(0..n)` on this thread. Runs must touch
+/// disjoint data.
+fn split(n: usize, size: usize, align: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
     let threads = super::pool::pool().threads();
-    if t < 2 || threads == 1 || t * cols < 1 << 15 {
-        return f(0..t);
+    if n < 2 || threads == 1 || size < POOL_FROM {
+        return f(0..n);
     }
-    let per = t.div_ceil(threads);
-    super::pool::pool().run(t.div_ceil(per), &|j| f(j * per..((j + 1) * per).min(t)));
+    let per = n.div_ceil(threads).next_multiple_of(align).min(n);
+    super::pool::pool().run(n.div_ceil(per), &|j| f(j * per..((j + 1) * per).min(n)));
+}
+
+/// [`split`] over `t` rows of `cols` values: row r's work must touch only row r's data.
+fn by_rows(t: usize, cols: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    split(t, t * cols, 1, f)
 }
 
 /// out[i] = x[i] / sqrt(mean(x²) + eps) * w[i], for each row of `x`.
@@ -216,11 +225,9 @@ fn glu_in_place(
     count_dispatch();
     assert!(gate_up.len() >= 2 * t * ffn);
     let base = super::OutPtr(gate_up.as_mut_ptr());
-    let threads = super::pool::pool().threads();
-    let parts = if t * ffn < 1 << 15 { 1 } else { threads };
-    let per = ffn.div_ceil(parts).next_multiple_of(16).min(ffn);
-    let task = |j: usize| {
-        let (c0, c1) = (j * per, ((j + 1) * per).min(ffn));
+    // Runs of whole 8-value vectors (16: two) but the last.
+    split(ffn, t * ffn, 16, &|cols| {
+        let (c0, c1) = (cols.start, cols.end);
         for ti in 0..t {
             let p = base.ptr();
             // SAFETY: in bounds (asserted); see the comment above for why tasks do not collide.
@@ -233,13 +240,7 @@ fn glu_in_place(
                 )
             };
         }
-    };
-    let parts = ffn.div_ceil(per);
-    if parts == 1 {
-        task(0)
-    } else {
-        super::pool::pool().run(parts, &task)
-    }
+    });
 }
 
 /// SwiGLU in place: silu(gate) * up of each [gate | up] row of `gate_up`, the [t, ffn] result in
