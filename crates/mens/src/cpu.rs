@@ -137,6 +137,8 @@ pub struct RunState {
     rope_swa: Option<RopeTable>,
     /// Mixture-of-experts scratch (empty for dense models).
     moe: MoeState,
+    /// Every pass with decode's attention arithmetic (`Session::exact_attention`).
+    exact_attention: bool,
 }
 
 /// What a mixture-of-experts FFN writes: the router's logits, each token's routes, the routes
@@ -227,6 +229,7 @@ impl RunState {
             },
             rope: RopeTable::of(m, o.ctx),
             rope_swa: RopeTable::of_sliding(m, o.ctx),
+            exact_attention: false,
         }
     }
 
@@ -487,6 +490,7 @@ fn run_layers(m: &Model, r: &mut RunState, parts: &mut [(&mut Sequence, &[u32])]
                     scale: c.attn_scale,
                     window: c.window(li),
                 },
+                r.exact_attention,
                 &mut r.att[first * l.q_dim..(first + n) * l.q_dim],
             );
             drop(p);
@@ -690,6 +694,13 @@ impl Session {
     /// Tokens now in the cache.
     pub fn tokens(&self) -> &[u32] {
         &self.seq.tokens
+    }
+
+    /// Run every pass's attention with decode's arithmetic (llama.cpp's one-chunk kernel), so that a
+    /// prompt's logits are bit-equal to decoding its tokens one by one (tests of the cache). By
+    /// default passes of 64 rows or more use llama.cpp's tiled f32 arithmetic, as llama.cpp does.
+    pub fn exact_attention(&mut self, on: bool) {
+        self.run.exact_attention = on;
     }
 
     pub fn pos(&self) -> usize {

@@ -33,6 +33,8 @@ fn kv_cache_parity_with(spec: SynthSpec, cache: (KvType, KvType)) {
     };
     let mut cached = Session::new(model.clone(), opts.clone()).unwrap();
     let mut uncached = Session::new(model.clone(), opts).unwrap();
+    // Re-runs of 64 rows or more would take the tiled prompt attention: this checks the cache.
+    uncached.exact_attention(true);
     let prompt = tok.encode("the theory of everything in the").unwrap();
     cached.forward(&prompt, Logits::Last).unwrap();
     let mut seq = prompt.clone();
@@ -160,34 +162,34 @@ fn quantized_kv_cache_follows_f16() {
     );
 }
 
-/// A prompt processed in several batches gives the same logits as one batch.
+/// A prompt processed in several batches gives the same logits as one batch: in batches of 7 with
+/// decode's attention arithmetic (`exact_attention`), and by default in batches of 64 (every pass
+/// takes the tiled prompt attention, whose rows do not depend on their pass).
 #[test]
 fn batched_prefill_equals_single_batch() {
     let (model, tok) = tiny(&SynthSpec::tiny_qwen2());
-    let prompt = tok.encode(&"the cat sat on the mat. ".repeat(8)).unwrap();
-    let mut one = Session::new(
-        model.clone(),
-        SessionOptions {
-            ctx: 512,
-            batch: 512,
-            logit_rows: 4,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mut many = Session::new(
-        model,
-        SessionOptions {
-            ctx: 512,
-            batch: 7,
-            logit_rows: 4,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    one.forward(&prompt, Logits::Last).unwrap();
-    many.forward(&prompt, Logits::Last).unwrap();
-    assert_eq!(one.logits(), many.logits());
+    let text = "the cat sat on the mat. ".repeat(40);
+    let prompt = &tok.encode(&text).unwrap()[..192];
+    let session = |batch: usize, exact: bool| {
+        let mut s = Session::new(
+            model.clone(),
+            SessionOptions {
+                ctx: 512,
+                batch,
+                logit_rows: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        s.exact_attention(exact);
+        s.forward(prompt, Logits::Last).unwrap();
+        s.logits().to_vec()
+    };
+    assert_eq!(session(512, true), session(7, true));
+    let (one, many) = (session(512, false), session(64, false));
+    assert_eq!(one, many);
+    // The two arithmetics differ (so the second check is not the first one again).
+    assert_ne!(one, session(512, true));
 }
 
 /// Logits::All gives, at each position, the logits a forward pass ending there gives.

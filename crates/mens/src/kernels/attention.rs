@@ -41,7 +41,7 @@ pub fn attention(
         window: usize::MAX,
     };
     attention_masked(
-        qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, m, out,
+        qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, m, false, out,
     )
 }
 
@@ -54,7 +54,9 @@ pub struct Mask {
     pub window: usize,
 }
 
-/// [`attention`] with a scale and a sliding window.
+/// [`attention`] with a scale and a sliding window. A pass of 64 rows or more over an f16 cache runs
+/// llama.cpp's tiled f32 arithmetic (`prompt_attention`) unless `exact`: then every pass runs the
+/// one-chunk kernel's, and a prompt's rows are bit-equal to decoding its tokens one by one.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_masked(
     qkv: &[f32],
@@ -67,11 +69,13 @@ pub fn attention_masked(
     v_cache: KvRows,
     cap: usize,
     mask: Mask,
+    exact: bool,
     out: &mut [f32],
 ) {
     count_dispatch();
     let f16_cache = k_cache.t == KvType::F16 && v_cache.t == KvType::F16;
-    if f16_cache && t >= super::prompt_attention::FROM && super::prompt_attention::chosen() {
+    let long = t >= super::prompt_attention::FROM;
+    if f16_cache && long && !exact && super::prompt_attention::allowed() {
         return super::prompt_attention::attention(
             qkv, t, l, n_head, n_kv_head, pos0, k_cache, v_cache, cap, mask, out,
         );
@@ -1135,6 +1139,7 @@ pub(super) mod tests {
                 view(&vb, cv),
                 ctx,
                 Mask { scale, window },
+                false,
                 &mut out,
             );
             // A quantized K takes Q as Q8_0 blocks (1/254 of each block's largest value).
@@ -1247,6 +1252,7 @@ pub(super) mod tests {
                     f16_rows(&vb, hd),
                     cap,
                     mask,
+                    false,
                     &mut alone,
                 );
                 let got = &out[ti * l.q_dim..(ti + 1) * l.q_dim];

@@ -1,15 +1,20 @@
-//! Attention of a prompt pass of at least [`FROM`] tokens over an f16 cache, computed the way
+//! Attention of a prompt pass of at least [`FROM`] query rows over an f16 cache, computed the way
 //! llama.cpp's CPU flash attention computes such passes (`ggml_compute_forward_flash_attn_ext_tiled`,
 //! which it runs from 64 query rows): keys in tiles of 64, scores and V accumulators in f32, the
-//! softmax's running max moved once per tile. Opt-in (`MENS_PROMPT_ATTN=f32`): the default keeps
-//! llama.cpp's one-chunk arithmetic (`attention.rs`, the kernel llama.cpp runs for decode and for
-//! passes below 64 rows) for every pass, so that a prompt's logits are bit-equal to the same tokens
-//! decoded one by one (cached = uncached, speculation = plain decoding). Measured: 0.5B prefill of
-//! 4096 and 8192 tokens 1.3× the default path's on this VM (docs/benchmarks.md, session 15).
+//! softmax's running max moved once per tile. Passes below 64 rows (decode, a verify pass, a short
+//! chunk) keep llama.cpp's one-chunk arithmetic (`attention.rs`), as llama.cpp does; so, as in
+//! llama.cpp, a long prompt's logits are close to, not bit-equal to, decoding its tokens one by one.
+//! `MENS_PROMPT_ATTN=exact` (or `Session::exact_attention`) runs every pass the one-chunk way.
+//!
+//! A row's numbers do not depend on the pass it is in: key tiles start at multiples of 64 of the
+//! absolute position, and each (token, head) row runs the same operations whatever other rows
+//! share its block (tested), so a prompt gives the same bits in one pass or in chunks of 64 rows
+//! or more.
 //!
 //! A task is one KV head and a block of tokens with every query head of the group: each K/V tile
-//! is read from memory once per block and widened to f32 once, then every (token, head) row takes
-//! from it the keys its mask lets it see.
+//! is read from memory once per block and widened to f32 once; then on AVX-512 the heads of a
+//! token go through it four at a time (`rows_tile_avx512`: each loaded key vector serves four
+//! rows), elsewhere one at a time.
 
 use super::attention::{run_finish, run_start, Mask, RUN_HEADER};
 use super::kv::KvRows;
@@ -22,10 +27,11 @@ const KEYS: usize = 64;
 /// Tokens of a query block at most.
 const TOKENS: usize = 16;
 
-/// Whether long prompt passes take this path: `MENS_PROMPT_ATTN=f32`.
-pub fn chosen() -> bool {
+/// Whether long prompt passes may take this path: not when `MENS_PROMPT_ATTN=exact` (for A/B runs
+/// in one binary).
+pub fn allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MENS_PROMPT_ATTN").as_deref() == Ok("f32"))
+    *ON.get_or_init(|| std::env::var("MENS_PROMPT_ATTN").as_deref() != Ok("exact"))
 }
 
 thread_local! {
@@ -57,8 +63,9 @@ pub fn attention(
     let (kf, vf) = (k_cache.f16(), v_cache.f16());
     assert!(kf.len() >= n_kv_head * cap * hd && vf.len() >= n_kv_head * cap * hd);
     let base = super::OutPtr(out.as_mut_ptr());
-    // The AVX2 row kernel takes the accumulator 8 values at a time.
+    // The AVX2 row kernel takes the accumulator 8 values at a time, the AVX-512 one 64.
     let simd = wide() && hd % 8 == 0;
+    let simd512 = wide512() && hd % 64 == 0;
     let sl = RUN_HEADER + hd;
     let work = |kvh: usize, t0: usize, t1: usize| {
         let end = |ti: usize| pos0 + ti + 1;
@@ -66,18 +73,19 @@ pub fn attention(
         let rows = (t1 - t0) * group;
         SCRATCH.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let need = 2 * KEYS * hd + rows * sl + KEYS;
+            let need = 2 * KEYS * hd + rows * sl + 4 * KEYS;
             if sc.len() < need {
                 sc.resize(need, 0.0);
             }
             let (kt, rest) = sc.split_at_mut(KEYS * hd);
             let (vt, rest) = rest.split_at_mut(KEYS * hd);
             let (runs, rest) = rest.split_at_mut(rows * sl);
-            let p = &mut rest[..KEYS];
+            let p = &mut rest[..4 * KEYS];
             for st in runs.chunks_exact_mut(sl) {
                 run_start(st);
             }
-            let mut k0 = lo(t0);
+            // Tiles at multiples of KEYS of the absolute position, whatever the block.
+            let mut k0 = lo(t0) / KEYS * KEYS;
             while k0 < end(t1 - 1) {
                 let k1 = (k0 + KEYS).min(end(t1 - 1));
                 let n = k1 - k0;
@@ -105,6 +113,31 @@ pub fn attention(
                     if a >= b {
                         continue;
                     }
+                    #[cfg(target_arch = "x86_64")]
+                    if simd512 {
+                        // The token's heads four at a time (7 = 4 + 3, 6 = 4 + 2).
+                        let range = (a - k0, b - k0);
+                        let mut h = 0;
+                        while h < group {
+                            let n = (group - h).min(4);
+                            let r = (ti - t0) * group + h;
+                            let at = ti * row + (kvh * group + h) * hd;
+                            let q = &qkv[at..at + n * hd];
+                            let st = &mut runs[r * sl..(r + n) * sl];
+                            // SAFETY: `wide512` says AVX-512F, AVX2 and FMA are present; hd % 64 == 0.
+                            unsafe {
+                                match n {
+                                    4 => rows_tile_avx512::<4>(q, kt, vt, range, mask.scale, st, p),
+                                    3 => rows_tile_avx512::<3>(q, kt, vt, range, mask.scale, st, p),
+                                    2 => rows_tile_avx512::<2>(q, kt, vt, range, mask.scale, st, p),
+                                    _ => rows_tile_avx512::<1>(q, kt, vt, range, mask.scale, st, p),
+                                }
+                            }
+                            h += n;
+                        }
+                        continue;
+                    }
+                    let _ = simd512;
                     for h in 0..group {
                         let r = (ti - t0) * group + h;
                         let at = ti * row + (kvh * group + h) * hd;
@@ -170,6 +203,18 @@ fn wide() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         super::simd::level() != super::simd::Level::None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the AVX-512 kernel runs (the VNNI level implies AVX-512F; `MENS_CPU=avx2` turns it off).
+fn wide512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::simd::level() == super::simd::Level::Vnni
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -306,6 +351,145 @@ unsafe fn row_tile_avx2(
     st[1] = sum;
 }
 
+/// [`row_tile`] for `R` ≤ 4 query rows of one token (the same keys `range`) on 512-bit vectors:
+/// the scores of the tile's 64 keys as 4 vectors a row, each loaded key vector serving every
+/// row; the softmax in registers (`exp16`); then `acc += p · V` 64 values of each row at a time,
+/// each loaded V vector serving every row. Each row's operations are those it gets alone (a key's
+/// score summed over d in order, the accumulator updated key by key), so its bits do not depend on
+/// the other rows. hd % 64 == 0.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn rows_tile_avx512<const R: usize>(
+    q: &[f32],
+    kt: &[f32],
+    vt: &[f32],
+    (a, b): (usize, usize),
+    scale: f32,
+    runs: &mut [f32],
+    p: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = q.len() / R;
+    let sl = RUN_HEADER + hd;
+    debug_assert!(hd % 64 == 0 && a < b && b <= KEYS);
+    debug_assert!(kt.len() >= hd * KEYS && vt.len() >= b * hd && runs.len() >= R * sl);
+    debug_assert!(p.len() >= R * KEYS);
+    let (ktp, qp) = (kt.as_ptr(), q.as_ptr());
+    let mut s = [[_mm512_setzero_ps(); 4]; R];
+    for d in 0..hd {
+        let kr = ktp.add(d * KEYS);
+        let k = [
+            _mm512_loadu_ps(kr),
+            _mm512_loadu_ps(kr.add(16)),
+            _mm512_loadu_ps(kr.add(32)),
+            _mm512_loadu_ps(kr.add(48)),
+        ];
+        for (r, s) in s.iter_mut().enumerate() {
+            let qd = _mm512_set1_ps(*qp.add(r * hd + d));
+            for (s, k) in s.iter_mut().zip(k) {
+                *s = _mm512_fmadd_ps(qd, k, *s);
+            }
+        }
+    }
+    // Lanes of keys outside [a, b) get -inf, then weight 0.
+    let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let inside: [__mmask16; 4] = std::array::from_fn(|j| {
+        let key = _mm512_add_epi32(iota, _mm512_set1_epi32(16 * j as i32));
+        _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32(a as i32))
+            & _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(b as i32))
+    });
+    let (sc, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+    let rp = runs.as_mut_ptr();
+    for (r, s) in s.iter().enumerate() {
+        let x: [__m512; 4] =
+            std::array::from_fn(|j| _mm512_mask_blend_ps(inside[j], ninf, _mm512_mul_ps(s[j], sc)));
+        let tmax = _mm512_reduce_max_ps(_mm512_max_ps(
+            _mm512_max_ps(x[0], x[1]),
+            _mm512_max_ps(x[2], x[3]),
+        ));
+        let st = rp.add(r * sl);
+        let m = *st;
+        let mnew = m.max(tmax);
+        let mut sum = *st.add(1);
+        if mnew > m {
+            let f = super::attention::expf(m - mnew);
+            let fv = _mm512_set1_ps(f);
+            let acc = st.add(RUN_HEADER);
+            for c in (0..hd).step_by(16) {
+                _mm512_storeu_ps(acc.add(c), _mm512_mul_ps(_mm512_loadu_ps(acc.add(c)), fv));
+            }
+            sum *= f;
+        }
+        let mv = _mm512_set1_ps(mnew);
+        let e: [__m512; 4] = std::array::from_fn(|j| exp16(_mm512_sub_ps(x[j], mv)));
+        sum += _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_add_ps(e[0], e[1]),
+            _mm512_add_ps(e[2], e[3]),
+        ));
+        for (j, e) in e.iter().enumerate() {
+            _mm512_storeu_ps(p.as_mut_ptr().add(r * KEYS + 16 * j), *e);
+        }
+        *st = mnew;
+        *st.add(1) = sum;
+    }
+    // acc += Σ p[key] · V[key], 64 values of each row at a time.
+    let (vp, pp) = (vt.as_ptr(), p.as_ptr());
+    for c0 in (0..hd).step_by(64) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let at = rp.add(r * sl + RUN_HEADER + c0);
+            for (i, x) in acc.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(at.add(16 * i));
+            }
+        }
+        for key in a..b {
+            let vr = vp.add(key * hd + c0);
+            let v = [
+                _mm512_loadu_ps(vr),
+                _mm512_loadu_ps(vr.add(16)),
+                _mm512_loadu_ps(vr.add(32)),
+                _mm512_loadu_ps(vr.add(48)),
+            ];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let e = _mm512_set1_ps(*pp.add(r * KEYS + key));
+                for (x, v) in acc.iter_mut().zip(v) {
+                    *x = _mm512_fmadd_ps(v, e, *x);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let at = rp.add(r * sl + RUN_HEADER + c0);
+            for (i, x) in acc.iter().enumerate() {
+                _mm512_storeu_ps(at.add(16 * i), *x);
+            }
+        }
+    }
+}
+
+/// e^x on 16 lanes for x ≤ 0 (a score minus the running max; -inf and anything below the f32
+/// range give 0): x = n ln 2 + r with |r| ≤ ln 2 / 2, e^r by its Taylor series to r^6 (error
+/// below 2e-7 relative), scaled by 2^n. Not glibc's bits: this path needs no bit agreement with
+/// the one-chunk kernel.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-87.0));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    // ln 2 in two parts, the first exact in few bits, so that n · LN2_HI is exact.
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut y = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    }
+    _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(y, n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::attention::tests::{f16_rows, random_f16_cache};
@@ -427,6 +611,160 @@ mod tests {
                     assert!(
                         (x - y).abs() < 1e-4 * x.abs().max(1.0),
                         "hd {hd} [{a}, {b}): {x} against {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 kernel against the reference on one tile, for 1 to 4 rows, head sizes 64, 128
+    /// and 256, and ranges that start and end anywhere; each row equals itself run alone, bit for
+    /// bit (its numbers do not depend on the rows beside it).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx512_rows_kernel_matches_the_reference() {
+        if !wide512() {
+            eprintln!("SKIP (not run, not passed): no AVX-512 on this CPU");
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for hd in [64, 128, 256] {
+            for (a, b) in [(0, 64), (5, 40), (63, 64), (0, 1), (17, 18)] {
+                let sl = RUN_HEADER + hd;
+                let q: Vec<f32> = (0..4 * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let kt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let vt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                // Runs in progress (max 0.3 or 9, sum 2.5), and one fresh.
+                let mut runs: Vec<f32> = Vec::new();
+                for r in 0..4 {
+                    let head = match r {
+                        0 => [0.3f32, 2.5],
+                        1 => [9.0, 2.5],
+                        _ => [f32::NEG_INFINITY, 0.0],
+                    };
+                    runs.extend(head);
+                    runs.extend((0..hd).map(|_| {
+                        if r >= 2 {
+                            0.0
+                        } else {
+                            rng.gen_range(-1.0..1.0)
+                        }
+                    }));
+                }
+                let mut want = runs.clone();
+                let mut p = vec![0f32; KEYS];
+                for r in 0..4 {
+                    let st = &mut want[r * sl..(r + 1) * sl];
+                    row_tile(&q[r * hd..(r + 1) * hd], &kt, &vt, (a, b), 0.1, st, &mut p);
+                }
+                let mut alone = runs.clone();
+                let mut p4 = vec![0f32; 4 * KEYS];
+                for r in 0..4 {
+                    // SAFETY: AVX-512F, AVX2 and FMA are present (checked above).
+                    unsafe {
+                        rows_tile_avx512::<1>(
+                            &q[r * hd..(r + 1) * hd],
+                            &kt,
+                            &vt,
+                            (a, b),
+                            0.1,
+                            &mut alone[r * sl..(r + 1) * sl],
+                            &mut p4,
+                        )
+                    };
+                }
+                for (i, x) in alone.iter().zip(&want).enumerate() {
+                    let (x, y) = (x.0, x.1);
+                    assert!(
+                        (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                        "hd {hd} [{a}, {b}) value {i}: {x} against the reference {y}"
+                    );
+                }
+                let mut together = runs.clone();
+                // SAFETY: as above.
+                unsafe {
+                    rows_tile_avx512::<3>(
+                        &q[..3 * hd],
+                        &kt,
+                        &vt,
+                        (a, b),
+                        0.1,
+                        &mut together[..3 * sl],
+                        &mut p4,
+                    );
+                    rows_tile_avx512::<4>(&q, &kt, &vt, (a, b), 0.1, &mut runs, &mut p4);
+                }
+                for (i, ((x, y), z)) in runs.iter().zip(&alone).zip(&together).enumerate() {
+                    assert_eq!(
+                        x.to_bits(),
+                        y.to_bits(),
+                        "hd {hd} [{a}, {b}) value {i}: 4 rows"
+                    );
+                    if i < 3 * sl {
+                        assert_eq!(
+                            z.to_bits(),
+                            y.to_bits(),
+                            "hd {hd} [{a}, {b}) value {i}: 3 rows"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row's output is the same, bit for bit, whether its pass starts at position 0 or later,
+    /// and whatever block it falls in: a prompt in one pass equals the same prompt in chunks of
+    /// 64 rows or more (causal and sliding-window masks; head sizes 64 and 128).
+    #[test]
+    fn a_rows_output_does_not_depend_on_its_pass() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for (hd, n_head, n_kv, window) in [
+            (64, 14, 2, usize::MAX),
+            (128, 12, 2, usize::MAX),
+            (64, 6, 2, 100),
+        ] {
+            let l = QkvLayout {
+                q_dim: n_head * hd,
+                kv_dim: n_kv * hd,
+                head_dim: hd,
+            };
+            let row = l.q_dim + 2 * l.kv_dim;
+            let t = 300;
+            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (kb, vb) = (
+                random_f16_cache(&mut rng, n_kv * t * hd),
+                random_f16_cache(&mut rng, n_kv * t * hd),
+            );
+            let mask = Mask {
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+            };
+            let run = |from: usize, to: usize| {
+                let mut out = vec![f32::NAN; (to - from) * l.q_dim];
+                attention(
+                    &qkv[from * row..to * row],
+                    to - from,
+                    &l,
+                    n_head,
+                    n_kv,
+                    from,
+                    f16_rows(&kb, hd),
+                    f16_rows(&vb, hd),
+                    t,
+                    mask,
+                    &mut out,
+                );
+                out
+            };
+            let whole = run(0, t);
+            for (from, to) in [(0, 70), (70, 137), (137, 300), (101, 300)] {
+                let part = run(from, to);
+                let same = &whole[from * l.q_dim..to * l.q_dim];
+                for (i, (x, y)) in part.iter().zip(same).enumerate() {
+                    assert_eq!(
+                        x.to_bits(),
+                        y.to_bits(),
+                        "hd {hd}, window {window}: rows {from}..{to}, value {i}: {x} in the chunk, {y} in one pass"
                     );
                 }
             }
