@@ -73,14 +73,14 @@ pub fn attention(
         let rows = (t1 - t0) * group;
         SCRATCH.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let need = 2 * KEYS * hd + rows * sl + 4 * KEYS;
+            let need = 2 * KEYS * hd + rows * sl + 6 * KEYS;
             if sc.len() < need {
                 sc.resize(need, 0.0);
             }
             let (kt, rest) = sc.split_at_mut(KEYS * hd);
             let (vt, rest) = rest.split_at_mut(KEYS * hd);
             let (runs, rest) = rest.split_at_mut(rows * sl);
-            let p = &mut rest[..4 * KEYS];
+            let p = &mut rest[..6 * KEYS];
             for st in runs.chunks_exact_mut(sl) {
                 run_start(st);
             }
@@ -115,11 +115,13 @@ pub fn attention(
                     }
                     #[cfg(target_arch = "x86_64")]
                     if simd512 {
-                        // The token's heads four at a time (7 = 4 + 3, 6 = 4 + 2).
+                        // The token's heads in one pass up to 6 (the registers hold 6 rows'
+                        // 24 accumulators), else four at a time (7 = 4 + 3).
                         let range = (a - k0, b - k0);
+                        let most = if group <= 6 { group } else { 4 };
                         let mut h = 0;
                         while h < group {
-                            let n = (group - h).min(4);
+                            let n = (group - h).min(most);
                             let r = (ti - t0) * group + h;
                             let at = ti * row + (kvh * group + h) * hd;
                             let q = &qkv[at..at + n * hd];
@@ -127,6 +129,8 @@ pub fn attention(
                             // SAFETY: `wide512` says AVX-512F, AVX2 and FMA are present; hd % 64 == 0.
                             unsafe {
                                 match n {
+                                    6 => rows_tile_avx512::<6>(q, kt, vt, range, mask.scale, st, p),
+                                    5 => rows_tile_avx512::<5>(q, kt, vt, range, mask.scale, st, p),
                                     4 => rows_tile_avx512::<4>(q, kt, vt, range, mask.scale, st, p),
                                     3 => rows_tile_avx512::<3>(q, kt, vt, range, mask.scale, st, p),
                                     2 => rows_tile_avx512::<2>(q, kt, vt, range, mask.scale, st, p),
@@ -351,7 +355,7 @@ unsafe fn row_tile_avx2(
     st[1] = sum;
 }
 
-/// [`row_tile`] for `R` ≤ 4 query rows of one token (the same keys `range`) on 512-bit vectors:
+/// [`row_tile`] for `R` ≤ 6 query rows of one token (the same keys `range`) on 512-bit vectors:
 /// the scores of the tile's 64 keys as 4 vectors a row, each loaded key vector serving every
 /// row; the softmax in registers (`exp16`); then `acc += p · V` 64 values of each row at a time,
 /// each loaded V vector serving every row. Each row's operations are those it gets alone (a key's
@@ -617,7 +621,7 @@ mod tests {
         }
     }
 
-    /// The AVX-512 kernel against the reference on one tile, for 1 to 4 rows, head sizes 64, 128
+    /// The AVX-512 kernel against the reference on one tile, for 1 to 6 rows, head sizes 64, 128
     /// and 256, and ranges that start and end anywhere; each row equals itself run alone, bit for
     /// bit (its numbers do not depend on the rows beside it).
     #[cfg(target_arch = "x86_64")]
@@ -627,16 +631,17 @@ mod tests {
             eprintln!("SKIP (not run, not passed): no AVX-512 on this CPU");
             return;
         }
+        const N: usize = 6;
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         for hd in [64, 128, 256] {
             for (a, b) in [(0, 64), (5, 40), (63, 64), (0, 1), (17, 18)] {
                 let sl = RUN_HEADER + hd;
-                let q: Vec<f32> = (0..4 * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let q: Vec<f32> = (0..N * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let kt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let vt: Vec<f32> = (0..hd * KEYS).map(|_| rng.gen_range(-2.0..2.0)).collect();
-                // Runs in progress (max 0.3 or 9, sum 2.5), and one fresh.
+                // Runs in progress (max 0.3 or 9, sum 2.5), and fresh ones.
                 let mut runs: Vec<f32> = Vec::new();
-                for r in 0..4 {
+                for r in 0..N {
                     let head = match r {
                         0 => [0.3f32, 2.5],
                         1 => [9.0, 2.5],
@@ -653,13 +658,13 @@ mod tests {
                 }
                 let mut want = runs.clone();
                 let mut p = vec![0f32; KEYS];
-                for r in 0..4 {
+                for r in 0..N {
                     let st = &mut want[r * sl..(r + 1) * sl];
                     row_tile(&q[r * hd..(r + 1) * hd], &kt, &vt, (a, b), 0.1, st, &mut p);
                 }
                 let mut alone = runs.clone();
-                let mut p4 = vec![0f32; 4 * KEYS];
-                for r in 0..4 {
+                let mut pn = vec![0f32; N * KEYS];
+                for r in 0..N {
                     // SAFETY: AVX-512F, AVX2 and FMA are present (checked above).
                     unsafe {
                         rows_tile_avx512::<1>(
@@ -669,42 +674,35 @@ mod tests {
                             (a, b),
                             0.1,
                             &mut alone[r * sl..(r + 1) * sl],
-                            &mut p4,
+                            &mut pn,
                         )
                     };
                 }
-                for (i, x) in alone.iter().zip(&want).enumerate() {
-                    let (x, y) = (x.0, x.1);
+                for (i, (x, y)) in alone.iter().zip(&want).enumerate() {
                     assert!(
                         (x - y).abs() <= 1e-4 * y.abs().max(1.0),
                         "hd {hd} [{a}, {b}) value {i}: {x} against the reference {y}"
                     );
                 }
-                let mut together = runs.clone();
-                // SAFETY: as above.
-                unsafe {
-                    rows_tile_avx512::<3>(
-                        &q[..3 * hd],
-                        &kt,
-                        &vt,
-                        (a, b),
-                        0.1,
-                        &mut together[..3 * sl],
-                        &mut p4,
-                    );
-                    rows_tile_avx512::<4>(&q, &kt, &vt, (a, b), 0.1, &mut runs, &mut p4);
-                }
-                for (i, ((x, y), z)) in runs.iter().zip(&alone).zip(&together).enumerate() {
-                    assert_eq!(
-                        x.to_bits(),
-                        y.to_bits(),
-                        "hd {hd} [{a}, {b}) value {i}: 4 rows"
-                    );
-                    if i < 3 * sl {
+                // 2 to 6 rows together: each row's bits as alone.
+                for n in 2..=N {
+                    let mut together = runs.clone();
+                    let (q, st) = (&q[..n * hd], &mut together[..n * sl]);
+                    // SAFETY: as above.
+                    unsafe {
+                        match n {
+                            2 => rows_tile_avx512::<2>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
+                            3 => rows_tile_avx512::<3>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
+                            4 => rows_tile_avx512::<4>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
+                            5 => rows_tile_avx512::<5>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
+                            _ => rows_tile_avx512::<6>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
+                        }
+                    }
+                    for (i, (x, y)) in together[..n * sl].iter().zip(&alone).enumerate() {
                         assert_eq!(
-                            z.to_bits(),
+                            x.to_bits(),
                             y.to_bits(),
-                            "hd {hd} [{a}, {b}) value {i}: 3 rows"
+                            "hd {hd} [{a}, {b}) value {i}: {n} rows"
                         );
                     }
                 }
