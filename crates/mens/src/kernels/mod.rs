@@ -140,8 +140,14 @@ impl QuantizedInput {
 
     /// Quantize `x` (`rows` × `cols`, row-major) into every format this input was built for.
     pub fn set(&mut self, x: &[f32], rows: usize) {
+        self.set_at(x, 0, rows)
+    }
+
+    /// [`QuantizedInput::set`] for rows `first..first + rows`, keeping the rows before `first`: the
+    /// input then holds `first + rows` rows.
+    pub fn set_at(&mut self, x: &[f32], first: usize, rows: usize) {
         let cols = self.cols;
-        self.rows = rows;
+        self.rows = first + rows;
         for (a, buf, valid) in self.bufs.iter_mut() {
             *valid = false;
             if buf.is_empty() {
@@ -149,7 +155,7 @@ impl QuantizedInput {
             }
             let rb = act_row_bytes(*a, cols);
             let bytes: &mut [u8] = bytemuck_mut(buf);
-            let bytes = &mut bytes[..rb * rows];
+            let bytes = &mut bytes[rb * first..rb * (first + rows)];
             let a = *a;
             let quantize = |(dst, src): (&mut [u8], &[f32])| {
                 fn q<T: GgmlType>(src: &[f32], dst: &mut [u8]) {
@@ -183,24 +189,22 @@ impl QuantizedInput {
             *valid = true;
         }
         // f32 copies of the Q8_0 / Q8_1 block scales.
-        let nb = rows * cols / 32;
+        let (b0, nb) = (first * cols / 32, (first + rows) * cols / 32);
         let f16_at =
             |b: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
         for (a, buf, _) in self.bufs.iter() {
             let q: &[u8] = bytemuck_ref(buf);
             if *a == ActType::Q8_0 && !q.is_empty() {
-                for (i, d) in self.q8_0_d[..nb].iter_mut().enumerate() {
-                    *d = f16_at(q, i * 34);
-                }
-                for (i, s) in self.q8_0_s[..nb].iter_mut().enumerate() {
-                    *s = q[i * 34 + 2..i * 34 + 34]
+                for i in b0..nb {
+                    self.q8_0_d[i] = f16_at(q, i * 34);
+                    self.q8_0_s[i] = q[i * 34 + 2..i * 34 + 34]
                         .iter()
                         .map(|&v| v as i8 as i32)
                         .sum();
                 }
             }
             if *a == ActType::Q8_1 && !q.is_empty() {
-                for i in 0..nb {
+                for i in b0..nb {
                     self.q8_1_d[i] = f16_at(q, i * 36);
                     self.q8_1_s[i] = f16_at(q, i * 36 + 2);
                 }
