@@ -511,69 +511,116 @@ unsafe fn dot<const Q6: bool>(
         }
         return;
     }
-    // Q4_K: two token tiles at a time share each weight tile (an odd last tile runs twice).
+    // Q4_K: one token tile at a time into one of two pairs of sum tiles, alternating, so that the
+    // float work on tile tt - 1's sums (AVX-512) runs while the tile unit multiplies tile tt: the
+    // sums of tt - 1 are stored before tt's products are issued, then worked on after.
     let mins: [__m512i; 4] =
         std::array::from_fn(|p| _mm512_loadu_si512(tp.add(Q4K_MINS16 + 64 * p) as *const __m512i));
-    for pair in 0..n.div_ceil(2) {
-        let (t0, t1) = (2 * pair, (2 * pair + 1).min(n - 1));
-        let (a0, a1) = (act.add(t0 * m * arb + 4), act.add(t1 * m * arb + 4));
-        asm!(
-            "tilezero tmm4",
-            "tilezero tmm5",
-            "tilezero tmm6",
-            "tilezero tmm7",
-            options(nostack, nomem)
-        );
-        for s in 0..4 {
-            asm!(
-                "tileloadd tmm0, [{a0} + {sa}*1]",
-                "tileloadd tmm2, [{b} + {sb}*1]",
-                "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
-                "tdpbssd tmm4, tmm0, tmm2",
-                "tileloadd tmm1, [{a1} + {sa}*1]",
-                "tdpbssd tmm5, tmm0, tmm3",
-                "tdpbssd tmm6, tmm1, tmm2",
-                "tdpbssd tmm7, tmm1, tmm3",
-                a0 = in(reg) a0.add(64 * s),
-                a1 = in(reg) a1.add(64 * s),
-                sa = in(reg) arb,
-                b = in(reg) tp.add(s * 2 * 1024),
-                sb = in(reg) 64usize,
-                options(nostack, readonly)
+    let finish = |tt: usize| {
+        for t in 0..m {
+            let tok = tt * m + t;
+            let at = |k: usize| _mm512_loadu_si512(cp.add(16 * k + t));
+            let sum = _mm512_add_epi32(_mm512_slli_epi32(at(0), 3), at(1));
+            // The mins term from the activation's sums of 32, as `k8::dot` computes it.
+            let bs = _mm256_loadu_si256(act.add(tok * arb + 260) as *const __m256i);
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            let pair = |p: __m128i| _mm512_broadcastd_epi32(p);
+            let mut ms = _mm512_madd_epi16(mins[0], pair(q8s));
+            ms = _mm512_add_epi32(
+                ms,
+                _mm512_madd_epi16(mins[1], pair(_mm_shuffle_epi32(q8s, 0x55))),
             );
+            ms = _mm512_add_epi32(
+                ms,
+                _mm512_madd_epi16(mins[2], pair(_mm_shuffle_epi32(q8s, 0xAA))),
+            );
+            ms = _mm512_add_epi32(
+                ms,
+                _mm512_madd_epi16(mins[3], pair(_mm_shuffle_epi32(q8s, 0xFF))),
+            );
+            let (dy, mut acc) = start(tok);
+            // The mins term first, as `k8::dot` (and ggml) add it.
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(neg_dmin, dy), acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, dy), acc);
+            _mm512_storeu_ps(out.add(tok * stride), acc);
         }
-        store(&mut c);
-        for h in 0..1 + (t1 != t0) as usize {
-            for t in 0..m {
-                let tok = (t0 + h) * m + t;
-                let at = |k: usize| _mm512_loadu_si512(cp.add(16 * (2 * h + k) + t));
-                let sum = _mm512_add_epi32(_mm512_slli_epi32(at(0), 3), at(1));
-                // The mins term from the activation's sums of 32, as `k8::dot` computes it.
-                let bs = _mm256_loadu_si256(act.add(tok * arb + 260) as *const __m256i);
-                let q8s =
-                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                let pair = |p: __m128i| _mm512_broadcastd_epi32(p);
-                let mut ms = _mm512_madd_epi16(mins[0], pair(q8s));
-                ms = _mm512_add_epi32(
-                    ms,
-                    _mm512_madd_epi16(mins[1], pair(_mm_shuffle_epi32(q8s, 0x55))),
+    };
+    let cm = c.as_mut_ptr();
+    for tt in 0..n {
+        let a = act.add(tt * m * arb + 4);
+        if tt % 2 == 0 {
+            if tt > 0 {
+                asm!(
+                    "tilestored [{c} + {s}*1], tmm6",
+                    "tilestored [{c} + {s}*1 + 1024], tmm7",
+                    c = in(reg) cm,
+                    s = in(reg) 64usize,
+                    options(nostack)
                 );
-                ms = _mm512_add_epi32(
-                    ms,
-                    _mm512_madd_epi16(mins[2], pair(_mm_shuffle_epi32(q8s, 0xAA))),
+            }
+            asm!("tilezero tmm4", "tilezero tmm5", options(nostack, nomem));
+            for s in 0..4 {
+                asm!(
+                    "tileloadd tmm0, [{a} + {sa}*1]",
+                    "tileloadd tmm2, [{b} + {sb}*1]",
+                    "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
+                    "tdpbssd tmm4, tmm0, tmm2",
+                    "tdpbssd tmm5, tmm0, tmm3",
+                    a = in(reg) a.add(64 * s),
+                    sa = in(reg) arb,
+                    b = in(reg) tp.add(s * 2 * 1024),
+                    sb = in(reg) 64usize,
+                    options(nostack, readonly)
                 );
-                ms = _mm512_add_epi32(
-                    ms,
-                    _mm512_madd_epi16(mins[3], pair(_mm_shuffle_epi32(q8s, 0xFF))),
+            }
+        } else {
+            asm!(
+                "tilestored [{c} + {s}*1], tmm4",
+                "tilestored [{c} + {s}*1 + 1024], tmm5",
+                c = in(reg) cm,
+                s = in(reg) 64usize,
+                options(nostack)
+            );
+            asm!("tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
+            for s in 0..4 {
+                asm!(
+                    "tileloadd tmm0, [{a} + {sa}*1]",
+                    "tileloadd tmm2, [{b} + {sb}*1]",
+                    "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
+                    "tdpbssd tmm6, tmm0, tmm2",
+                    "tdpbssd tmm7, tmm0, tmm3",
+                    a = in(reg) a.add(64 * s),
+                    sa = in(reg) arb,
+                    b = in(reg) tp.add(s * 2 * 1024),
+                    sb = in(reg) 64usize,
+                    options(nostack, readonly)
                 );
-                let (dy, mut acc) = start(tok);
-                // The mins term first, as `k8::dot` (and ggml) add it.
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(neg_dmin, dy), acc);
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, dy), acc);
-                _mm512_storeu_ps(out.add(tok * stride), acc);
             }
         }
+        if tt > 0 {
+            finish(tt - 1);
+        }
     }
+    let (c0, c1) = if (n - 1) % 2 == 0 { (4, 5) } else { (6, 7) };
+    if c0 == 4 {
+        asm!(
+            "tilestored [{c} + {s}*1], tmm4",
+            "tilestored [{c} + {s}*1 + 1024], tmm5",
+            c = in(reg) cm,
+            s = in(reg) 64usize,
+            options(nostack)
+        );
+    } else {
+        asm!(
+            "tilestored [{c} + {s}*1], tmm6",
+            "tilestored [{c} + {s}*1 + 1024], tmm7",
+            c = in(reg) cm,
+            s = in(reg) 64usize,
+            options(nostack)
+        );
+    }
+    let _ = c1;
+    finish(n - 1);
 }
 
 /// Unpack four 32-value blocks of the 16 rows of two `x8` groups (`b0`, `b1`: their first group
