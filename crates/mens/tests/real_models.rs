@@ -185,6 +185,18 @@ fn greedy_matches_llama_cpp_gemma3() {
     greedy_matches_llama_cpp("gemma3-270m");
 }
 
+/// One pass over `seq`; `f(step, logits)` for each position from `from` on (step 0 at `from`).
+fn step_logits(s: &mut Session, seq: &[u32], from: usize, mut f: impl FnMut(usize, &[f32])) {
+    s.forward(
+        seq,
+        Logits::All {
+            from,
+            f: &mut |i, lg| f(i - from, lg),
+        },
+    )
+    .unwrap();
+}
+
 /// 256 greedy steps with the KV cache against the uncached computation (the whole sequence re-run):
 /// the same tokens, logits within 1e-3. The first 48 steps re-run the sequence literally every step
 /// (what `--no-kv-cache` does, quadratic in cost); all 256 are then checked against one uncached pass
@@ -234,25 +246,17 @@ fn kv_cache_parity_0_5b() {
     uncached.reset();
     let from = prompt.len() - 1;
     let mut checked = 0;
-    uncached
-        .forward(
-            &seq[..seq.len() - 1],
-            Logits::All {
-                from,
-                f: &mut |i, lg| {
-                    let c = &cached_logits[i - from];
-                    let d = c
-                        .iter()
-                        .zip(lg)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0f32, f32::max);
-                    max_diff = max_diff.max(d);
-                    assert_eq!(argmax(c), argmax(lg), "step {}", i - from);
-                    checked += 1;
-                },
-            },
-        )
-        .unwrap();
+    step_logits(&mut uncached, &seq[..seq.len() - 1], from, |step, lg| {
+        let c = &cached_logits[step];
+        let d = c
+            .iter()
+            .zip(lg)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        max_diff = max_diff.max(d);
+        assert_eq!(argmax(c), argmax(lg), "step {step}");
+        checked += 1;
+    });
     assert_eq!(checked, steps);
     eprintln!("0.5B: max |logit difference| cached vs uncached over {steps} steps: {max_diff:e}");
     assert!(max_diff < 1e-3);
@@ -261,21 +265,13 @@ fn kv_cache_parity_0_5b() {
     // passes of 64 rows or more): close to decoding, not equal; a near-tie may flip.
     let mut tiled = Session::new(l.model.clone(), opts).unwrap();
     let (mut agree, mut worst) = (0, 0f32);
-    tiled
-        .forward(
-            &seq[..seq.len() - 1],
-            Logits::All {
-                from,
-                f: &mut |i, lg| {
-                    let c = &cached_logits[i - from];
-                    let d: f32 = c.iter().zip(lg).map(|(a, b)| (a - b) * (a - b)).sum();
-                    let n: f32 = c.iter().map(|a| a * a).sum();
-                    worst = worst.max((d / n).sqrt());
-                    agree += usize::from(argmax(c) == argmax(lg));
-                },
-            },
-        )
-        .unwrap();
+    step_logits(&mut tiled, &seq[..seq.len() - 1], from, |step, lg| {
+        let c = &cached_logits[step];
+        let d: f32 = c.iter().zip(lg).map(|(a, b)| (a - b) * (a - b)).sum();
+        let n: f32 = c.iter().map(|a| a * a).sum();
+        worst = worst.max((d / n).sqrt());
+        agree += usize::from(argmax(c) == argmax(lg));
+    });
     eprintln!(
         "0.5B, tiled prompt attention: argmax equal at {agree}/{steps} steps, worst relative L2 of the logits {worst:e}"
     );

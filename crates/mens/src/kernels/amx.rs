@@ -546,80 +546,58 @@ unsafe fn dot<const Q6: bool>(
         }
     };
     let cm = c.as_mut_ptr();
+    // The two sum tiles $s0, $s1 into the scratch.
+    macro_rules! store2 {
+        ($s0:literal, $s1:literal) => {
+            asm!(
+                concat!("tilestored [{c} + {s}*1], ", $s0),
+                concat!("tilestored [{c} + {s}*1 + 1024], ", $s1),
+                c = in(reg) cm,
+                s = in(reg) 64usize,
+                options(nostack)
+            )
+        };
+    }
+    // Token tile `a`'s products into the sum tiles $s0, $s1.
+    macro_rules! products {
+        ($a:expr, $s0:literal, $s1:literal) => {
+            asm!(concat!("tilezero ", $s0), concat!("tilezero ", $s1), options(nostack, nomem));
+            for s in 0..4 {
+                asm!(
+                    "tileloadd tmm0, [{a} + {sa}*1]",
+                    "tileloadd tmm2, [{b} + {sb}*1]",
+                    "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
+                    concat!("tdpbssd ", $s0, ", tmm0, tmm2"),
+                    concat!("tdpbssd ", $s1, ", tmm0, tmm3"),
+                    a = in(reg) $a.add(64 * s),
+                    sa = in(reg) arb,
+                    b = in(reg) tp.add(s * 2 * 1024),
+                    sb = in(reg) 64usize,
+                    options(nostack, readonly)
+                );
+            }
+        };
+    }
     for tt in 0..n {
         let a = act.add(tt * m * arb + 4);
         if tt % 2 == 0 {
             if tt > 0 {
-                asm!(
-                    "tilestored [{c} + {s}*1], tmm6",
-                    "tilestored [{c} + {s}*1 + 1024], tmm7",
-                    c = in(reg) cm,
-                    s = in(reg) 64usize,
-                    options(nostack)
-                );
+                store2!("tmm6", "tmm7");
             }
-            asm!("tilezero tmm4", "tilezero tmm5", options(nostack, nomem));
-            for s in 0..4 {
-                asm!(
-                    "tileloadd tmm0, [{a} + {sa}*1]",
-                    "tileloadd tmm2, [{b} + {sb}*1]",
-                    "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
-                    "tdpbssd tmm4, tmm0, tmm2",
-                    "tdpbssd tmm5, tmm0, tmm3",
-                    a = in(reg) a.add(64 * s),
-                    sa = in(reg) arb,
-                    b = in(reg) tp.add(s * 2 * 1024),
-                    sb = in(reg) 64usize,
-                    options(nostack, readonly)
-                );
-            }
+            products!(a, "tmm4", "tmm5");
         } else {
-            asm!(
-                "tilestored [{c} + {s}*1], tmm4",
-                "tilestored [{c} + {s}*1 + 1024], tmm5",
-                c = in(reg) cm,
-                s = in(reg) 64usize,
-                options(nostack)
-            );
-            asm!("tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
-            for s in 0..4 {
-                asm!(
-                    "tileloadd tmm0, [{a} + {sa}*1]",
-                    "tileloadd tmm2, [{b} + {sb}*1]",
-                    "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
-                    "tdpbssd tmm6, tmm0, tmm2",
-                    "tdpbssd tmm7, tmm0, tmm3",
-                    a = in(reg) a.add(64 * s),
-                    sa = in(reg) arb,
-                    b = in(reg) tp.add(s * 2 * 1024),
-                    sb = in(reg) 64usize,
-                    options(nostack, readonly)
-                );
-            }
+            store2!("tmm4", "tmm5");
+            products!(a, "tmm6", "tmm7");
         }
         if tt > 0 {
             finish(tt - 1);
         }
     }
-    let (c0, c1) = if (n - 1) % 2 == 0 { (4, 5) } else { (6, 7) };
-    if c0 == 4 {
-        asm!(
-            "tilestored [{c} + {s}*1], tmm4",
-            "tilestored [{c} + {s}*1 + 1024], tmm5",
-            c = in(reg) cm,
-            s = in(reg) 64usize,
-            options(nostack)
-        );
+    if (n - 1) % 2 == 0 {
+        store2!("tmm4", "tmm5");
     } else {
-        asm!(
-            "tilestored [{c} + {s}*1], tmm6",
-            "tilestored [{c} + {s}*1 + 1024], tmm7",
-            c = in(reg) cm,
-            s = in(reg) 64usize,
-            options(nostack)
-        );
+        store2!("tmm6", "tmm7");
     }
-    let _ = c1;
     finish(n - 1);
 }
 
