@@ -1184,6 +1184,27 @@ pub(super) mod tests {
             .collect()
     }
 
+    /// A random pass: the layout of `n_head` / `n_kv` heads of `hd`, the row width, `t` rows of
+    /// Q/K/V in [-1, 1), and K and V caches of `cap` positions.
+    #[allow(clippy::type_complexity)]
+    pub(in crate::kernels) fn random_pass(
+        rng: &mut rand::rngs::StdRng,
+        (hd, n_head, n_kv): (usize, usize, usize),
+        t: usize,
+        cap: usize,
+    ) -> (QkvLayout, usize, Vec<f32>, Vec<u16>, Vec<u16>) {
+        let l = QkvLayout {
+            q_dim: n_head * hd,
+            kv_dim: n_kv * hd,
+            head_dim: hd,
+        };
+        let row = l.q_dim + 2 * l.kv_dim;
+        let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let kb = random_f16_cache(rng, n_kv * cap * hd);
+        let vb = random_f16_cache(rng, n_kv * cap * hd);
+        (l, row, qkv, kb, vb)
+    }
+
     /// Those values as an f16 cache's rows of `hd`.
     pub(in crate::kernels) fn f16_rows(b: &[u16], hd: usize) -> KvRows<'_> {
         KvRows {
@@ -1209,18 +1230,8 @@ pub(super) mod tests {
             (64, 6, 2, 90, 40, 37),
             (128, 7, 1, 16, 0, all),
         ] {
-            let l = QkvLayout {
-                q_dim: n_head * hd,
-                kv_dim: n_kv * hd,
-                head_dim: hd,
-            };
-            let row = l.q_dim + 2 * l.kv_dim;
             let cap = pos0 + t + 3;
-            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let (kb, vb) = (
-                random_f16_cache(&mut rng, n_kv * cap * hd),
-                random_f16_cache(&mut rng, n_kv * cap * hd),
-            );
+            let (l, row, qkv, kb, vb) = random_pass(&mut rng, (hd, n_head, n_kv), t, cap);
             let mask = Mask {
                 scale: 0.7 / (hd as f32).sqrt(),
                 window,

@@ -496,7 +496,7 @@ unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::attention::tests::{f16_rows, random_f16_cache};
+    use super::super::attention::tests::{f16_rows, random_pass};
     use super::*;
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -515,18 +515,8 @@ mod tests {
             (256, 4, 1, 70, 5, all),
             (64, 6, 2, 90, 40, 37),
         ] {
-            let l = QkvLayout {
-                q_dim: n_head * hd,
-                kv_dim: n_kv * hd,
-                head_dim: hd,
-            };
-            let row = l.q_dim + 2 * l.kv_dim;
             let cap = pos0 + t + 3;
-            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let (kb, vb) = (
-                random_f16_cache(&mut rng, n_kv * cap * hd),
-                random_f16_cache(&mut rng, n_kv * cap * hd),
-            );
+            let (l, row, qkv, kb, vb) = random_pass(&mut rng, (hd, n_head, n_kv), t, cap);
             let scale = 0.7 / (hd as f32).sqrt();
             let mask = Mask { scale, window };
             let mut out = vec![f32::NAN; t * l.q_dim];
@@ -721,18 +711,8 @@ mod tests {
             (128, 12, 2, usize::MAX),
             (64, 6, 2, 100),
         ] {
-            let l = QkvLayout {
-                q_dim: n_head * hd,
-                kv_dim: n_kv * hd,
-                head_dim: hd,
-            };
-            let row = l.q_dim + 2 * l.kv_dim;
             let t = 300;
-            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let (kb, vb) = (
-                random_f16_cache(&mut rng, n_kv * t * hd),
-                random_f16_cache(&mut rng, n_kv * t * hd),
-            );
+            let (l, row, qkv, kb, vb) = random_pass(&mut rng, (hd, n_head, n_kv), t, t);
             let mask = Mask {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
