@@ -130,8 +130,9 @@ pub(crate) struct SampleArgs {
     /// The draft model for `--spec draft` (also `-md`, as llama.cpp spells it).
     #[arg(long = "model-draft", value_name = "GGUF")]
     pub(crate) model_draft: Option<std::path::PathBuf>,
-    /// Most tokens proposed per step.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Most tokens proposed per step (at most 48: a verify pass stays below the 64 rows from which
+    /// prompt attention runs other arithmetic).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=48))]
     pub(crate) spec_max: u32,
     /// Longest run of last tokens looked up (shorter ones are tried after it).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]

@@ -77,8 +77,9 @@ pub struct ServeArgs {
     /// The draft model for `--spec draft` (also `-md`), with its own cache for every slot.
     #[arg(long = "model-draft", value_name = "GGUF")]
     model_draft: Option<PathBuf>,
-    /// Most tokens proposed per step.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Most tokens proposed per step (at most 48: a verify pass stays below the 64 rows from which
+    /// prompt attention runs other arithmetic).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=48))]
     spec_max: u32,
     /// Speculate even in steps where it measures slower than plain decoding (by default the
     /// server switches it off there for 64 steps, then tries again): for benchmarks.

@@ -7,6 +7,12 @@ use crate::error::{Error, Result};
 use crate::runner::{Logits, Runner};
 use crate::tokenizer::Tokenizer;
 
+/// Most proposals a verify pass takes, whatever `SpecOptions::max` asks: the pass (the proposals
+/// and the token before them) stays below the 64 rows from which CPU prompt attention runs its own
+/// (tiled f32) arithmetic, so verified tokens get decode's bits and the output stays identical.
+pub const MAX_PROPOSALS: usize = 48;
+const _: () = assert!(MAX_PROPOSALS + 1 < crate::kernels::TILED_ATTENTION_FROM);
+
 /// How to speculate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpecOptions {

@@ -16,6 +16,8 @@ pub mod ops;
 pub mod pool;
 pub mod profile;
 mod prompt_attention;
+/// Query rows from which a pass's attention runs the tiled f32 arithmetic.
+pub(crate) use prompt_attention::FROM as TILED_ATTENTION_FROM;
 mod simd;
 pub mod x8;
 
