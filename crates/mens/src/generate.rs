@@ -197,11 +197,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             let room = ctx - session.tokens().len() - 1;
             // The step yields the accepted proposals and one more token: stay within max_tokens.
             let left = (opts.max_tokens - stats.generated).saturating_sub(1);
-            let cap = sp
-                .max
-                .min(crate::spec::MAX_PROPOSALS)
-                .min(room - 1)
-                .min(left);
+            let cap = sp.most().min(room - 1).min(left);
             // The prompt lookup's proposal; with a draft model, the draft's instead unless the
             // planner expects more of the lookup (it costs no draft steps: an answer that
             // repeats the prompt).

@@ -735,7 +735,7 @@ impl Loop<'_> {
             // The step yields the accepted proposals and one more token: within ctx and max_tokens.
             let room = ctx.saturating_sub(held.len() + 2);
             let left = a.req.max_tokens.saturating_sub(a.generated + 1);
-            let max = sp.max.min(crate::spec::MAX_PROPOSALS).min(room).min(left);
+            let max = sp.most().min(room).min(left);
             if max == 0 {
                 continue;
             }

@@ -25,6 +25,13 @@ pub struct SpecOptions {
     pub gate: bool,
 }
 
+impl SpecOptions {
+    /// Most proposals a verify pass takes: `max`, at most [`MAX_PROPOSALS`].
+    pub fn most(&self) -> usize {
+        self.max.min(MAX_PROPOSALS)
+    }
+}
+
 impl Default for SpecOptions {
     fn default() -> Self {
         SpecOptions {

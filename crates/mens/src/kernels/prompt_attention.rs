@@ -13,8 +13,8 @@
 //!
 //! A task is one KV head and a block of tokens with every query head of the group: each K/V tile
 //! is read from memory once per block and widened to f32 once; then on AVX-512 the heads of a
-//! token go through it four at a time (`rows_tile_avx512`: each loaded key vector serves four
-//! rows), elsewhere one at a time.
+//! token go through it up to six at a time (`rows_tile_avx512`: each loaded key vector serves all
+//! of them), elsewhere one at a time.
 
 use super::attention::{run_finish, run_start, Mask, RUN_HEADER};
 use super::kv::KvRows;
@@ -127,16 +127,7 @@ pub fn attention(
                             let q = &qkv[at..at + n * hd];
                             let st = &mut runs[r * sl..(r + n) * sl];
                             // SAFETY: `wide512` says AVX-512F, AVX2 and FMA are present; hd % 64 == 0.
-                            unsafe {
-                                match n {
-                                    6 => rows_tile_avx512::<6>(q, kt, vt, range, mask.scale, st, p),
-                                    5 => rows_tile_avx512::<5>(q, kt, vt, range, mask.scale, st, p),
-                                    4 => rows_tile_avx512::<4>(q, kt, vt, range, mask.scale, st, p),
-                                    3 => rows_tile_avx512::<3>(q, kt, vt, range, mask.scale, st, p),
-                                    2 => rows_tile_avx512::<2>(q, kt, vt, range, mask.scale, st, p),
-                                    _ => rows_tile_avx512::<1>(q, kt, vt, range, mask.scale, st, p),
-                                }
-                            }
+                            unsafe { rows_tile_n(n, q, kt, vt, range, mask.scale, st, p) };
                             h += n;
                         }
                         continue;
@@ -470,6 +461,33 @@ unsafe fn rows_tile_avx512<const R: usize>(
     }
 }
 
+/// [`rows_tile_avx512`] for `n` (1 to 6) rows: `q` and `runs` hold `n` rows.
+///
+/// # Safety
+/// As [`rows_tile_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_tile_n(
+    n: usize,
+    q: &[f32],
+    kt: &[f32],
+    vt: &[f32],
+    range: (usize, usize),
+    scale: f32,
+    runs: &mut [f32],
+    p: &mut [f32],
+) {
+    match n {
+        6 => rows_tile_avx512::<6>(q, kt, vt, range, scale, runs, p),
+        5 => rows_tile_avx512::<5>(q, kt, vt, range, scale, runs, p),
+        4 => rows_tile_avx512::<4>(q, kt, vt, range, scale, runs, p),
+        3 => rows_tile_avx512::<3>(q, kt, vt, range, scale, runs, p),
+        2 => rows_tile_avx512::<2>(q, kt, vt, range, scale, runs, p),
+        1 => rows_tile_avx512::<1>(q, kt, vt, range, scale, runs, p),
+        _ => unreachable!("1 to 6 rows a pass"),
+    }
+}
+
 /// e^x on 16 lanes for x ≤ 0 (a score minus the running max; -inf and anything below the f32
 /// range give 0): x = n ln 2 + r with |r| ≤ ln 2 / 2, e^r by its Taylor series to r^6 (error
 /// below 2e-7 relative), scaled by 2^n. Not glibc's bits: this path needs no bit agreement with
@@ -679,15 +697,7 @@ mod tests {
                     let mut together = runs.clone();
                     let (q, st) = (&q[..n * hd], &mut together[..n * sl]);
                     // SAFETY: as above.
-                    unsafe {
-                        match n {
-                            2 => rows_tile_avx512::<2>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
-                            3 => rows_tile_avx512::<3>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
-                            4 => rows_tile_avx512::<4>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
-                            5 => rows_tile_avx512::<5>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
-                            _ => rows_tile_avx512::<6>(q, &kt, &vt, (a, b), 0.1, st, &mut pn),
-                        }
-                    }
+                    unsafe { rows_tile_n(n, q, &kt, &vt, (a, b), 0.1, st, &mut pn) };
                     for (i, (x, y)) in together[..n * sl].iter().zip(&alone).enumerate() {
                         assert_eq!(
                             x.to_bits(),
