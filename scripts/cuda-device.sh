@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|test|serve|coding|batch|serving|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -176,6 +176,33 @@ if [ "$MODE" = concurrency ] || [ "$MODE" = all ]; then
   done
 fi
 
+if [ "$MODE" = ab ]; then
+  # The working tree's binary against $BIN/mens-old (carried as .device/mens-old.xz, built from
+  # another commit with its own CARGO_TARGET_DIR), alternating twice per shape: the verify pass
+  # (issue 18) and the batched runner at 1, 2, 4 and 8 sequences (the dp4a kernels); then each
+  # binary's per-kernel profile of the dp4a step at every batch size on the last shape.
+  for s in ${SHAPES//,/ }; do
+    m=$(synth "$s")
+    for round in 1 2; do
+      for b in mens-old mens; do
+        "$BIN/$b" bench -m "$m" --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 \
+          --verify 1,2,4,8,16 --verify-depth 512 -q 2>&1 | grep -E "verify|rror" | sed "s/^/synth $s, round $round, $b: /"
+        "$BIN/$b" bench -m "$m" --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 \
+          --concurrency 1,2,4,8 --concurrency-prompt 256 --gen 128 -q 2>&1 \
+          | grep -E "sequences together|rror" | sed "s/^/synth $s, round $round, $b: /"
+      done
+    done
+  done | tee "$OUT/ab.txt"
+  for b in mens-old mens; do
+    MENS_CUDA_BATCH=dp4a MENS_CUDA_PROFILE=1 timeout 200 "$BIN/$b" serve --backend cuda -m "$m" --port 8097 \
+      --parallel 16 -c 1024 > "$OUT/ab-profile-$b.txt" 2>&1 &
+    ppid=$!
+    for _ in $(seq 200); do grep -q "serving" "$OUT/ab-profile-$b.txt" && break; sleep 1; done
+    kill $ppid; wait $ppid 2>/dev/null
+    grep -E "profile" "$OUT/ab-profile-$b.txt" | head -4
+  done
+fi
+
 if [ "$MODE" = families ]; then
   # Issue 15: the batched runner (no HTTP) with each kernel family of 16 rows and more, alternating
   # twice per shape (MENS_CUDA_BATCH: unset = the default mix, cublas), then where a 7B step's
@@ -192,7 +219,7 @@ if [ "$MODE" = families ]; then
   MENS_CUDA_PROFILE=both timeout 150 "$BIN/mens" serve --backend cuda -m "$(synth 7b)" --port 8096 --parallel 64 -c 1024 \
     > "$OUT/families-profile.txt" 2>&1 &
   ppid=$!
-  for _ in $(seq 150); do grep -q "listening" "$OUT/families-profile.txt" && break; sleep 1; done
+  for _ in $(seq 150); do grep -q "serving" "$OUT/families-profile.txt" && break; sleep 1; done
   kill $ppid; wait $ppid 2>/dev/null
   grep -E "profile" "$OUT/families-profile.txt"
 fi

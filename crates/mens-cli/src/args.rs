@@ -323,7 +323,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 256)]
     pub(crate) concurrency_prompt: usize,
     /// Speculative decoding's verify pass: for each K, the time of one forward pass over K tokens
-    /// with every position's logits, after a context of --verify-depth tokens, against one decode
+    /// with every position's greedy pick, after a context of --verify-depth tokens, against one decode
     /// step (comma-separated K, 1 to 64).
     #[arg(long, value_delimiter = ',')]
     pub(crate) verify: Vec<usize>,

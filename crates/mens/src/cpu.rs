@@ -764,17 +764,17 @@ impl Session {
         let mut done = 0;
         for chunk in tokens.chunks(b) {
             let last = done + chunk.len() == tokens.len();
-            match &mut logits {
-                Logits::None => self.forward_batch(chunk, None),
-                Logits::Last => self.forward_batch(chunk, if last { Some(None) } else { None }),
-                Logits::All { from, f } => {
-                    let skip = from.saturating_sub(done);
-                    let mut cb = |i: usize, l: &[f32]| f(done + i, l);
-                    if skip >= chunk.len() {
-                        self.forward_batch(chunk, None)
-                    } else {
-                        self.forward_batch(chunk, Some(Some((skip, &mut cb))))
-                    }
+            match logits.start() {
+                None if last && matches!(logits, Logits::Last) => {
+                    self.forward_batch(chunk, Some(None))
+                }
+                None => self.forward_batch(chunk, None),
+                Some(from) if from.saturating_sub(done) >= chunk.len() => {
+                    self.forward_batch(chunk, None)
+                }
+                Some(from) => {
+                    let mut cb = |i: usize, l: &[f32]| logits.give(done + i, l);
+                    self.forward_batch(chunk, Some(Some((from.saturating_sub(done), &mut cb))))
                 }
             }
             done += chunk.len();
@@ -950,8 +950,8 @@ impl Batch {
         for p in parts.iter_mut() {
             let start = row;
             row += p.tokens.len();
-            if let Logits::All { from, f } = &mut p.logits {
-                let mut i = *from;
+            if let Some(from) = p.logits.start() {
+                let mut i = from;
                 while i < p.tokens.len() {
                     let k = cap.min(p.tokens.len() - i);
                     for j in 0..k {
@@ -963,7 +963,7 @@ impl Batch {
                     r.in_head.set(&self.head_rows[..k * d], k);
                     lm_head(m, &r.in_head, &mut r.logits, k);
                     for j in 0..k {
-                        f(i + j, &r.logits[j * v..(j + 1) * v]);
+                        p.logits.give(i + j, &r.logits[j * v..(j + 1) * v]);
                     }
                     i += k;
                 }
@@ -1210,6 +1210,32 @@ mod tests {
         assert_eq!(got.len(), toks.len() - 2);
         assert!(got == want, "batch logits differ from the session's");
         assert!(b.logits_and_tokens(1).is_some());
+        // Logits::Argmax: each position's argmax, in the session and in the batch.
+        let picks: Vec<(usize, u32)> = want
+            .iter()
+            .map(|(i, l)| (*i, crate::sample::argmax(l)))
+            .collect();
+        s.truncate(0);
+        let mut got = Vec::new();
+        s.forward(
+            &toks,
+            Logits::Argmax {
+                from: 2,
+                f: &mut |i, t| got.push((i, t)),
+            },
+        )
+        .unwrap();
+        assert_eq!(got, picks, "session picks");
+        b.truncate_slot(0, 0);
+        let mut got = Vec::new();
+        let mut f = |i: usize, t: u32| got.push((i, t));
+        b.step(&mut [Part {
+            slot: 0,
+            tokens: &toks,
+            logits: Logits::Argmax { from: 2, f: &mut f },
+        }])
+        .unwrap();
+        assert_eq!(got, picks, "batch picks");
     }
 
     /// A cached key moved by `shift` equals the key computed at the new position, to f16 rounding:

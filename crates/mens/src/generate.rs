@@ -244,19 +244,18 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             picks.clear();
             rows.clear();
             let base = session.tokens().len();
-            session.forward(
-                &step_tokens,
+            let logits = if greedy {
+                Logits::Argmax {
+                    from: 0,
+                    f: &mut |_, t| picks.push(t),
+                }
+            } else {
                 Logits::All {
                     from: 0,
-                    f: &mut |_, l| {
-                        if greedy {
-                            picks.push(crate::sample::argmax(l))
-                        } else {
-                            rows.extend_from_slice(l)
-                        }
-                    },
-                },
-            )?;
+                    f: &mut |_, l| rows.extend_from_slice(l),
+                }
+            };
+            session.forward(&step_tokens, logits)?;
             let (agree, next_token) = if greedy {
                 let agree = crate::spec::agreeing(&draft, &picks);
                 (agree, picks[agree])

@@ -337,7 +337,7 @@ impl crate::runner::Runner for MetalSession {
         let logits = std::mem::replace(&mut p.logits, Logits::None);
         let tokens = p.tokens;
         self.check(tokens)?;
-        match logits {
+        logits.rows(|logits| match logits {
             Logits::Last | Logits::None => self.run(tokens),
             Logits::All { from, f } => {
                 let from = from.min(tokens.len());
@@ -350,7 +350,8 @@ impl crate::runner::Runner for MetalSession {
                 }
                 Ok(())
             }
-        }
+            Logits::Argmax { .. } => Err(Error::Backend("Logits::rows left an Argmax".into())),
+        })
     }
     fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
         if sampler.is_greedy() && !sampler.needs_logits() {

@@ -20,6 +20,49 @@ pub enum Logits<'a> {
         from: usize,
         f: &'a mut dyn FnMut(usize, &[f32]),
     },
+    /// Every position's greedy pick from index `from` on, handed to the callback as (index,
+    /// token): a greedy verify pass, which needs no logits on the host (a CUDA batch reads back
+    /// one id a row, picked on the device as its greedy decoding picks).
+    Argmax {
+        from: usize,
+        f: &'a mut dyn FnMut(usize, u32),
+    },
+}
+
+impl Logits<'_> {
+    /// Whether every position's logits (or picks) from some index on are wanted.
+    pub fn every(&self) -> bool {
+        self.start().is_some()
+    }
+
+    /// The first position whose logits (or pick) are wanted, for `All` and `Argmax`.
+    pub fn start(&self) -> Option<usize> {
+        match self {
+            Logits::All { from, .. } | Logits::Argmax { from, .. } => Some(*from),
+            Logits::None | Logits::Last => None,
+        }
+    }
+
+    /// Hand position `i`'s logits over: the row itself (`All`) or its argmax (`Argmax`).
+    pub fn give(&mut self, i: usize, row: &[f32]) {
+        match self {
+            Logits::All { f, .. } => f(i, row),
+            Logits::Argmax { f, .. } => f(i, crate::sample::argmax(row)),
+            Logits::None | Logits::Last => {}
+        }
+    }
+
+    /// Run `run` with `Argmax` turned into `All` (each pick made on the host from its row): for
+    /// runners that read every row back anyway.
+    pub fn rows<R>(self, run: impl FnOnce(Logits) -> R) -> R {
+        match self {
+            Logits::Argmax { from, f } => {
+                let mut g = |i: usize, row: &[f32]| f(i, crate::sample::argmax(row));
+                run(Logits::All { from, f: &mut g })
+            }
+            other => run(other),
+        }
+    }
 }
 
 /// Tokens to append to one slot's sequence in a step.

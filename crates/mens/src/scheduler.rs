@@ -839,13 +839,13 @@ impl Loop<'_> {
         self.emitted = 0;
         // One callback per speculating slot, collecting the greedy pick at each position.
         let mut pick_refs: Vec<Option<&mut Vec<u32>>> = self.picks.iter_mut().map(Some).collect();
-        let mut fs: Vec<Box<dyn FnMut(usize, &[f32]) + '_>> = Vec::new();
+        let mut fs: Vec<Box<dyn FnMut(usize, u32) + '_>> = Vec::new();
         for w in work {
             if let Work::Decode { slot, len } = *w {
                 if len > 1 {
                     let p = pick_refs[slot].take().expect("one part per slot");
                     p.clear();
-                    fs.push(Box::new(move |_, l| p.push(crate::sample::argmax(l))));
+                    fs.push(Box::new(move |_, t| p.push(t)));
                 }
             }
         }
@@ -858,7 +858,7 @@ impl Loop<'_> {
                     slot,
                     tokens: &self.feed[slot][..len],
                     logits: if len > 1 {
-                        Logits::All {
+                        Logits::Argmax {
                             from: 0,
                             f: &mut **fs_iter.next().expect("a callback per speculating slot"),
                         }

@@ -506,6 +506,11 @@ impl CudaBatch {
             BatchKernels::Cublas => Family::Blas,
         };
         let mma = fam != Family::Dp4a; // f16 activations
+        // dp4a tiles: 8 activation rows for the gate/up and LM-head matrices (many weight rows),
+        // 4 for Q/K/V, the attention output and ffn_down, which measured faster in two tiles
+        // of 4 at 8 and 16 rows (H200, synth 7B: ffn_down 1559 µs against 2144 at 8 rows, while
+        // gate/up took 2195 against 2676; docs/benchmarks.md, session 21).
+        let narrow = bp.min(4);
         let (tok, pos, slot, orow) = (
             self.meta.ptr,
             self.meta.at(4 * s),
@@ -660,7 +665,7 @@ impl CudaBatch {
             } else {
                 if let Some((wq, wkn)) = &l.qk_norm {
                     // Qwen3: matmul, per-head norm, then RoPE and the cache write (see the session).
-                    launch!(dev, matmul_q8 as "matmul_q8 (qkv)", (row.div_ceil(4) as u32, 1), 128;
+                    launch!(dev, (dev.matmul_q8(narrow)) as "matmul_q8 (qkv)", Device::q8_grid(row), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, self.qkv.ptr,
                         row as i32, 0u64, bias, 0i32)?;
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
@@ -670,19 +675,19 @@ impl CudaBatch {
                         c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                     n += 2;
                 } else {
-                    launch!(dev, qkv_rope_b, ((row / 2).div_ceil(4) as u32, 1), 128;
+                    launch!(dev, (dev.qkv_rope_b(narrow)) as "qkv_rope_b", ((row / 2).div_ceil(4) as u32, 1), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
                         slot, slot_stride, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
                         self.q.ptr, wk, wv, self.qkv.ptr)?;
                 }
                 att(li, kc, vc, 0)?;
-                launch!(dev, matmul_q8 as "matmul_q8 (attn_output + residual)", (c.dim.div_ceil(4) as u32, 1), 128;
+                launch!(dev, (dev.matmul_q8(narrow)) as "matmul_q8 (attn_output + residual)", Device::q8_grid(c.dim), 128;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
                     0u64, 0u64, 1i32)?;
                 norm(l.ffn_norm.ptr)?;
-                launch!(dev, glu_q8_b, ((f / 32) as u32, 1), 1024;
+                launch!(dev, (dev.glu_q8_b(bp)) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
-                launch!(dev, matmul_q8 as "matmul_q8 (ffn_down + residual)", (c.dim.div_ceil(4) as u32, 1), 128;
+                launch!(dev, (dev.matmul_q8(narrow)) as "matmul_q8 (ffn_down + residual)", Device::q8_grid(c.dim), 128;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
                     0u64, 0u64, 1i32)?;
                 norm(rest.ptr)?;
@@ -694,7 +699,7 @@ impl CudaBatch {
                 head.seg, Seg::NONE, Seg::NONE, d, self.x16.ptr, b, self.logits.ptr, v as i32, orow,
                 0u64, 0i32, part, counters)?;
         } else {
-            launch!(dev, matmul_q8 as "matmul_q8 (LM head)", (v.div_ceil(4) as u32, 1), 128;
+            launch!(dev, (dev.matmul_q8(bp)) as "matmul_q8 (LM head)", Device::q8_grid(v), 128;
                 head.seg, Seg::NONE, Seg::NONE, d, self.aq.ptr, self.ad.ptr, b, self.logits.ptr,
                 v as i32, orow, 0u64, 0i32)?;
         }
@@ -1061,11 +1066,11 @@ impl Runner for CudaBatch {
         let mut verify = Vec::new();
         for (i, p) in parts.iter_mut().enumerate() {
             self.ready[p.slot] = false;
-            if p.tokens.len() == 1 && !matches!(p.logits, Logits::All { .. }) {
+            if p.tokens.len() == 1 && !p.logits.every() {
                 rows.push((p.slot, p.tokens[0], p.slot));
                 continue;
             }
-            if matches!(p.logits, Logits::All { .. })
+            if p.logits.every()
                 && self.kv == KvType::F16
                 && p.tokens.len() <= VERIFY_ROWS
                 && rows.len() + p.tokens.len() <= self.rows
@@ -1099,16 +1104,27 @@ impl Runner for CudaBatch {
         for (i, first) in verify {
             let p = &mut parts[i];
             let n = p.tokens.len();
-            if let Logits::All { from, f } = &mut p.logits {
-                // One copy of the part's rows (the read waits for the step).
-                self.verify_logits.resize(n * v, 0.0);
-                let at = 4 * (self.slots + 1 + first) * v;
-                self.model
-                    .dev
-                    .read(&self.logits, at, &mut self.verify_logits)?;
-                for j in (*from).min(n)..n {
-                    f(j, &self.verify_logits[j * v..(j + 1) * v]);
+            let row = self.slots + 1 + first;
+            match &mut p.logits {
+                Logits::All { from, f } => {
+                    // One copy of the part's rows (the read waits for the step).
+                    self.verify_logits.resize(n * v, 0.0);
+                    self.model
+                        .dev
+                        .read(&self.logits, 4 * row * v, &mut self.verify_logits)?;
+                    for j in (*from).min(n)..n {
+                        f(j, &self.verify_logits[j * v..(j + 1) * v]);
+                    }
                 }
+                Logits::Argmax { from, f } => {
+                    // The step's argmax_b already picked each row's token: n ids, not n rows.
+                    let mut ids = [0i32; VERIFY_ROWS];
+                    self.model.dev.read(&self.ids, 4 * row, &mut ids[..n])?;
+                    for (j, &t) in ids[..n].iter().enumerate().skip(*from) {
+                        f(j, t as u32);
+                    }
+                }
+                Logits::None | Logits::Last => {}
             }
         }
         let dev = &self.model.dev;

@@ -110,9 +110,18 @@ kernels!(
     topk_partial,
     sample_final,
     penalize,
-    matmul_q8,
-    glu_q8_b,
-    qkv_rope_b,
+    matmul_q8_1,
+    matmul_q8_2,
+    matmul_q8_4,
+    matmul_q8_8,
+    glu_q8_b_1,
+    glu_q8_b_2,
+    glu_q8_b_4,
+    glu_q8_b_8,
+    qkv_rope_b_1,
+    qkv_rope_b_2,
+    qkv_rope_b_4,
+    qkv_rope_b_8,
     attn_decode64_b,
     attn_decode128_b,
     argmax_b,
@@ -555,6 +564,44 @@ impl Device {
     }
 
     /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
+    /// The dp4a batch kernels (kernels/batch.cu) for a batch of `b` rows: activation rows in
+    /// tiles of 1, 2, 4 or 8, each size its own kernel with its own registers.
+    /// `MENS_CUDA_DP4A_TILE=N` caps the tile (for measurements: 8 rows as two tiles of 4).
+    fn dp4a_tile(b: usize) -> usize {
+        static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cap = *CAP.get_or_init(|| {
+            match std::env::var("MENS_CUDA_DP4A_TILE").as_deref() {
+                Ok("1") => 0,
+                Ok("2") => 1,
+                Ok("4") => 2,
+                _ => 3,
+            }
+        });
+        let t = match b {
+            0..=1 => 0,
+            2 => 1,
+            3..=4 => 2,
+            _ => 3,
+        };
+        t.min(cap)
+    }
+    fn matmul_q8(&self, b: usize) -> sys::CUfunction {
+        let f = &self.f;
+        [f.matmul_q8_1, f.matmul_q8_2, f.matmul_q8_4, f.matmul_q8_8][Self::dp4a_tile(b)]
+    }
+    fn glu_q8_b(&self, b: usize) -> sys::CUfunction {
+        let f = &self.f;
+        [f.glu_q8_b_1, f.glu_q8_b_2, f.glu_q8_b_4, f.glu_q8_b_8][Self::dp4a_tile(b)]
+    }
+    fn qkv_rope_b(&self, b: usize) -> sys::CUfunction {
+        let f = &self.f;
+        [f.qkv_rope_b_1, f.qkv_rope_b_2, f.qkv_rope_b_4, f.qkv_rope_b_8][Self::dp4a_tile(b)]
+    }
+    /// Blocks of `matmul_q8_*` for `rows` weight rows (two a warp, four warps a block).
+    fn q8_grid(rows: usize) -> (u32, u32) {
+        (rows.div_ceil(8) as u32, 1)
+    }
+
     fn matmul_h16(&self, b: usize) -> sys::CUfunction {
         match b {
             0..=8 => self.f.matmul_h16_1,

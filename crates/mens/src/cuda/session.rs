@@ -376,7 +376,7 @@ impl CudaSession {
     pub fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
         self.check(tokens)?;
         self.model.dev.bind()?;
-        match logits {
+        logits.rows(|logits| match logits {
             // The head runs anyway (a prefill chunk without logits costs one more matvec).
             Logits::Last | Logits::None => {
                 if tokens.len() == 1 {
@@ -396,7 +396,8 @@ impl CudaSession {
                 }
                 Ok(())
             }
-        }
+            Logits::Argmax { .. } => Err(Error::Backend("Logits::rows left an Argmax".into())),
+        })
     }
 
     /// The last position's logits, copied to the host.

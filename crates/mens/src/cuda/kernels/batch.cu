@@ -1,12 +1,10 @@
 // ---------------------------------------------------------------------------------------------
 // Batched decode (the server's step): B sequences, one new token each, at their own positions and
 // in their own cache slots. The matrix kernels read each weight chunk once for all B activation
-// rows (in tiles of NB rows, the row's bytes staying in L1/L2 between tiles), so a step costs about
-// one pass over the weights whatever B is, until the dp4a arithmetic is the limit.
+// rows (in tiles of up to 8 rows, the row's bytes staying in L1/L2 between tiles), so a step costs
+// about one pass over the weights whatever B is, until the dp4a arithmetic is the limit.
 // Rows of a batch: per-row arrays pos[b] (tokens before this one; -1 marks padding, which writes no
 // cache and whose outputs are ignored) and slot[b] (cache slot; slot_stride values apart).
-
-#define NB 8
 
 // A 32-value weight chunk unpacked once for all activation rows: its values as signed bytes in 8
 // words, and its scales (a, b: floats; s0, s1: integer sub-scales). finish() turns the chunk's two
@@ -173,128 +171,204 @@ __device__ __forceinline__ float finish<T_Q6_K>(const W32& w, int lo, int hi, fl
   return w.a * d8 * (float)(w.s0 * lo + w.s1 * hi);
 }
 
-// acc[j] += chunk c of the row . activation row b0 + j (j < NB, b0 + j < B).
-template <int T>
-__device__ __forceinline__ void dot_rows(const u8* __restrict__ row, int c, const i8* __restrict__ aq,
-                                         const float2* __restrict__ ad, int cols, int b0, int B, float* acc) {
-  W32 w;
+// A tile: R weight rows of one type against N activation rows b0 .. b0 + N - 1. Rows past B load
+// row B - 1 again (their sums are never written), so the loads need no branch and the compiler
+// issues all of a chunk's N activation loads before its first dp4a: with a branch per row it waited
+// on each row's load in turn. Each activation chunk loaded serves all R weight rows. A row's sum
+// keeps the matrix-vector kernel's order (lane l takes chunks l, l + 32, ..., then warp_sum), so a
+// batch row gets the bits it gets alone, whatever N and R.
+__device__ __forceinline__ u64 act_row(int b0, int j, int B) {
+  int b = b0 + j;
+  return (u64)(b < B ? b : B - 1);
+}
+
+// acc[i][j] += chunk c of weight row i . activation row b0 + j.
+template <int T, int N, int R>
+__device__ __forceinline__ void dot_tile(const u8* const (&rows)[R], int c, const i8* __restrict__ aq,
+                                         const float2* __restrict__ ad, int cols, int b0, int B,
+                                         float (&acc)[R][N]) {
   int nchunks = cols / 32;
-  if (unpack32<T>(row, c, w)) {
+  W32 w[R];
+  bool ok = true;
 #pragma unroll
-    for (int j = 0; j < NB; j++) {
-      if (b0 + j < B) {
-        const int4* ap = (const int4*)(aq + (u64)(b0 + j) * cols + c * 32);
-        int4 a0 = ap[0], a1 = ap[1];
-        float2 ds = ad[(u64)(b0 + j) * nchunks + c];
-        int lo = dp4a(w.q[3], a0.w, dp4a(w.q[2], a0.z, dp4a(w.q[1], a0.y, dp4a(w.q[0], a0.x, 0))));
-        int hi = dp4a(w.q[7], a1.w, dp4a(w.q[6], a1.z, dp4a(w.q[5], a1.y, dp4a(w.q[4], a1.x, 0))));
-        acc[j] += finish<T>(w, lo, hi, ds.x, ds.y);
+  for (int i = 0; i < R; i++) ok = unpack32<T>(rows[i], c, w[i]);
+  if (ok) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+      u64 b = act_row(b0, j, B);
+      const int4* ap = (const int4*)(aq + b * cols + c * 32);
+      int4 a0 = ap[0], a1 = ap[1];
+      float2 ds = ad[b * nchunks + c];
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        int lo = dp4a(w[i].q[3], a0.w, dp4a(w[i].q[2], a0.z, dp4a(w[i].q[1], a0.y, dp4a(w[i].q[0], a0.x, 0))));
+        int hi = dp4a(w[i].q[7], a1.w, dp4a(w[i].q[6], a1.z, dp4a(w[i].q[5], a1.y, dp4a(w[i].q[4], a1.x, 0))));
+        acc[i][j] += finish<T>(w[i], lo, hi, ds.x, ds.y);
       }
     }
-  } else {
-    for (int j = 0; j < NB; j++) {
-      if (b0 + j < B) {
-        int a[8];
-        const int4* ap = (const int4*)(aq + (u64)(b0 + j) * cols + c * 32);
-        int4 a0 = ap[0], a1 = ap[1];
-        a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
-        a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
-        float2 ds = ad[(u64)(b0 + j) * nchunks + c];
-        acc[j] += dot32<T>(row, c, a, ds.x, ds.y);
+  } else {  // float weights: one activation row at a time (unrolled, they took 168 registers)
+#pragma unroll 1
+    for (int j = 0; j < N; j++) {
+      u64 b = act_row(b0, j, B);
+      int a[8];
+      const int4* ap = (const int4*)(aq + b * cols + c * 32);
+      int4 a0 = ap[0], a1 = ap[1];
+      a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
+      a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+      float2 ds = ad[b * nchunks + c];
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        float v = dot32<T>(rows[i], c, a, ds.x, ds.y);
+#pragma unroll
+        for (int k = 0; k < N; k++)  // acc[i][j] += v, with acc kept in registers
+          if (k == j) acc[i][k] += v;
       }
     }
   }
 }
 
-// One warp: the dots of one weight row with activation rows b0 .. b0 + NB, summed over the warp
+// One warp: the dots of R weight rows with activation rows b0 .. b0 + N - 1, summed over the warp
 // (every lane gets them).
-template <int T>
-__device__ void row_dots_t(const u8* __restrict__ row, int cols, const i8* __restrict__ aq,
-                           const float2* __restrict__ ad, int b0, int B, float* acc) {
+template <int T, int N, int R>
+__device__ void tile_dots_t(const u8* const (&rows)[R], int cols, const i8* __restrict__ aq,
+                            const float2* __restrict__ ad, int b0, int B, float (&acc)[R][N]) {
 #pragma unroll
-  for (int j = 0; j < NB; j++) acc[j] = 0.f;
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int j = 0; j < N; j++) acc[i][j] = 0.f;
   int lane = threadIdx.x & 31;
-  for (int c = lane; c < cols / 32; c += 32) dot_rows<T>(row, c, aq, ad, cols, b0, B, acc);
+  for (int c = lane; c < cols / 32; c += 32) dot_tile<T, N, R>(rows, c, aq, ad, cols, b0, B, acc);
 #pragma unroll
-  for (int j = 0; j < NB; j++) acc[j] = warp_sum(acc[j]);
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int j = 0; j < N; j++) acc[i][j] = warp_sum(acc[i][j]);
 }
-__device__ void row_dots(int type, const u8* row, int cols, const i8* aq, const float2* ad, int b0, int B,
-                         float* acc) {
+template <int N, int R>
+__device__ void tile_dots(int type, const u8* const (&rows)[R], int cols, const i8* aq, const float2* ad, int b0,
+                          int B, float (&acc)[R][N]) {
   switch (type) {
-    case T_Q4_K: row_dots_t<T_Q4_K>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q6_K: row_dots_t<T_Q6_K>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_0: row_dots_t<T_Q5_0>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q8_0: row_dots_t<T_Q8_0>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_0: row_dots_t<T_Q4_0>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_1: row_dots_t<T_Q4_1>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_1: row_dots_t<T_Q5_1>(row, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_K: row_dots_t<T_Q5_K>(row, cols, aq, ad, b0, B, acc); break;
-    case T_F16: row_dots_t<T_F16>(row, cols, aq, ad, b0, B, acc); break;
-    case T_BF16: row_dots_t<T_BF16>(row, cols, aq, ad, b0, B, acc); break;
-    default: row_dots_t<T_F32>(row, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_K: tile_dots_t<T_Q4_K, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q6_K: tile_dots_t<T_Q6_K, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_0: tile_dots_t<T_Q5_0, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q8_0: tile_dots_t<T_Q8_0, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_0: tile_dots_t<T_Q4_0, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_1: tile_dots_t<T_Q4_1, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_1: tile_dots_t<T_Q5_1, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_K: tile_dots_t<T_Q5_K, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_F16: tile_dots_t<T_F16, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_BF16: tile_dots_t<T_BF16, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    default: tile_dots_t<T_F32, N, R>(rows, cols, aq, ad, b0, B, acc); break;
   }
 }
 
-__device__ __forceinline__ float pick(const float* acc, int j) {
+// acc[i][j] for lane i * N + j (0 when no such pair), without indexing registers by a variable.
+template <int N, int R>
+__device__ __forceinline__ float pick(const float (&acc)[R][N], int l) {
   float v = 0.f;
 #pragma unroll
-  for (int k = 0; k < NB; k++)
-    if (k == j) v = acc[k];
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int j = 0; j < N; j++)
+      if (i * N + j == l) v = acc[i][j];
   return v;
 }
 
+// Global row r of up to three stacked matrices: its segment and its row within it.
+__device__ __forceinline__ const u8* seg_row(const Seg& s0, const Seg& s1, const Seg& s2, int r, int* type) {
+  if (r < s0.rows) {
+    *type = s0.type;
+    return s0.w + (u64)r * s0.row_bytes;
+  }
+  r -= s0.rows;
+  if (r < s1.rows) {
+    *type = s1.type;
+    return s1.w + (u64)r * s1.row_bytes;
+  }
+  r -= s1.rows;
+  *type = s2.type;
+  return s2.w + (u64)r * s2.row_bytes;
+}
+
 // out[orow[b] * ldo + r] (+)= W[r] . a[b] (+ bias[r]) for the rows of up to three stacked matrices
-// and activation rows b < B (orow null: row b). One warp per weight row, 4 warps per block; mode 0
-// stores, 1 adds (the residual).
-extern "C" __global__ void matmul_q8(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
-                                     float* out, int ldo, const int* orow, const float* bias, int mode) {
-  int r = blockIdx.x * 4 + (threadIdx.x >> 5);
+// and activation rows b < B (orow null: row b); mode 0 stores, 1 adds (the residual). One warp per
+// pair of weight rows (both through one tile when they have one type), 4 warps per block (8 rows);
+// activation rows in tiles of N (N = 1, 2, 4, 8: the batch's size, up to 8).
+template <int N>
+__device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out,
+                            int ldo, const int* orow, const float* bias, int mode) {
+  int r = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2;
   int total = s0.rows + s1.rows + s2.rows;
   if (r >= total) return;
-  Seg s = s0;
-  int rr = r;
-  if (rr >= s0.rows) {
-    rr -= s0.rows;
-    s = s1;
-    if (rr >= s1.rows) {
-      rr -= s1.rows;
-      s = s2;
-    }
-  }
-  const u8* row = s.w + (u64)rr * s.row_bytes;
+  bool two = r + 1 < total;
+  int ta, tb = -1;
+  const u8* ra = seg_row(s0, s1, s2, r, &ta);
+  const u8* rb = two ? seg_row(s0, s1, s2, r + 1, &tb) : ra;
   int lane = threadIdx.x & 31;
-  float bv = bias ? bias[r] : 0.f;
-  for (int b0 = 0; b0 < B; b0 += NB) {
-    float acc[NB];
-    row_dots(s.type, row, cols, aq, ad, b0, B, acc);
-    // Lane j writes row b0 + j.
-    int b = b0 + lane;
-    if (lane < NB && b < B) {
-      float v = pick(acc, lane) + bv;
-      float* o = out + (u64)(orow ? orow[b] : b) * ldo + r;
+  float bva = bias ? bias[r] : 0.f, bvb = bias && two ? bias[r + 1] : 0.f;
+  for (int b0 = 0; b0 < B; b0 += N) {
+    float acc[2][N];
+    if (ta == tb) {
+      const u8* rows[2] = {ra, rb};
+      tile_dots<N, 2>(ta, rows, cols, aq, ad, b0, B, acc);
+    } else {
+      const u8* ea[1] = {ra};
+      float x[1][N];
+      tile_dots<N, 1>(ta, ea, cols, aq, ad, b0, B, x);
+#pragma unroll
+      for (int j = 0; j < N; j++) acc[0][j] = x[0][j];
+      if (two) {
+        const u8* eb[1] = {rb};
+        tile_dots<N, 1>(tb, eb, cols, aq, ad, b0, B, x);
+      }
+#pragma unroll
+      for (int j = 0; j < N; j++) acc[1][j] = x[0][j];
+    }
+    // Lane i * N + j writes weight row r + i, activation row b0 + j.
+    int i = lane / N, b = b0 + lane % N;
+    if (lane < 2 * N && b < B && (i == 0 || two)) {
+      float v = pick<N, 2>(acc, lane) + (i ? bvb : bva);
+      float* o = out + (u64)(orow ? orow[b] : b) * ldo + r + i;
       *o = mode ? *o + v : v;
     }
   }
 }
 
 // h[b] = silu(gate . a[b]) * (up . a[b]), quantized to q8 (hq [B][f], hd [B][f / 32]): a block of
-// 32 warps makes 32 rows (one q8 block of every h[b]), one gate and one up row per warp.
-extern "C" __global__ void __launch_bounds__(1024) glu_q8_b(Seg gate, Seg up, int cols, const i8* aq,
-                                                            const float2* ad, int B, i8* hq, float2* hd) {
-  __shared__ float h[NB][32];
+// 8 warps makes 32 rows (one q8 block of every h[b]), each warp a gate and an up row (one tile when
+// they have one type) four times.
+template <int N>
+__device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) {
+  __shared__ float h[N][32];
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int r = blockIdx.x * 32 + w;
   int f = gate.rows;
-  for (int b0 = 0; b0 < B; b0 += NB) {
-    float g[NB], u[NB];
-    row_dots(gate.type, gate.w + (u64)r * gate.row_bytes, cols, aq, ad, b0, B, g);
-    row_dots(up.type, up.w + (u64)r * up.row_bytes, cols, aq, ad, b0, B, u);
-    if (lane < NB) {
-      float x = pick(g, lane), y = pick(u, lane);
-      h[lane][w] = x / (1.f + expf(-x)) * y;
+  for (int b0 = 0; b0 < B; b0 += N) {
+    for (int k = 0; k < 4; k++) {
+      int rr = 8 * k + w, r = blockIdx.x * 32 + rr;
+      const u8* g = gate.w + (u64)r * gate.row_bytes;
+      const u8* u = up.w + (u64)r * up.row_bytes;
+      float acc[2][N];
+      if (gate.type == up.type) {
+        const u8* rows[2] = {g, u};
+        tile_dots<N, 2>(gate.type, rows, cols, aq, ad, b0, B, acc);
+      } else {
+        const u8* eg[1] = {g};
+        const u8* eu[1] = {u};
+        float x[1][N], y[1][N];
+        tile_dots<N, 1>(gate.type, eg, cols, aq, ad, b0, B, x);
+        tile_dots<N, 1>(up.type, eu, cols, aq, ad, b0, B, y);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+          acc[0][j] = x[0][j];
+          acc[1][j] = y[0][j];
+        }
+      }
+      if (lane < N) {
+        float x = pick<N, 2>(acc, lane), y = pick<N, 2>(acc, N + lane);
+        h[lane][rr] = x / (1.f + expf(-x)) * y;
+      }
     }
     __syncthreads();
-    if (w < NB && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
+    if (w < N && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
     __syncthreads();
   }
 }
@@ -302,38 +376,33 @@ extern "C" __global__ void __launch_bounds__(1024) glu_q8_b(Seg gate, Seg up, in
 // Q/K/V for B rows: the three matrices stacked, bias, RoPE at pos[b], K and V into cache slot
 // slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K and V as f32 into their
 // places in qkv [B][row], which the attention kernel stores), Q (rounded to f16) into
-// q [B][n_head * hd]. One warp per pair of rows that RoPE rotates together (see qkv_rope).
-extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
-                                      const float* bias, const float* cosv, const float* sinv, const int* pos,
-                                      const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
-                                      int neox, float* q, u8* kc8, u8* vc8, float* qkv) {
+// q [B][n_head * hd]. One warp per pair of rows that RoPE rotates together (see qkv_rope), both
+// through one tile.
+template <int N>
+__device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
+                           const float* bias, const float* cosv, const float* sinv, const int* pos,
+                           const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
+                           int neox, float* q, u8* kc8, u8* vc8, float* qkv) {
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
   if (p >= heads * half) return;
   int h = p / half, k = p % half;
   int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
-  Seg s = s0;
-  int base = 0;
-  if (ra >= s0.rows) {
-    base = s0.rows;
-    s = s1;
-    if (ra >= s0.rows + s1.rows) {
-      base = s0.rows + s1.rows;
-      s = s2;
-    }
-  }
+  int type, type_b;
+  const u8* rows[2];
+  rows[0] = seg_row(s0, s1, s2, ra, &type);
+  rows[1] = seg_row(s0, s1, s2, rb, &type_b);  // the same matrix: a head is in one
   int lane = threadIdx.x & 31, kvd = n_kv_head * hd, qd = n_head * hd;
   float ba = bias ? bias[ra] : 0.f, bb = bias ? bias[rb] : 0.f;
-  for (int b0 = 0; b0 < B; b0 += NB) {
-    float xa[NB], xb[NB];
-    row_dots(s.type, s.w + (u64)(ra - base) * s.row_bytes, cols, aq, ad, b0, B, xa);
-    row_dots(s.type, s.w + (u64)(rb - base) * s.row_bytes, cols, aq, ad, b0, B, xb);
+  for (int b0 = 0; b0 < B; b0 += N) {
+    float x[2][N];
+    tile_dots<N, 2>(type, rows, cols, aq, ad, b0, B, x);
     int b = b0 + lane;
-    if (lane >= NB || b >= B) continue;
+    float x0 = pick<N, 2>(x, lane) + ba, x1 = pick<N, 2>(x, N + lane) + bb;
+    if (lane >= N || b >= B) continue;
     int ps = pos[b];
     if (ps < 0) continue;  // padding
-    float x0 = pick(xa, lane) + ba, x1 = pick(xb, lane) + bb;
     u64 so = (u64)slot[b] * slot_stride;
     u16* kc = (u16*)(kc8 + so);
     u16* vc = (u16*)(vc8 + so);
@@ -362,6 +431,28 @@ extern "C" __global__ void qkv_rope_b(Seg s0, Seg s1, Seg s2, int cols, const i8
     }
   }
 }
+
+// One kernel of each per tile size N (the batch size up to 8; 8 beyond), each with its own registers.
+#define DP4A_KERNELS(N)                                                                                                \
+  extern "C" __global__ void __launch_bounds__(128, 4) matmul_q8_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,   \
+                                           float* out, int ldo, const int* orow, const float* bias, int mode) {      \
+    matmul_q8_t<N>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                                          \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(256, 2) glu_q8_b_##N(Seg gate, Seg up, int cols, const i8* aq,            \
+                                                                 const float2* ad, int B, i8* hq, float2* hd) {       \
+    glu_q8_t<N>(gate, up, cols, aq, ad, B, hq, hd);                                                                   \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(128, 4) qkv_rope_b_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,  \
+                                            const float* bias, const float* cosv, const float* sinv, const int* pos, \
+                                            const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,     \
+                                            int neox, float* q, u8* kc8, u8* vc8, float* qkv) {                       \
+    qkv_rope_t<N>(s0, s1, s2, cols, aq, ad, B, bias, cosv, sinv, pos, slot, slot_stride, n_head, n_kv_head, hd, neox, \
+                  q, kc8, vc8, qkv);                                                                                  \
+  }
+DP4A_KERNELS(1)
+DP4A_KERNELS(2)
+DP4A_KERNELS(4)
+DP4A_KERNELS(8)
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
