@@ -1445,6 +1445,29 @@ fn quantized_cache_fits_more_context_on_the_gpu() {
     assert!(mens::load::cuda_session_fit(&m, m.weight_bytes(), KvType::F16).is_none());
 }
 
+/// One step: `tokens` for slot `target` with `logits`, and slot i's decode token `others[i]` beside it.
+fn verify_beside<'a>(
+    b: &mut CudaBatch,
+    target: usize,
+    tokens: &'a [u32],
+    others: &'a [Vec<u32>],
+    logits: Logits<'a>,
+) {
+    let mut parts = vec![Part {
+        slot: target,
+        tokens,
+        logits,
+    }];
+    for (s, t) in others.iter().enumerate() {
+        parts.push(Part {
+            slot: s,
+            tokens: t,
+            logits: Logits::Last,
+        });
+    }
+    b.step(&mut parts).unwrap();
+}
+
 /// Speculative decoding's verify pass on the batched runner: a part of K tokens with every
 /// position's logits runs as K rows of its slot in the decode graph (an f16 pool), beside other
 /// slots' decode rows, and each row's logits are those of decoding the tokens one at a time (the
@@ -1476,25 +1499,19 @@ fn batch_verify_rows_equal_decoding_one_by_one() {
         };
         setup(&mut b);
         // The verify part, with the other slots' decode rows in the same step.
+        let others = &others[..(slots - 1).min(others.len())];
         let mut rows: Vec<Vec<f32>> = Vec::new();
         let mut collect = |_: usize, l: &[f32]| rows.push(l.to_vec());
-        let mut parts = vec![Part {
-            slot: target,
-            tokens: &props,
-            logits: Logits::All {
+        verify_beside(
+            &mut b,
+            target,
+            &props,
+            others,
+            Logits::All {
                 from: 0,
                 f: &mut collect,
             },
-        }];
-        for (s, t) in others.iter().enumerate().take(slots - 1) {
-            parts.push(Part {
-                slot: s,
-                tokens: t,
-                logits: Logits::Last,
-            });
-        }
-        b.step(&mut parts).unwrap();
-        drop(parts);
+        );
         assert_eq!(b.slot_tokens(target).len(), prompts[target].len() + 9);
         // The same tokens one at a time.
         setup(&mut b);
@@ -1522,23 +1539,16 @@ fn batch_verify_rows_equal_decoding_one_by_one() {
         setup(&mut b);
         let mut picks = Vec::new();
         let mut pick = |_: usize, t: u32| picks.push(t);
-        let mut parts = vec![Part {
-            slot: target,
-            tokens: &props,
-            logits: Logits::Argmax {
+        verify_beside(
+            &mut b,
+            target,
+            &props,
+            others,
+            Logits::Argmax {
                 from: 0,
                 f: &mut pick,
             },
-        }];
-        for (s, t) in others.iter().enumerate().take(slots - 1) {
-            parts.push(Part {
-                slot: s,
-                tokens: t,
-                logits: Logits::Last,
-            });
-        }
-        b.step(&mut parts).unwrap();
-        drop(parts);
+        );
         let want: Vec<u32> = rows.iter().map(|r| mens::sample::argmax(r)).collect();
         assert_eq!(picks, want, "{slots} slots, {kv:?}: Argmax picks");
         eprintln!(

@@ -506,6 +506,7 @@ impl CudaBatch {
             BatchKernels::Cublas => Family::Blas,
         };
         let mma = fam != Family::Dp4a; // f16 activations
+
         // dp4a tiles: 8 activation rows for the gate/up and LM-head matrices (many weight rows),
         // 4 for Q/K/V, the attention output and ffn_down, which measured faster in two tiles
         // of 4 at 8 and 16 rows (H200, synth 7B: ffn_down 1559 µs against 2144 at 8 rows, while

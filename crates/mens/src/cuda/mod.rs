@@ -569,13 +569,11 @@ impl Device {
     /// `MENS_CUDA_DP4A_TILE=N` caps the tile (for measurements: 8 rows as two tiles of 4).
     fn dp4a_tile(b: usize) -> usize {
         static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let cap = *CAP.get_or_init(|| {
-            match std::env::var("MENS_CUDA_DP4A_TILE").as_deref() {
-                Ok("1") => 0,
-                Ok("2") => 1,
-                Ok("4") => 2,
-                _ => 3,
-            }
+        let cap = *CAP.get_or_init(|| match std::env::var("MENS_CUDA_DP4A_TILE").as_deref() {
+            Ok("1") => 0,
+            Ok("2") => 1,
+            Ok("4") => 2,
+            _ => 3,
         });
         let t = match b {
             0..=1 => 0,
@@ -595,7 +593,12 @@ impl Device {
     }
     fn qkv_rope_b(&self, b: usize) -> sys::CUfunction {
         let f = &self.f;
-        [f.qkv_rope_b_1, f.qkv_rope_b_2, f.qkv_rope_b_4, f.qkv_rope_b_8][Self::dp4a_tile(b)]
+        [
+            f.qkv_rope_b_1,
+            f.qkv_rope_b_2,
+            f.qkv_rope_b_4,
+            f.qkv_rope_b_8,
+        ][Self::dp4a_tile(b)]
     }
     /// Blocks of `matmul_q8_*` for `rows` weight rows (two a warp, four warps a block).
     fn q8_grid(rows: usize) -> (u32, u32) {
