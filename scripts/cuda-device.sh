@@ -178,7 +178,7 @@ fi
 
 if [ "$MODE" = ab ]; then
   # The working tree's binary against $BIN/mens-old (carried as .device/mens-old.xz, built from
-  # another commit with its own CARGO_TARGET_DIR), alternating twice per shape: the verify pass
+  # another commit by scripts/cuda-build-old.sh), alternating twice per shape: the verify pass
   # (issue 18) and the batched runner at 1, 2, 4 and 8 sequences (the dp4a kernels); then each
   # binary's per-kernel profile of the dp4a step at every batch size on the last shape.
   for s in ${SHAPES//,/ }; do
