@@ -15,7 +15,6 @@ use crate::error::{Error, Result};
 use crate::gguf::TensorType;
 use crate::model::{Config, Model};
 use crate::rope::{RopeStyle, RopeTable};
-use crate::runner::Logits;
 use crate::sample::Sampler;
 use crate::weights::QTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor as CandleQ};
@@ -334,24 +333,20 @@ impl crate::runner::Runner for MetalSession {
     }
     fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
         let p = crate::runner::single(parts)?;
-        let logits = std::mem::replace(&mut p.logits, Logits::None);
         let tokens = p.tokens;
         self.check(tokens)?;
-        logits.rows(|logits| match logits {
-            Logits::Last | Logits::None => self.run(tokens),
-            Logits::All { from, f } => {
-                let from = from.min(tokens.len());
-                if from > 0 {
-                    self.run(&tokens[..from])?;
-                }
-                for (i, &t) in tokens.iter().enumerate().skip(from) {
-                    self.run(&[t])?;
-                    f(i, self.host_logits()?);
-                }
-                Ok(())
-            }
-            Logits::Argmax { .. } => Err(Error::Backend("Logits::rows left an Argmax".into())),
-        })
+        let Some(from) = p.logits.start() else {
+            return self.run(tokens);
+        };
+        let from = from.min(tokens.len());
+        if from > 0 {
+            self.run(&tokens[..from])?;
+        }
+        for (i, &t) in tokens.iter().enumerate().skip(from) {
+            self.run(&[t])?;
+            p.logits.give(i, self.host_logits()?);
+        }
+        Ok(())
     }
     fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
         if sampler.is_greedy() && !sampler.needs_logits() {

@@ -51,18 +51,6 @@ impl Logits<'_> {
             Logits::None | Logits::Last => {}
         }
     }
-
-    /// Run `run` with `Argmax` turned into `All` (each pick made on the host from its row): for
-    /// runners that read every row back anyway.
-    pub fn rows<R>(self, run: impl FnOnce(Logits) -> R) -> R {
-        match self {
-            Logits::Argmax { from, f } => {
-                let mut g = |i: usize, row: &[f32]| f(i, crate::sample::argmax(row));
-                run(Logits::All { from, f: &mut g })
-            }
-            other => run(other),
-        }
-    }
 }
 
 /// Tokens to append to one slot's sequence in a step.

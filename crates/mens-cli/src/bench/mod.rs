@@ -512,9 +512,9 @@ impl Measure<'_> {
 
     /// The verify pass of speculative decoding: after a context of `verify_depth` tokens, one
     /// forward pass over K tokens with every position's greedy pick (what `generate`'s greedy
-    /// verify does: on a CUDA batch the picks are made on the device), against one decode step (a token, its logits, a greedy pick). Each is
-    /// repeated (the cache truncated back each time, alternating the two) and the medians
-    /// reported.
+    /// verify does: on a CUDA batch the picks are made on the device), against one decode step (a
+    /// token, its logits, a greedy pick). Each is repeated (the cache truncated back each time,
+    /// alternating the two) and the medians reported.
     fn verify(&mut self) -> Result<Vec<Value>> {
         let mut rows = Vec::new();
         if self.args.verify.is_empty() {

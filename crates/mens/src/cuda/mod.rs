@@ -563,7 +563,6 @@ impl Device {
         }
     }
 
-    /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
     /// The dp4a batch kernels (kernels/batch.cu) for a batch of `b` rows: activation rows in
     /// tiles of 1, 2, 4 or 8, each size its own kernel with its own registers.
     /// `MENS_CUDA_DP4A_TILE=N` caps the tile (for measurements: 8 rows as two tiles of 4).
@@ -605,6 +604,7 @@ impl Device {
         (rows.div_ceil(8) as u32, 1)
     }
 
+    /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
     fn matmul_h16(&self, b: usize) -> sys::CUfunction {
         match b {
             0..=8 => self.f.matmul_h16_1,

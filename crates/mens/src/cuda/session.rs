@@ -371,33 +371,29 @@ impl CudaSession {
     }
 
     /// Run `tokens` after the cached ones. `Logits::Last` leaves the last token's logits on the
-    /// device (and its greedy choice); `Logits::All` hands each position's logits to the callback
-    /// (positions before `from` are prefilled in batches, the rest decoded one by one).
-    pub fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
+    /// device (and its greedy choice); `Logits::All` hands each position's logits to the callback,
+    /// `Logits::Argmax` each position's pick (positions before `from` are prefilled in batches,
+    /// the rest decoded one by one).
+    pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.check(tokens)?;
         self.model.dev.bind()?;
-        logits.rows(|logits| match logits {
+        let Some(from) = logits.start() else {
             // The head runs anyway (a prefill chunk without logits costs one more matvec).
-            Logits::Last | Logits::None => {
-                if tokens.len() == 1 {
-                    self.decode(tokens[0])
-                } else {
-                    self.prefill(tokens)
-                }
-            }
-            Logits::All { from, f } => {
-                let from = from.min(tokens.len());
-                if from > 0 {
-                    self.prefill(&tokens[..from])?;
-                }
-                for (i, &t) in tokens.iter().enumerate().skip(from) {
-                    self.decode(t)?;
-                    f(i, self.logits()?);
-                }
-                Ok(())
-            }
-            Logits::Argmax { .. } => Err(Error::Backend("Logits::rows left an Argmax".into())),
-        })
+            return if tokens.len() == 1 {
+                self.decode(tokens[0])
+            } else {
+                self.prefill(tokens)
+            };
+        };
+        let from = from.min(tokens.len());
+        if from > 0 {
+            self.prefill(&tokens[..from])?;
+        }
+        for (i, &t) in tokens.iter().enumerate().skip(from) {
+            self.decode(t)?;
+            logits.give(i, self.logits()?);
+        }
+        Ok(())
     }
 
     /// The last position's logits, copied to the host.

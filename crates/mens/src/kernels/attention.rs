@@ -1090,13 +1090,7 @@ pub(super) mod tests {
         for (hd, ck, cv, window) in cases {
             let scale = if window == all { 1.0 } else { 0.6 } / (hd as f32).sqrt();
             let (n_head, n_kv, t, pos0) = (6, 2, 3, 5);
-            let l = QkvLayout {
-                q_dim: n_head * hd,
-                kv_dim: n_kv * hd,
-                head_dim: hd,
-            };
-            let row = l.q_dim + 2 * l.kv_dim;
-            let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (l, row, qkv) = random_qkv(&mut rng, (hd, n_head, n_kv), t);
             let ctx = pos0 + t;
             // Cache rows as stored (u16-backed, as the KV cache), and what they hold as f32.
             let mut store = |ty: KvType| {
@@ -1184,15 +1178,13 @@ pub(super) mod tests {
             .collect()
     }
 
-    /// A random pass: the layout of `n_head` / `n_kv` heads of `hd`, the row width, `t` rows of
-    /// Q/K/V in [-1, 1), and K and V caches of `cap` positions.
-    #[allow(clippy::type_complexity)]
-    pub(in crate::kernels) fn random_pass(
+    /// The layout of `n_head` / `n_kv` heads of `hd`, the row width, and `t` rows of Q/K/V in
+    /// [-1, 1).
+    fn random_qkv(
         rng: &mut rand::rngs::StdRng,
         (hd, n_head, n_kv): (usize, usize, usize),
         t: usize,
-        cap: usize,
-    ) -> (QkvLayout, usize, Vec<f32>, Vec<u16>, Vec<u16>) {
+    ) -> (QkvLayout, usize, Vec<f32>) {
         let l = QkvLayout {
             q_dim: n_head * hd,
             kv_dim: n_kv * hd,
@@ -1200,6 +1192,19 @@ pub(super) mod tests {
         };
         let row = l.q_dim + 2 * l.kv_dim;
         let qkv: Vec<f32> = (0..t * row).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        (l, row, qkv)
+    }
+
+    /// A random pass: [`random_qkv`], and K and V f16 caches of `cap` positions.
+    #[allow(clippy::type_complexity)]
+    pub(in crate::kernels) fn random_pass(
+        rng: &mut rand::rngs::StdRng,
+        heads: (usize, usize, usize),
+        t: usize,
+        cap: usize,
+    ) -> (QkvLayout, usize, Vec<f32>, Vec<u16>, Vec<u16>) {
+        let (hd, _, n_kv) = heads;
+        let (l, row, qkv) = random_qkv(rng, heads, t);
         let kb = random_f16_cache(rng, n_kv * cap * hd);
         let vb = random_f16_cache(rng, n_kv * cap * hd);
         (l, row, qkv, kb, vb)

@@ -289,6 +289,30 @@ __device__ __forceinline__ const u8* seg_row(const Seg& s0, const Seg& s1, const
   return s2.w + (u64)r * s2.row_bytes;
 }
 
+// acc[0], acc[1]: the dots of weight rows ra (type ta) and rb (type tb) with activation rows
+// b0 .. b0 + N - 1, through one tile when the types agree, else one row at a time (rb not at all
+// without `two`).
+template <int N>
+__device__ __forceinline__ void pair_dots(int ta, const u8* ra, int tb, const u8* rb, bool two, int cols,
+                                          const i8* aq, const float2* ad, int b0, int B, float (&acc)[2][N]) {
+  if (ta == tb) {
+    const u8* rows[2] = {ra, rb};
+    tile_dots<N, 2>(ta, rows, cols, aq, ad, b0, B, acc);
+    return;
+  }
+  const u8* ea[1] = {ra};
+  float x[1][N];
+  tile_dots<N, 1>(ta, ea, cols, aq, ad, b0, B, x);
+#pragma unroll
+  for (int j = 0; j < N; j++) acc[0][j] = x[0][j];
+  if (two) {
+    const u8* eb[1] = {rb};
+    tile_dots<N, 1>(tb, eb, cols, aq, ad, b0, B, x);
+  }
+#pragma unroll
+  for (int j = 0; j < N; j++) acc[1][j] = x[0][j];
+}
+
 // out[orow[b] * ldo + r] (+)= W[r] . a[b] (+ bias[r]) for the rows of up to three stacked matrices
 // and activation rows b < B (orow null: row b); mode 0 stores, 1 adds (the residual). One warp per
 // pair of weight rows (both through one tile when they have one type), 4 warps per block (8 rows);
@@ -307,22 +331,7 @@ __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
   float bva = bias ? bias[r] : 0.f, bvb = bias && two ? bias[r + 1] : 0.f;
   for (int b0 = 0; b0 < B; b0 += N) {
     float acc[2][N];
-    if (ta == tb) {
-      const u8* rows[2] = {ra, rb};
-      tile_dots<N, 2>(ta, rows, cols, aq, ad, b0, B, acc);
-    } else {
-      const u8* ea[1] = {ra};
-      float x[1][N];
-      tile_dots<N, 1>(ta, ea, cols, aq, ad, b0, B, x);
-#pragma unroll
-      for (int j = 0; j < N; j++) acc[0][j] = x[0][j];
-      if (two) {
-        const u8* eb[1] = {rb};
-        tile_dots<N, 1>(tb, eb, cols, aq, ad, b0, B, x);
-      }
-#pragma unroll
-      for (int j = 0; j < N; j++) acc[1][j] = x[0][j];
-    }
+    pair_dots<N>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc);
     // Lane i * N + j writes weight row r + i, activation row b0 + j.
     int i = lane / N, b = b0 + lane % N;
     if (lane < 2 * N && b < B && (i == 0 || two)) {
@@ -347,21 +356,7 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
       const u8* g = gate.w + (u64)r * gate.row_bytes;
       const u8* u = up.w + (u64)r * up.row_bytes;
       float acc[2][N];
-      if (gate.type == up.type) {
-        const u8* rows[2] = {g, u};
-        tile_dots<N, 2>(gate.type, rows, cols, aq, ad, b0, B, acc);
-      } else {
-        const u8* eg[1] = {g};
-        const u8* eu[1] = {u};
-        float x[1][N], y[1][N];
-        tile_dots<N, 1>(gate.type, eg, cols, aq, ad, b0, B, x);
-        tile_dots<N, 1>(up.type, eu, cols, aq, ad, b0, B, y);
-#pragma unroll
-        for (int j = 0; j < N; j++) {
-          acc[0][j] = x[0][j];
-          acc[1][j] = y[0][j];
-        }
-      }
+      pair_dots<N>(gate.type, g, up.type, u, true, cols, aq, ad, b0, B, acc);
       if (lane < N) {
         float x = pick<N, 2>(acc, lane), y = pick<N, 2>(acc, N + lane);
         h[lane][rr] = x / (1.f + expf(-x)) * y;
@@ -433,21 +428,23 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
 }
 
 // One kernel of each per tile size N (the batch size up to 8; 8 beyond), each with its own registers.
-#define DP4A_KERNELS(N)                                                                                                \
-  extern "C" __global__ void __launch_bounds__(128, 4) matmul_q8_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,   \
-                                           float* out, int ldo, const int* orow, const float* bias, int mode) {      \
-    matmul_q8_t<N>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                                          \
-  }                                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(256, 2) glu_q8_b_##N(Seg gate, Seg up, int cols, const i8* aq,            \
-                                                                 const float2* ad, int B, i8* hq, float2* hd) {       \
-    glu_q8_t<N>(gate, up, cols, aq, ad, B, hq, hd);                                                                   \
-  }                                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(128, 4) qkv_rope_b_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,  \
-                                            const float* bias, const float* cosv, const float* sinv, const int* pos, \
-                                            const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,     \
-                                            int neox, float* q, u8* kc8, u8* vc8, float* qkv) {                       \
-    qkv_rope_t<N>(s0, s1, s2, cols, aq, ad, B, bias, cosv, sinv, pos, slot, slot_stride, n_head, n_kv_head, hd, neox, \
-                  q, kc8, vc8, qkv);                                                                                  \
+#define DP4A_KERNELS(N)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(128, 4)                                                 \
+      matmul_q8_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out, \
+                    int ldo, const int* orow, const float* bias, int mode) {                           \
+    matmul_q8_t<N>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                           \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256, 2)                                                 \
+      glu_q8_b_##N(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) { \
+    glu_q8_t<N>(gate, up, cols, aq, ad, B, hq, hd);                                                    \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(128, 4)                                                 \
+      qkv_rope_b_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,          \
+                     const float* bias, const float* cosv, const float* sinv, const int* pos,          \
+                     const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd, int neox,    \
+                     float* q, u8* kc8, u8* vc8, float* qkv) {                                         \
+    qkv_rope_t<N>(s0, s1, s2, cols, aq, ad, B, bias, cosv, sinv, pos, slot, slot_stride, n_head,       \
+                  n_kv_head, hd, neox, q, kc8, vc8, qkv);                                              \
   }
 DP4A_KERNELS(1)
 DP4A_KERNELS(2)
