@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -139,9 +139,9 @@ start_serve() {
 }
 stop_serve() { kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null; }
 
-serve_load() {  # shape, parallel, clients...
+serve_load() {  # shape, parallel, clients... ($SERVE_BIN: the binary, default mens)
   local shape=$1 m; m=$(synth "$1"); local n=$2; shift 2
-  start_serve mens "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
+  start_serve "${SERVE_BIN:-mens}" "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
   grep -E "memory plan|CUDA device" "$OUT/batch-serve.log"
   for c in "$@"; do
     python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
@@ -237,6 +237,46 @@ if [ "$MODE" = serving ]; then
   start_serve mens "$OUT/auto-ctx.log" --backend cuda -m "$(synth 7b)" --port 8097 --parallel 64
   stop_serve
   grep -E "memory plan|serving" "$OUT/auto-ctx.log" | sed "s/^/--parallel 64 without -c: /" | tee -a "$OUT/serving.txt"
+fi
+
+if [ "$MODE" = pool ]; then
+  # Issue 15's paged KV pool. (1) The CUDA tests of the pool. (2) Serving on synth 7b, the
+  # working tree's binary against $BIN/mens-old (per-slot regions), alternating: N = 1, 16, 64.
+  # (3, also alone as `poolbudget`) 62 short requests and 2 long ones at once in one pool under
+  # --memory-budget, where per-slot regions (64 × 8192 tokens, 29 GB) could not fit; then a
+  # budget where the short requests must wait for pages. 0 errors wanted; /metrics' pages
+  # during the load.
+  echo "== CUDA tests of the pool"
+  MENS_CUDA_MODEL=$(synth 0.5b) "$BIN/cuda-test" --test-threads=1 --nocapture shift_kv paged copy_prefix batch_decodes verify_rows \
+    2>&1 | tee "$OUT/pool-tests.log" | grep -E "test result|panicked|FAILED|pool|bit for bit" | head -20
+  echo "== serving, old (per-slot regions) against new (pages), synth 7b"
+  for n in 1 16 64; do
+    for b in mens-old mens; do SERVE_BIN=$b serve_load 7b "$n" "$n" | sed "s/^/$b: /"; done
+  done 2>&1 | tee "$OUT/pool-ab.txt"
+fi
+if [ "$MODE" = pool ] || [ "$MODE" = poolbudget ]; then
+  m=$(synth 7b)
+  for budget in 9G 7G; do
+    echo "== --parallel 64 -c 8192 --memory-budget $budget: 62 clients of 256+256 tokens and 2 of 6000+1024 at once"
+    start_serve mens "$OUT/pool-$budget.log" --backend cuda -m "$m" --port 8099 --parallel 64 -c 8192 --memory-budget "$budget"
+    grep -E "rror" "$OUT/pool-$budget.log"
+    grep -E "memory plan" "$OUT/pool-$budget.log"
+    python3 scripts/load-test.py --url http://127.0.0.1:8099 --prompt-tokens 6000 --max-tokens 1024 --ignore-eos \
+      --temperature 0 --concurrency 2 --requests 1 --json "$OUT/pool-$budget-long.json" > "$OUT/pool-$budget-long.txt" 2>&1 &
+    lp=$!
+    sleep 2
+    python3 scripts/load-test.py --url http://127.0.0.1:8099 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+      --temperature 0 --concurrency 62 --requests 2 --gpu-mem --json "$OUT/pool-$budget-short.json" > "$OUT/pool-$budget-short.txt" 2>&1 &
+    sp=$!
+    for _ in 1 2 3 4 5 6; do
+      sleep 4
+      curl -s http://127.0.0.1:8099/metrics | grep -E "^mens_(kv_pages|slots_busy|queue_length)" | tr '\n' ' '; echo
+    done
+    wait $sp $lp
+    grep -E "^C=|rror" "$OUT/pool-$budget-short.txt" | sed "s/^/short: /"
+    grep -E "^C=|rror" "$OUT/pool-$budget-long.txt" | sed "s/^/long: /"
+    stop_serve
+  done 2>&1 | tee "$OUT/pool-budget.txt"
 fi
 
 if [ "$MODE" = prefix ]; then

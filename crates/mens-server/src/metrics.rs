@@ -219,6 +219,18 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "mens_kv_pages_used",
+            "Pages of the paged KV pool held by requests and kept caches (0 without a paged pool).",
+            u(st.kv_pages_used.load(Ordering::Relaxed)),
+        );
+        gauge(
+            &mut out,
+            "mens_kv_pages",
+            "Pages in the paged KV pool (0 without a paged pool).",
+            u(st.kv_pages.load(Ordering::Relaxed)),
+        );
+        gauge(
+            &mut out,
             "mens_kv_cache_bytes",
             "Bytes of KV cache allocated.",
             u(st.kv_bytes.load(Ordering::Relaxed)),

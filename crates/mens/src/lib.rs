@@ -23,6 +23,7 @@ pub mod memory;
 pub mod metal;
 pub mod model;
 pub mod models;
+pub mod pages;
 pub mod perplexity;
 pub mod rope;
 pub mod runner;

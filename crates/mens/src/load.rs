@@ -76,7 +76,7 @@ pub struct LoadOptions {
     pub backend: Backend,
     /// Context tokens per sequence; None = the largest that fits (up to the trained context).
     pub ctx: Option<usize>,
-    /// Overrides the probed budget (CPU and Metal).
+    /// Overrides the probed budget (CPU and Metal); on CUDA a cap on the device memory used.
     pub memory_budget: Option<u64>,
     /// Sequences admitted together (the server's slots).
     pub slots: usize,
@@ -99,6 +99,9 @@ pub struct Loaded {
     /// One line on the budget and the context chosen (CPU), for the load log.
     pub plan: String,
     pub load_time: std::time::Duration,
+    /// `--memory-budget`: on a GPU, a cap on the device memory used (the KV pool takes what the
+    /// weights and buffers leave of it).
+    pub memory_budget: Option<u64>,
 }
 
 /// Open, check and admit a model (see the module comment). No weight page is touched before the
@@ -184,6 +187,7 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
         estimate,
         plan,
         load_time: t0.elapsed(),
+        memory_budget: o.memory_budget,
     })
 }
 
@@ -259,6 +263,7 @@ impl Loaded {
             model: self.model.clone(),
             backend: self.backend,
             options: self.options.clone(),
+            memory_budget: self.memory_budget,
         }
     }
 }
@@ -269,6 +274,8 @@ pub struct Target {
     pub model: Arc<Model>,
     pub backend: Backend,
     pub options: SessionOptions,
+    /// See [`Loaded::memory_budget`].
+    pub memory_budget: Option<u64>,
 }
 
 impl Target {
@@ -328,6 +335,14 @@ impl Target {
     /// The context a CUDA runner gets (the requested one, or the largest that fits), where
     /// `bytes(ctx)` is what `runner` allocates beside the weights: the budget is the device's free
     /// memory less a margin for the context and cuBLAS workspace. A clear error when it cannot fit.
+    /// The device memory a CUDA runner may use: free memory less [`memory::CUDA_MARGIN`], at most
+    /// `--memory-budget`.
+    #[cfg(feature = "cuda")]
+    fn cuda_budget(&self, free: u64) -> u64 {
+        let b = free.saturating_sub(memory::CUDA_MARGIN);
+        self.memory_budget.map_or(b, |m| b.min(m))
+    }
+
     #[cfg(feature = "cuda")]
     fn cuda_ctx(
         &self,
@@ -337,7 +352,7 @@ impl Target {
         bytes: impl Fn(usize) -> u64,
         advice: &str,
     ) -> Result<usize> {
-        let budget = free.saturating_sub(memory::CUDA_MARGIN);
+        let budget = self.cuda_budget(free);
         let weights = self.model.weight_bytes();
         let need = |ctx: usize| weights + bytes(ctx);
         let ctx = self.gpu_ctx(|ctx| need(ctx) <= budget);
@@ -362,30 +377,60 @@ impl Target {
         log: &mut dyn FnMut(String),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
-        use crate::cuda::{batch_bytes, check_cache, f16_copy_reserve, CudaBatch, GpuModel};
+        use crate::cuda::{
+            batch_bytes, check_cache, f16_copy_reserve, pool_fit, CudaBatch, GpuModel, PAGE,
+        };
         let t0 = Instant::now();
         let c = &self.model.config;
         let kv = check_cache(c, self.options.cache())?;
         let (dev, free) = open_cuda(log)?;
-        let fit = |extra: u64| {
-            self.cuda_ctx(
+        // The KV pool is paged: each sequence may grow to the context, and the pool takes what
+        // the budget leaves (every page the slots could use at most), so many short requests and
+        // a few long ones share it.
+        let budget = self
+            .cuda_budget(free)
+            .saturating_sub(self.model.weight_bytes());
+        let pool = |ctx: usize, extra: u64| {
+            pool_fit(c, slots, ctx, CUDA_UBATCH.min(ctx), kv, budget.saturating_sub(extra))
+        };
+        let fit = |extra: u64| -> Result<(usize, usize)> {
+            let ctx = self.cuda_ctx(
                 &dev.name,
                 free,
                 &format!("{slots} CUDA sequences"),
-                |ctx| batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv) + extra,
+                // At least one sequence of ctx tokens (and a page to copy a shared one into).
+                |ctx| {
+                    let least = ctx.div_ceil(PAGE) + 1;
+                    batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv, least) + extra
+                },
                 "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
-            )
+            )?;
+            let pages = pool(ctx, extra).ok_or_else(|| {
+                Error::Memory(format!("no KV pool for {slots} sequences of {ctx} tokens fits"))
+            })?;
+            Ok((ctx, pages))
         };
         // Room for the f16 weight copy (twice the decode speed from 5 rows: see CudaBatch) where
         // the context still fits with it; else the context without it.
-        let ctx = match f16_copy_reserve(c, slots) {
-            0 => fit(0)?,
-            r => fit(r).or_else(|_| fit(0))?,
+        let ((ctx, pages), copy) = match f16_copy_reserve(c, slots) {
+            0 => (fit(0)?, false),
+            r => match fit(r) {
+                Ok(f) => (f, true),
+                Err(_) => (fit(0)?, false),
+            },
         };
         let n = c.n_layer;
         let model = GpuModel::upload(dev, &self.model, |i| progress(i, n))?;
-        let (b, copy) =
-            CudaBatch::serving(Arc::new(model), slots, ctx, CUDA_UBATCH, step_tokens, kv)?;
+        let (b, copy) = CudaBatch::serving(
+            Arc::new(model),
+            slots,
+            ctx,
+            CUDA_UBATCH,
+            step_tokens,
+            kv,
+            pages,
+            copy,
+        )?;
         let copy = if copy.is_empty() {
             copy
         } else {
@@ -393,7 +438,7 @@ impl Target {
         };
         let m = b.memory();
         log(format!(
-            "memory plan: weights {} MiB{copy}, KV pool {} MiB ({slots} slots × {ctx} tokens, {}), buffers {} MiB on the GPU; in {:.2} s",
+            "memory plan: weights {} MiB{copy}, KV pool {} MiB ({pages} pages of {PAGE} tokens, {}; {slots} slots of up to {ctx} tokens), buffers {} MiB on the GPU; in {:.2} s",
             self.model.weight_bytes() >> 20,
             m.kv_cache >> 20,
             kv.name(),

@@ -110,6 +110,19 @@ pub trait Runner {
             "this backend cannot copy cache rows between slots".into(),
         ))
     }
+    /// A request of at most `tokens` tokens (prompt and answer) starts on `slot`: whether the
+    /// runner can hold it now. A paged KV pool ([`crate::pages::PagePool`]) answers from its
+    /// free pages; false: the request waits. Other runners give every slot its whole context.
+    fn admit(&mut self, _slot: usize, _tokens: usize) -> bool {
+        true
+    }
+    /// The request on `slot` ended: what it held may go to others (its cached rows stay until
+    /// they are needed).
+    fn release(&mut self, _slot: usize) {}
+    /// A paged KV pool's (pages in use, pages).
+    fn pages(&self) -> Option<(usize, usize)> {
+        None
+    }
     /// One forward pass over `parts` (at most one per slot).
     fn step(&mut self, parts: &mut [Part]) -> Result<()>;
     /// Pick a slot's next token from its last-position logits of the last step.

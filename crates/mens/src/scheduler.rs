@@ -136,6 +136,10 @@ pub struct Status {
     pub kv_tokens: AtomicUsize,
     /// Bytes of KV cache the runner allocated.
     pub kv_bytes: AtomicUsize,
+    /// A paged KV pool's pages in use (held by busy slots and idle caches) and pages in all (0:
+    /// the runner gives each slot its own whole context).
+    pub kv_pages_used: AtomicUsize,
+    pub kv_pages: AtomicUsize,
     /// Speculation: tokens proposed and accepted.
     pub spec_proposed: AtomicU64,
     pub spec_accepted: AtomicU64,
@@ -536,6 +540,9 @@ fn run(
     status
         .kv_bytes
         .store(l.runner.memory().kv_cache, Ordering::Relaxed);
+    if let Some((_, pages)) = l.runner.pages() {
+        status.kv_pages.store(pages, Ordering::Relaxed);
+    }
     let mut states: Vec<Option<SlotState>> = vec![None; n];
     let mut work = Vec::with_capacity(n);
     loop {
@@ -564,6 +571,11 @@ fn run(
             continue;
         }
         l.step(&work);
+        for (i, s) in l.slots.iter().enumerate() {
+            if s.is_none() {
+                l.runner.release(i);
+            }
+        }
         if l.spec.is_some() && work.iter().all(|w| matches!(w, Work::Decode { .. })) {
             let speculated = work
                 .iter()
@@ -574,6 +586,9 @@ fn run(
         l.status.active.store(l.busy(), Ordering::SeqCst);
         let held = (0..n).map(|i| l.runner.slot_tokens(i).len()).sum();
         l.status.kv_tokens.store(held, Ordering::Relaxed);
+        if let Some((used, _)) = l.runner.pages() {
+            l.status.kv_pages_used.store(used, Ordering::Relaxed);
+        }
     }
 }
 
@@ -598,11 +613,16 @@ impl Loop<'_> {
                 *s = None;
             }
         }
+        // What ended requests (finished, failed, gone) held goes back to the runner's pool.
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.is_none() {
+                self.runner.release(i);
+            }
+        }
         while self.slots.iter().any(|s| s.is_none()) {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
-            status.queued.fetch_sub(1, Ordering::SeqCst);
             let runner = &self.runner;
             let free = (0..self.slots.len())
                 .filter(|&i| self.slots[i].is_none())
@@ -640,6 +660,16 @@ impl Loop<'_> {
             }
             self.runner.truncate_slot(slot, keep);
             self.owner[slot] = Some(job.req.tenant);
+            // A paged pool must be able to give the request every page it may take; if it
+            // cannot yet, the request waits at the head of the queue for pages to free (the
+            // slot keeps what it holds of this tenant's prompt).
+            // (It stays counted in the queue's bound meanwhile.)
+            let most = job.req.prompt.len() + job.req.max_tokens;
+            if !self.runner.admit(slot, most) {
+                self.waiting.push_front(job);
+                break;
+            }
+            status.queued.fetch_sub(1, Ordering::SeqCst);
             let mut job = job;
             let sampler = match Sampler::new(job.req.sampler.clone(), self.vocab) {
                 Ok(mut s) => {

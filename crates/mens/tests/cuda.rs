@@ -1809,3 +1809,51 @@ fn batch_shift_kv_moves_rows_as_the_cpu_does() {
     let q8 = CudaBatch::with_cache(gm, 1, 256, 64, 512, KvType::Q8_0).unwrap();
     assert!(!q8.can_shift_kv());
 }
+
+/// The paged pool: a pool too small for every request at once admits what fits, the rest wait
+/// until pages come back, and every request decodes the greedy tokens it decodes in a pool with
+/// room for all (the page tables, page reuse after release and eviction of idle caches).
+#[test]
+fn a_small_paged_pool_admits_what_fits_and_decodes_the_same_tokens() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut r = rand::rngs::StdRng::seed_from_u64(47);
+    // 4 requests of 40–100 prompt tokens and 32 generated: 2 pages each, a claim of 3.
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| (0..40 + 20 * i).map(|_| r.gen_range(0..v)).collect())
+        .collect();
+    let gen = 32;
+    let mut full = CudaBatch::new(gm.clone(), 4, 256, 64, 512).unwrap();
+    let want = batch_greedy(&mut full, &prompts, &[0, 1, 2, 3], gen);
+    drop(full);
+    let mut b = CudaBatch::with_pool(gm.clone(), 4, 256, 64, 512, KvType::F16, 8).unwrap();
+    assert_eq!(b.pages(), Some((0, 8)));
+    let most = |i: usize| prompts[i].len() + gen;
+    assert!(b.admit(0, most(0)) && b.admit(1, most(1)));
+    assert!(!b.admit(2, most(2)), "a third claim of 3 pages does not fit 8");
+    let got = batch_greedy(&mut b, &prompts, &[0, 1], gen);
+    assert_eq!(&got[..], &want[..2], "paged pool against a full pool");
+    assert_eq!(b.pages().unwrap().0, 4);
+    // Request 0 ends: its pages stay as an idle cache, and request 2 fits.
+    b.release(0);
+    assert!(b.admit(2, most(2)));
+    let got = batch_greedy(&mut b, &prompts, &[2], gen);
+    assert_eq!(got[0], want[2], "request 2 after waiting");
+    // Requests 1 and 2 end; request 3 (3 pages) takes the 2 free pages and the oldest idle
+    // cache's (slot 0's).
+    b.release(1);
+    b.release(2);
+    assert!(b.admit(3, most(3)));
+    let got = batch_greedy(&mut b, &prompts, &[3], gen);
+    assert_eq!(got[0], want[3], "request 3 in pages taken from an idle cache");
+    assert!(b.slot_tokens(0).is_empty(), "slot 0's cache was taken");
+    assert_eq!(b.slot_tokens(1).len(), prompts[1].len() + gen - 1);
+    assert_eq!(b.pages().unwrap().0, 7);
+    assert!(
+        CudaBatch::with_pool(gm, 4, 256, 64, 512, KvType::F16, 4).is_err(),
+        "a pool that cannot hold one whole context is refused"
+    );
+    eprintln!("an 8-page pool: 2 requests at once, the others as pages came back, all equal to a full pool's");
+}

@@ -5,6 +5,7 @@
 //! slot's region). Greedy choices for every row come back in one copy per step.
 
 use super::*;
+use crate::pages::PagePool;
 use crate::runner::{check_tokens, Logits, Memory, Part, Runner};
 
 /// Batch sizes a decode graph is captured for (powers of two, then `rows`).
@@ -68,25 +69,63 @@ fn shift_bytes(c: &Config, ctx: usize, kv: KvType) -> usize {
     }
 }
 
-/// Bytes of KV pool for `slots` sequences of `ctx` tokens of cache type `kv`.
-fn pool_bytes(c: &Config, slots: usize, ctx: usize, kv: KvType) -> usize {
-    slots * super::session::cache_bytes(c, ctx, kv)
+/// Tokens a page of the KV pool holds (one decode attention split: a split never spans pages).
+pub const PAGE: usize = SPLIT;
+
+/// Bytes of one page of K (or of V): `PAGE` rows of every layer.
+pub fn page_bytes(c: &Config, kv: KvType) -> usize {
+    c.n_layer * PAGE * kv_row_bytes(kv, c.kv_dim())
 }
 
-/// Bytes a batch of `slots` sequences of `ctx` tokens (prompts `ubatch` at a time, cache type
-/// `kv`) allocates on the device.
-pub fn batch_bytes(c: &Config, slots: usize, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
-    let engine = session_bytes(c, ctx, ubatch, kv) as usize - pool_bytes(c, 1, ctx, kv);
+/// Pages that give each of `slots` sequences its whole `ctx` and a page to copy a shared one into
+/// (every request is admitted at once).
+pub fn full_pool(slots: usize, ctx: usize) -> usize {
+    slots * (ctx.div_ceil(PAGE) + 1)
+}
+
+/// Bytes a batch of `slots` sequences of up to `ctx` tokens (prompts `ubatch` at a time, cache
+/// type `kv`) over a pool of `pages` pages allocates on the device.
+pub fn batch_bytes(
+    c: &Config,
+    slots: usize,
+    ctx: usize,
+    ubatch: usize,
+    kv: KvType,
+    pages: usize,
+) -> u64 {
+    // The prefill engine with its own contiguous cache (the staging rows a slot's pages are
+    // gathered into for a prompt pass), the page table, the pool.
+    let engine = session_bytes(c, ctx, ubatch, kv) as usize;
+    let table = 4 * slots * ctx.div_ceil(PAGE);
     let rows = step_rows(slots);
     let logits = 4 * rows * (c.vocab_size + 1);
     let penalties = 8 * ctx;
     let shift = shift_bytes(c, ctx, kv);
-    (pool_bytes(c, slots, ctx, kv)
+    (2 * pages * page_bytes(c, kv)
         + engine
+        + table
         + decode_bytes(c, rows, ctx)
         + logits
         + penalties
         + shift) as u64
+}
+
+/// The pool for `slots` sequences of up to `ctx` tokens in `budget` bytes: every page they could
+/// use, or as many as fit beside the batch's other buffers. None when not even one sequence of
+/// `ctx` tokens fits.
+pub fn pool_fit(
+    c: &Config,
+    slots: usize,
+    ctx: usize,
+    ubatch: usize,
+    kv: KvType,
+    budget: u64,
+) -> Option<usize> {
+    let fixed = batch_bytes(c, slots, ctx, ubatch, kv, 0);
+    let per = 2 * page_bytes(c, kv) as u64;
+    let pages = (budget.checked_sub(fixed)? / per) as usize;
+    let least = ctx.div_ceil(PAGE) + 1;
+    (pages >= least).then(|| pages.min(full_pool(slots, ctx).max(least)))
 }
 
 /// Kernels of a batched decode step.
@@ -194,9 +233,21 @@ pub struct CudaBatch {
     step_tokens: usize,
     /// What the pool stores (K and V alike).
     kv: KvType,
-    /// The pool: [slot][layer][ctx] rows of kv_row_bytes.
+    /// The pool: [page][layer][PAGE] rows of kv_row_bytes, K and V.
     kc: Buf,
     vc: Buf,
+    /// Which pages each slot's cache is made of ([`PagePool`]), and its copy on the device:
+    /// [slots][max_pages] i32 (rows of dirty slots are uploaded before the next step).
+    pool: PagePool,
+    table: Buf,
+    max_pages: usize,
+    dirty: Vec<bool>,
+    /// The prefill engine's own contiguous cache: a slot's rows are gathered into it for a
+    /// prompt pass and the new rows scattered back. `staged`: (slot, rows) it holds equal to
+    /// the slot's first rows in the pool.
+    stage_k: Buf,
+    stage_v: Buf,
+    staged: Option<(usize, usize)>,
     tokens: Vec<Vec<u32>>,
     /// Whether a slot's last step left logits (row `slot` of `logits`, its greedy id in `ids`).
     ready: Vec<bool>,
@@ -271,9 +322,10 @@ impl CudaBatch {
         Self::with_cache(model, slots, ctx, ubatch, step_tokens, KvType::F16)
     }
 
-    /// The server's batch: as [`CudaBatch::with_cache`], after making the model's f16 weight
-    /// copy where the batch runs cuBLAS steps and the copy fits beside it with
-    /// [`F16_HEADROOM`] to spare. Also says what it did about the copy, for the memory plan.
+    /// The server's batch: as [`CudaBatch::with_pool`], after making the model's f16 weight
+    /// copy (when `copy_allowed`) where the batch runs cuBLAS steps and the copy fits beside it
+    /// with [`F16_HEADROOM`] to spare. Also says what it did about the copy, for the memory plan.
+    #[allow(clippy::too_many_arguments)]
     pub fn serving(
         model: Arc<GpuModel>,
         slots: usize,
@@ -281,10 +333,12 @@ impl CudaBatch {
         ubatch: usize,
         step_tokens: usize,
         kv: KvType,
+        pages: usize,
+        copy_allowed: bool,
     ) -> Result<(Self, String)> {
         let mut copy = String::new();
-        if f16_copy_pays(slots, BatchKernels::from_env()) {
-            let batch = batch_bytes(&model.config, slots, ctx, ubatch.clamp(1, ctx), kv);
+        if copy_allowed && f16_copy_pays(slots, BatchKernels::from_env()) {
+            let batch = batch_bytes(&model.config, slots, ctx, ubatch.clamp(1, ctx), kv, pages);
             copy = match model.make_f16_copy(batch + F16_HEADROOM)? {
                 Some(b) => format!("f16 weight copy {} MiB", b >> 20),
                 None => format!(
@@ -294,7 +348,7 @@ impl CudaBatch {
                 ),
             };
         }
-        let b = Self::with_cache(model, slots, ctx, ubatch, step_tokens, kv)?;
+        let b = Self::with_pool(model, slots, ctx, ubatch, step_tokens, kv, pages)?;
         Ok((b, copy))
     }
 
@@ -307,6 +361,22 @@ impl CudaBatch {
         step_tokens: usize,
         kv: KvType,
     ) -> Result<Self> {
+        let pages = full_pool(slots, ctx);
+        Self::with_pool(model, slots, ctx, ubatch, step_tokens, kv, pages)
+    }
+
+    /// As [`CudaBatch::with_cache`] over a pool of `pages` pages of [`PAGE`] tokens, shared by
+    /// the slots as they grow (fewer than [`full_pool`]: requests wait for pages, see
+    /// [`Runner::admit`]).
+    pub fn with_pool(
+        model: Arc<GpuModel>,
+        slots: usize,
+        ctx: usize,
+        ubatch: usize,
+        step_tokens: usize,
+        kv: KvType,
+        pages: usize,
+    ) -> Result<Self> {
         let c = model.config.clone();
         check_cache(&c, (kv, kv))?;
         if slots == 0 || slots > 1024 || ctx == 0 || ctx > i32::MAX as usize / 2 {
@@ -314,8 +384,15 @@ impl CudaBatch {
                 "a CUDA batch needs 1 to 1024 slots and a context > 0".into(),
             ));
         }
+        let max_pages = ctx.div_ceil(PAGE);
+        if pages < max_pages + 1 || pages > i32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a KV pool of {pages} pages cannot hold one sequence of {ctx} tokens ({} pages)",
+                max_pages + 1
+            )));
+        }
         let ubatch = ubatch.clamp(1, ctx);
-        let need = batch_bytes(&c, slots, ctx, ubatch, kv);
+        let need = batch_bytes(&c, slots, ctx, ubatch, kv, pages);
         let dev = model.dev.clone();
         let (free, _) = dev.mem_info()?;
         if need + (256 << 20) > free {
@@ -337,7 +414,8 @@ impl CudaBatch {
                 .map_err(|e| err("memset", e))?;
             Ok(b)
         };
-        let pool = pool_bytes(&c, slots, ctx, kv) / 2;
+        let pool = pages * page_bytes(&c, kv);
+        let stage = super::session::cache_bytes(&c, ctx, kv) / 2;
         let host_len = 4 * s + slots + 2;
         let host = unsafe { drv::malloc_host(4 * host_len, 0) }
             .map_err(|e| err("pinned memory", e))? as *mut i32;
@@ -345,6 +423,13 @@ impl CudaBatch {
             kv,
             kc: zeros(pool)?,
             vc: zeros(pool)?,
+            pool: PagePool::new(pages, PAGE, slots)?,
+            table: zeros(4 * slots * max_pages)?,
+            max_pages,
+            dirty: vec![false; slots],
+            stage_k: zeros(stage)?,
+            stage_v: zeros(stage)?,
+            staged: None,
             x: zeros(4 * s * d)?,
             aq: zeros(s * wide)?,
             ad: zeros(8 * s * wide / 32)?,
@@ -452,28 +537,94 @@ impl CudaBatch {
         Ok(())
     }
 
-    /// The slot's region of the pool (layer 0).
-    fn slot_cache(&self, slot: usize) -> (u64, u64) {
-        let per = self.slot_stride();
-        (
-            self.kc.ptr + slot as u64 * per,
-            self.vc.ptr + slot as u64 * per,
-        )
-    }
-
-    /// Bytes of one cache row of the pool (one position of one layer, K or V).
+    /// Bytes of one cache row (one position of one layer, K or V).
     fn row_bytes(&self) -> usize {
         kv_row_bytes(self.kv, self.model.config.kv_dim())
     }
 
-    /// Bytes between two layers' rows in a slot's region.
+    /// Bytes between two layers' rows in a page of the pool.
     fn layer_stride(&self) -> u64 {
+        (PAGE * self.row_bytes()) as u64
+    }
+
+    /// Bytes between two pages of the pool.
+    fn page_stride(&self) -> u64 {
+        page_bytes(&self.model.config, self.kv) as u64
+    }
+
+    /// Bytes between two layers' rows in the engine's contiguous cache.
+    fn stage_layer(&self) -> u64 {
         (self.ctx * self.row_bytes()) as u64
     }
 
-    /// Bytes between two slots' regions of the pool.
-    fn slot_stride(&self) -> u64 {
-        self.model.config.n_layer as u64 * self.layer_stride()
+    /// Before slot `slot` writes rows `from..to`: pages for them, its own copy of any shared page
+    /// they fall in (copied on the stream), the caches of idle slots the pool took forgotten.
+    fn make_room(&mut self, slot: usize, from: usize, to: usize) -> Result<()> {
+        let had = self.pool.table(slot).to_vec();
+        let prep = self.pool.prepare(slot, from, to)?;
+        let pb = self.page_stride();
+        for &(src, dst) in &prep.copies {
+            let dev = &self.model.dev;
+            dev.copy(self.kc.ptr + dst as u64 * pb, self.kc.ptr + src as u64 * pb, pb as usize)?;
+            dev.copy(self.vc.ptr + dst as u64 * pb, self.vc.ptr + src as u64 * pb, pb as usize)?;
+        }
+        for &v in &prep.evicted {
+            self.tokens[v].clear();
+            self.ready[v] = false;
+            if self.staged.is_some_and(|s| s.0 == v) {
+                self.staged = None;
+            }
+            if self.chain == Some(v) {
+                self.chain = None;
+            }
+        }
+        if self.pool.table(slot) != &had[..] {
+            self.dirty[slot] = true;
+        }
+        Ok(())
+    }
+
+    /// Upload the page tables that changed (waits for the stream: the steps before read them).
+    fn upload_tables(&mut self) -> Result<()> {
+        for s in 0..self.slots {
+            if std::mem::take(&mut self.dirty[s]) {
+                let t = self.pool.table(s);
+                if !t.is_empty() {
+                    self.model.dev.write(&self.table, 4 * s * self.max_pages, t)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows `from..from + n` of every layer of a slot between its pages and the engine's cache.
+    fn move_rows(&self, slot: usize, from: usize, n: usize, to_pool: bool) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let dev = &self.model.dev;
+        let pt = self.table.at(4 * slot * self.max_pages);
+        launch!(dev, kv_pages_copy, (n as u32, self.model.config.n_layer as u32), 128;
+            self.kc.ptr, self.vc.ptr, self.stage_k.ptr, self.stage_v.ptr, pt, self.page_stride(),
+            self.row_bytes() as i32, self.ctx as i32, from as i32, to_pool as i32)
+    }
+
+    /// Make the engine's cache hold the slot's rows (gathering those it lacks).
+    fn stage(&mut self, slot: usize) -> Result<()> {
+        self.stage_rows(slot, self.tokens[slot].len())
+    }
+
+    /// Make the engine's cache hold the slot's first `rows` rows (within its pages).
+    fn stage_rows(&mut self, slot: usize, rows: usize) -> Result<()> {
+        let have = match self.staged {
+            Some((s, n)) if s == slot => n,
+            _ => 0,
+        };
+        if rows > have {
+            self.move_rows(slot, have, rows - have, false)?;
+        }
+        self.staged = Some((slot, rows.max(have)));
+        Ok(())
     }
 
     /// Attention blocks per (row, KV head): enough blocks in all to fill the GPU twice over.
@@ -521,7 +672,7 @@ impl CudaBatch {
         let splits = self.ctx.div_ceil(SPLIT) as i32;
         let workers = self.workers(bp) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let slot_stride = self.slot_stride();
+        let (pages, maxp, pb) = (self.table.ptr, self.max_pages as i32, self.page_stride());
         let layer = self.layer_stride();
         let quantized = self.kv != KvType::F16;
         let (cos, sin) = self.engine.rope();
@@ -536,7 +687,9 @@ impl CudaBatch {
                 vc,
                 pos,
                 slot,
-                slot_stride,
+                pages,
+                maxp,
+                pb,
                 c.n_head as i32,
                 c.n_kv_head as i32,
                 scale,
@@ -551,7 +704,8 @@ impl CudaBatch {
             let _ = li;
             launch!(dev, [dev.attn_decode(c.head_dim, self.kv, true)], grid, 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                args.9, args.10, args.11, args.12, args.13, args.14, args.15, self.qkv.ptr)
+                args.9, args.10, args.11, args.12, args.13, args.14, args.15, args.16, args.17,
+                self.qkv.ptr)
         };
         launch!(dev, embed, (bp as u32, 1), 128; m.embedding.seg, d, tok, self.x.ptr)?;
         let norm = |w: u64| -> Result<()> {
@@ -626,7 +780,7 @@ impl CudaBatch {
                     n += 1;
                 }
                 launch!(dev, rope_store_b, (bp as u32, 1), 256;
-                    self.qkv.ptr, rope_bias, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                    self.qkv.ptr, rope_bias, cos, sin, pos, slot, pages, maxp, pb, c.n_head as i32,
                     c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                 att(li, kc, vc, x16)?;
                 let dd = d as usize;
@@ -672,13 +826,13 @@ impl CudaBatch {
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
                         self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
                     launch!(dev, rope_store_b, (bp as u32, 1), 256;
-                        self.qkv.ptr, 0u64, cos, sin, pos, slot, slot_stride, c.n_head as i32,
+                        self.qkv.ptr, 0u64, cos, sin, pos, slot, pages, maxp, pb, c.n_head as i32,
                         c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                     n += 2;
                 } else {
                     launch!(dev, (dev.qkv_rope_b(narrow)) as "qkv_rope_b", ((row / 2).div_ceil(4) as u32, 1), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
-                        slot, slot_stride, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
+                        slot, pages, maxp, pb, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
                         self.q.ptr, wk, wv, self.qkv.ptr)?;
                 }
                 att(li, kc, vc, 0)?;
@@ -787,17 +941,26 @@ impl CudaBatch {
         Ok(())
     }
 
-    /// A part that is not a single decode token: through the prefill engine, on the slot's region.
+    /// A part that is not a single decode token: through the prefill engine, on its own cache
+    /// holding the slot's rows (gathered from the pages), the new rows scattered back after.
     fn run_engine(&mut self, slot: usize, tokens: &[u32], logits: Logits) -> Result<()> {
         let want = matches!(logits, Logits::Last);
-        let (kc, vc) = self.slot_cache(slot);
+        self.stage(slot)?;
+        let len = self.tokens[slot].len();
+        let (kc, vc) = (self.stage_k.ptr, self.stage_v.ptr);
         let resume = self.chain == Some(slot);
         self.engine
             .use_cache(kc, vc, &mut self.tokens[slot], resume);
         let r = self.engine.forward(tokens, logits);
         self.engine.release_cache(&mut self.tokens[slot]);
         self.chain = r.is_ok().then_some(slot);
+        if r.is_err() {
+            self.staged = None;
+        }
         r?;
+        let n = self.tokens[slot].len() - len;
+        self.move_rows(slot, len, n, true)?;
+        self.staged = Some((slot, len + n));
         if want {
             let dev = &self.model.dev;
             let v = self.model.config.vocab_size;
@@ -953,6 +1116,12 @@ impl Runner for CudaBatch {
     fn truncate_slot(&mut self, slot: usize, n: usize) {
         self.chain = None;
         self.tokens[slot].truncate(n);
+        self.pool.truncate(slot, self.tokens[slot].len());
+        if let Some((s, rows)) = self.staged {
+            if s == slot {
+                self.staged = Some((s, rows.min(n)));
+            }
+        }
         self.ready[slot] = false;
         // A new request on the slot: its device sampler's draws count from 0 again.
         let _ = self.model.dev.write(&self.rng, 8 * slot, &[0u64]);
@@ -969,6 +1138,15 @@ impl Runner for CudaBatch {
                 self.ctx
             )));
         }
+        // The rows moved must be in the slot's pages (its tokens, or rows past them that a
+        // truncation kept in its last page).
+        let held = self.pool.table(slot).len() * PAGE;
+        if src + len > held {
+            return Err(Error::InvalidArgument(format!(
+                "a cache shift of rows {src}..{} reads past the {held} rows slot {slot} holds",
+                src + len
+            )));
+        }
         if !self.can_shift_kv() {
             return Err(Error::InvalidArgument(
                 "a quantized CUDA cache cannot shift its rows".into(),
@@ -978,14 +1156,18 @@ impl Runner for CudaBatch {
             return Ok(());
         }
         self.chain = None;
+        self.model.dev.bind()?;
+        // On the engine's cache (the slot's rows gathered), then the moved rows back to the pages.
+        self.make_room(slot, dst, dst + len)?;
+        self.upload_tables()?;
+        self.stage_rows(slot, self.tokens[slot].len().max(src + len))?;
         let c = &self.model.config;
         let dev = self.model.dev.clone();
-        dev.bind()?;
         let kvd = c.kv_dim();
-        let (rb, layer) = (self.row_bytes(), self.layer_stride());
+        let (rb, layer) = (self.row_bytes(), self.stage_layer());
         let scratch = self.shift.as_ref().expect("an f16 pool has the shift rows");
         let (sk, sv) = (scratch.ptr, scratch.at(self.ctx * rb));
-        let (kc, vc) = self.slot_cache(slot);
+        let (kc, vc) = (self.stage_k.ptr, self.stage_v.ptr);
         let (cos, sin) = self.engine.rope();
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let n = len * rb;
@@ -999,7 +1181,7 @@ impl Runner for CudaBatch {
                 sk, at(kc, li, dst), kvd as i32, c.head_dim as i32, neox, cos, sin,
                 dst as i32 - src as i32)?;
         }
-        Ok(())
+        self.move_rows(slot, dst, len, true)
     }
     fn assume_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
         if slot >= self.slots {
@@ -1027,18 +1209,12 @@ impl Runner for CudaBatch {
         }
         self.chain = None;
         self.ready[dst] = false;
-        let c = &self.model.config;
-        let dev = self.model.dev.clone();
-        dev.bind()?;
-        let (rb, layer) = (self.row_bytes(), self.layer_stride());
-        let (sk, sv) = self.slot_cache(src);
-        let (dk, dv) = self.slot_cache(dst);
-        // Each layer's rows of a slot are contiguous: one copy per layer for K and for V, in
-        // stream order with the steps before and after.
-        for li in 0..c.n_layer as u64 {
-            for (from, to) in [(sk, dk), (sv, dv)] {
-                dev.copy(to + li * layer, from + li * layer, n * rb)?;
-            }
+        // The pages are shared, not copied: a write into a shared page copies it first
+        // (`make_room`).
+        self.pool.share(src, dst, n)?;
+        self.dirty[dst] = true;
+        if self.staged.is_some_and(|s| s.0 == dst) {
+            self.staged = None;
         }
         let mut to = std::mem::take(&mut self.tokens[dst]);
         to.clear();
@@ -1059,6 +1235,18 @@ impl Runner for CudaBatch {
             check_tokens(self.tokens[p.slot].len(), self.ctx, p.tokens, vocab)?;
         }
         self.model.dev.bind()?;
+        let lens: Vec<usize> = parts.iter().map(|p| self.tokens[p.slot].len()).collect();
+        for (p, &len) in parts.iter().zip(&lens) {
+            self.make_room(p.slot, len, len + p.tokens.len())?;
+        }
+        // Pages come from idle slots only: a slot of this step losing its cache means the batch
+        // was driven past its pool without admission.
+        if parts.iter().zip(&lens).any(|(p, &l)| self.tokens[p.slot].len() != l) {
+            return Err(Error::Memory(
+                "the KV pool ran out of pages for this step".into(),
+            ));
+        }
+        self.upload_tables()?;
         let mut rows = Vec::with_capacity(parts.len());
         // Verify parts (every position's logits, a few tokens) go into the decode graph as rows
         // of their slot, each with a logits row of its own, when the pool is f16 (a quantized
@@ -1175,6 +1363,15 @@ impl Runner for CudaBatch {
             }
         }
     }
+    fn admit(&mut self, slot: usize, tokens: usize) -> bool {
+        self.pool.admit(slot, tokens)
+    }
+    fn release(&mut self, slot: usize) {
+        self.pool.release(slot);
+    }
+    fn pages(&self) -> Option<(usize, usize)> {
+        Some((self.pool.used(), self.pool.pages()))
+    }
     fn memory(&self) -> Memory {
         let kv = self.kc.bytes + self.vc.bytes;
         let all = batch_bytes(
@@ -1183,6 +1380,7 @@ impl Runner for CudaBatch {
             self.ctx,
             self.ubatch,
             self.kv,
+            self.pool.pages(),
         ) as usize;
         Memory {
             kv_cache: kv,

@@ -148,6 +148,7 @@ kernels!(
     kv_to_f16_q8,
     kv_to_f16_q4,
     shift_k,
+    kv_pages_copy,
 );
 
 /// Bytes of one KV cache row of `kvd` values (kv_row_bytes in kernels/common.cuh): f16, or the
@@ -698,8 +699,10 @@ arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20, V 21, W 22);
 
 /// `launch!(dev, kernel, grid, block; args...)`: the argument values must have the kernel's C
 /// types (u64 for pointers, i32 for int, f32 for float, `Seg` for a matrix).
@@ -803,7 +806,8 @@ mod session;
 pub mod testing;
 
 pub use batch::{
-    batch_bytes, f16_copy_bytes, f16_copy_reserve, BatchKernels, CudaBatch, VERIFY_ROWS,
+    batch_bytes, f16_copy_bytes, f16_copy_reserve, full_pool, page_bytes, pool_fit, BatchKernels,
+    CudaBatch, PAGE, VERIFY_ROWS,
 };
 pub use model::GpuModel;
 pub use session::{session_bytes, CudaSession, DeviceSampling};

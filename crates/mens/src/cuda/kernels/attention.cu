@@ -9,11 +9,13 @@
 // quantized cache gets its new row here: the writers left the step's K and V as f32 at kv_new
 // (V kv_dim after K), and the block that owns the last split stores the KV head's part of row
 // len - 1 before reading it (no other block reads that row).
+// pt: the sequence's page table (a batch's paged pool: split s lives in page pt[s], page_bytes
+// apart, SPLIT rows a page), or null for a contiguous cache.
 template <int HD, int T>
 __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
                               int n_head, int n_kv_head, float scale, float* part_o, float2* part_ml,
                               u32* counters, i8* aq, float2* ad, int kvh, int worker, int workers,
-                              u16* o16, const float* kv_new) {
+                              u16* o16, const float* kv_new, const int* pt, u64 page_bytes) {
   constexpr int QUADS = HD / 4, GROUPS = 256 / QUADS;
   // Q in shared memory, a quarter of a head (PD values) per scoring thread, each quarter one
   // float past the last so that the four quarters fall in different banks.
@@ -44,7 +46,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     // K blocks then V blocks of this head, a warp each.
     for (int b = w; b < HD / 16; b += nw) {
       int v = b >= HD / 32, j = kvh * (HD / 32) + b % (HD / 32);
-      u8* row = (u8*)(v ? vc : kc) + (u64)(len - 1) * rb;
+      u8* row = (u8*)kv_at(v ? vc : kc, pt, page_bytes, len - 1, rb);
       kv_store_block<T>(kv_new[v * kvd + j * 32 + lane], row, kvd, j, lane);
     }
   }
@@ -60,7 +62,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     int kq = tid >> 2, part = tid & 3;
     float kv[PD];
     if (kq < n) {
-      const u8* krow = kc + (u64)(k0 + kq) * rb;
+      const u8* krow = kv_at(kc, pt, page_bytes, k0, rb) + (u64)kq * rb;
       int d0 = kvh * HD + part * PD;
       if (T == T_F16) {
         const uint4* p = (const uint4*)(krow + 2 * d0);
@@ -141,7 +143,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   float a[4][MAXG];
 #pragma unroll
   for (int h = 0; h < MAXG; h++) a[0][h] = a[1][h] = a[2][h] = a[3][h] = 0.f;
-  const u8* vbase = vc + (u64)k0 * rb;
+  const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
 #pragma unroll 4
   for (int k = kg; k < n; k += GROUPS) {
     float4 v = kv_get4<T>(vbase + (u64)k * rb, kvd, kvh * HD + 4 * dq);
@@ -224,7 +226,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
                                   int n_kv_head, float scale, float* part_o, float2* part_ml, u32* counters,  \
                                   i8* aq, float2* ad) {                                                       \
     attn_decode_t<HD, T>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,  \
-                         blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD);                            \
+                         blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD, 0, 0);                      \
   }
 ATTN_DECODE(attn_decode64, 64, T_F16)
 ATTN_DECODE(attn_decode128, 128, T_F16)

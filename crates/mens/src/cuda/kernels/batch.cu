@@ -376,8 +376,8 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
 template <int N>
 __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
                            const float* bias, const float* cosv, const float* sinv, const int* pos,
-                           const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
-                           int neox, float* q, u8* kc8, u8* vc8, float* qkv) {
+                           const int* slot, const int* pages, int max_pages, u64 page_bytes, int n_head,
+                           int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv) {
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
@@ -398,9 +398,9 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
     if (lane >= N || b >= B) continue;
     int ps = pos[b];
     if (ps < 0) continue;  // padding
-    u64 so = (u64)slot[b] * slot_stride;
-    u16* kc = (u16*)(kc8 + so);
-    u16* vc = (u16*)(vc8 + so);
+    const int* pt = pages + slot[b] * max_pages;
+    u16* kc = (u16*)kv_at(kc8, pt, page_bytes, ps, 2 * kvd);
+    u16* vc = (u16*)kv_at(vc8, pt, page_bytes, ps, 2 * kvd);
     float* st = qkv + (u64)b * (qd + 2 * kvd);
     if (h < n_head + n_kv_head) {
       float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
@@ -412,7 +412,7 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
         st[ra] = y0;
         st[rb] = y1;
       } else {
-        u64 o = (u64)ps * kvd + (h - n_head) * hd;
+        u64 o = (h - n_head) * hd;
         kc[o + ra - h * hd] = f2h(y0);
         kc[o + rb - h * hd] = f2h(y1);
       }
@@ -420,7 +420,7 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
       st[ra] = x0;
       st[rb] = x1;
     } else {
-      u64 o = (u64)ps * kvd + (h - n_head - n_kv_head) * hd;
+      u64 o = (h - n_head - n_kv_head) * hd;
       vc[o + ra - h * hd] = f2h(x0);
       vc[o + rb - h * hd] = f2h(x1);
     }
@@ -441,10 +441,10 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
   extern "C" __global__ void __launch_bounds__(128, 4)                                                 \
       qkv_rope_b_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,          \
                      const float* bias, const float* cosv, const float* sinv, const int* pos,          \
-                     const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd, int neox,    \
-                     float* q, u8* kc8, u8* vc8, float* qkv) {                                         \
-    qkv_rope_t<N>(s0, s1, s2, cols, aq, ad, B, bias, cosv, sinv, pos, slot, slot_stride, n_head,       \
-                  n_kv_head, hd, neox, q, kc8, vc8, qkv);                                              \
+                     const int* slot, const int* pages, int max_pages, u64 page_bytes, int n_head,     \
+                     int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv) {        \
+    qkv_rope_t<N>(s0, s1, s2, cols, aq, ad, B, bias, cosv, sinv, pos, slot, pages, max_pages,          \
+                  page_bytes, n_head, n_kv_head, hd, neox, q, kc8, vc8, qkv);                          \
   }
 DP4A_KERNELS(1)
 DP4A_KERNELS(2)
@@ -453,29 +453,30 @@ DP4A_KERNELS(8)
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
-// Slots are slot_stride bytes apart in the pool. The output goes to o16 [B][q_dim] in f16 when o16
-// is set, else to aq/ad in q8.
+// Row b's cache is the pages of slot slot[b] (its row of the page table `pages`, max_pages
+// wide). The output goes to o16 [B][q_dim] in f16 when o16 is set, else to aq/ad in q8.
 template <int HD, int T>
 __device__ void attn_decode_b(const float* q, u8* kc, u8* vc, const int* pos, const int* slot,
-                              u64 slot_stride, int n_head, int n_kv_head, float scale, int splits, float* part_o,
-                              float2* part_ml, u32* counters, i8* aq, float2* ad, u16* o16, const float* qkv) {
+                              const int* pages, int max_pages, u64 page_bytes, int n_head, int n_kv_head,
+                              float scale, int splits, float* part_o, float2* part_ml, u32* counters, i8* aq,
+                              float2* ad, u16* o16, const float* qkv) {
   int b = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head;
   int p = pos[b];
   if (p < 0) return;
   int qd = n_head * HD;
-  u64 so = (u64)slot[b] * slot_stride;
-  attn_decode_t<HD, T>(q + (u64)b * qd, kc + so, vc + so, p + 1, n_head, n_kv_head, scale,
+  attn_decode_t<HD, T>(q + (u64)b * qd, kc, vc, p + 1, n_head, n_kv_head, scale,
                        part_o + (u64)b * splits * qd, part_ml + (u64)b * splits * n_head, counters + b * n_kv_head,
                        aq + (u64)b * qd, ad + (u64)b * (qd / 32), kvh, blockIdx.y, gridDim.y,
-                       o16 ? o16 + (u64)b * qd : 0, qkv + (u64)b * (qd + 2 * n_kv_head * HD) + qd);
+                       o16 ? o16 + (u64)b * qd : 0, qkv + (u64)b * (qd + 2 * n_kv_head * HD) + qd,
+                       pages + slot[b] * max_pages, page_bytes);
 }
 #define ATTN_DECODE_B(NAME, HD, T)                                                                          \
   extern "C" __global__ void NAME(const float* q, u8* kc, u8* vc, const int* pos, const int* slot,             \
-                                  u64 slot_stride, int n_head, int n_kv_head, float scale, int splits,        \
-                                  float* part_o, float2* part_ml, u32* counters, i8* aq, float2* ad,          \
-                                  u16* o16, const float* qkv) {                                               \
-    attn_decode_b<HD, T>(q, kc, vc, pos, slot, slot_stride, n_head, n_kv_head, scale, splits, part_o,         \
-                         part_ml, counters, aq, ad, o16, qkv);                                                \
+                                  const int* pages, int max_pages, u64 page_bytes, int n_head, int n_kv_head, \
+                                  float scale, int splits, float* part_o, float2* part_ml, u32* counters,     \
+                                  i8* aq, float2* ad, u16* o16, const float* qkv) {                           \
+    attn_decode_b<HD, T>(q, kc, vc, pos, slot, pages, max_pages, page_bytes, n_head, n_kv_head, scale,        \
+                         splits, part_o, part_ml, counters, aq, ad, o16, qkv);                                \
   }
 ATTN_DECODE_B(attn_decode64_b, 64, T_F16)
 ATTN_DECODE_B(attn_decode128_b, 128, T_F16)
@@ -814,19 +815,19 @@ MATMUL_H16(4)
 MATMUL_H16(8)
 
 // After the stacked Q/K/V matmul (bias added there), per row b: RoPE at pos[b] on Q and K, K and V
-// into cache slot slot[b] (slot_stride bytes apart; with kc = 0, a quantized cache: K rotated in
-// place in qkv, which the attention kernel stores), Q (rounded to f16) into q [B][n_head * hd].
+// into the pages of slot slot[b] (with kc = 0, a quantized cache: K rotated in place in qkv, which
+// the attention kernel stores), Q (rounded to f16) into q [B][n_head * hd].
 // bias (or null): added first (the cuBLAS step's matmul leaves it out). Grid B; block 256.
 extern "C" __global__ void rope_store_b(float* qkv, const float* bias, const float* cosv, const float* sinv, const int* pos,
-                                        const int* slot, u64 slot_stride, int n_head, int n_kv_head, int hd,
-                                        int neox, float* q, u8* kc8, u8* vc8) {
+                                        const int* slot, const int* pages, int max_pages, u64 page_bytes,
+                                        int n_head, int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8) {
   int b = blockIdx.x, ps = pos[b];
   if (ps < 0) return;  // padding
   int half = hd / 2, kvd = n_kv_head * hd, qd = n_head * hd, row = qd + 2 * kvd;
   float* x = qkv + (u64)b * row;
-  u64 so = (u64)ps * kvd;
-  u16* kc = (u16*)(kc8 + (u64)slot[b] * slot_stride);
-  u16* vc = (u16*)(vc8 + (u64)slot[b] * slot_stride);
+  const int* pt = pages + slot[b] * max_pages;
+  u16* kc = (u16*)kv_at(kc8, pt, page_bytes, ps, 2 * kvd);
+  u16* vc = (u16*)kv_at(vc8, pt, page_bytes, ps, 2 * kvd);
   for (int p = threadIdx.x; p < (n_head + 2 * n_kv_head) * half; p += blockDim.x) {
     int h = p / half, k = p % half;
     int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
@@ -845,15 +846,36 @@ extern "C" __global__ void rope_store_b(float* qkv, const float* bias, const flo
         x[ra] = y0;
         x[rb] = y1;
       } else {
-        kc[so + ra - qd] = f2h(y0);
-        kc[so + rb - qd] = f2h(y1);
+        kc[ra - qd] = f2h(y0);
+        kc[rb - qd] = f2h(y1);
       }
     } else if (vc8) {
-      vc[so + ra - qd - kvd] = f2h(x0);
-      vc[so + rb - qd - kvd] = f2h(x1);
+      vc[ra - qd - kvd] = f2h(x0);
+      vc[rb - qd - kvd] = f2h(x1);
     } else if (bias) {
       x[ra] = x0;
       x[rb] = x1;
+    }
+  }
+}
+
+// Rows from, from + 1, ... (blockIdx.x) of every layer (blockIdx.y) of one sequence between the
+// paged pool (pk, pv: layer 0 of page 0; pt: the sequence's page table) and a contiguous cache
+// (ck, cv: [layer][ctx] rows, as a session's): into the pool when to_pool, else out of it.
+// rb (a row's bytes) is a multiple of 16. Block 128.
+extern "C" __global__ void kv_pages_copy(u8* pk, u8* pv, u8* ck, u8* cv, const int* pt, u64 page_bytes, int rb,
+                                         int ctx, int from, int to_pool) {
+  int p = from + blockIdx.x, l = blockIdx.y;
+  u64 po = (u64)pt[p / SPLIT] * page_bytes + ((u64)l * SPLIT + p % SPLIT) * rb;
+  u64 co = ((u64)l * ctx + p) * rb;
+  uint4 *a = (uint4*)(pk + po), *b = (uint4*)(ck + co), *c = (uint4*)(pv + po), *d = (uint4*)(cv + co);
+  for (int i = threadIdx.x; i < rb / 16; i += blockDim.x) {
+    if (to_pool) {
+      a[i] = b[i];
+      c[i] = d[i];
+    } else {
+      b[i] = a[i];
+      d[i] = c[i];
     }
   }
 }

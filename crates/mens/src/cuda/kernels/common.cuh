@@ -94,6 +94,13 @@ __device__ __forceinline__ int kv_row_bytes(int t, int kvd) {
   int q = t == T_Q8_0 ? kvd : kvd / 2;
   return (q + kvd / 16 + 15) & ~15;
 }
+// Row `pos` of a cache whose rows are rb bytes: contiguous from `base` (pt null), or in a paged
+// pool (pt: the sequence's page table; page pt[pos / SPLIT] holds rows pos - pos % SPLIT.., its
+// layer's rows at `base` within each page, pages page_bytes apart).
+__device__ __forceinline__ const u8* kv_at(const u8* base, const int* pt, u64 page_bytes, int pos, int rb) {
+  if (!pt) return base + (u64)pos * rb;
+  return base + (u64)pt[pos / SPLIT] * page_bytes + (u64)(pos % SPLIT) * rb;
+}
 __device__ __forceinline__ float kv_scale(int t, const u8* row, int kvd, int d) {
   return h2f(*(const u16*)(row + (t == T_Q8_0 ? kvd : kvd / 2) + 2 * (d >> 5)));
 }
