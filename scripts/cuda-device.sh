@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|serving64|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -277,6 +277,14 @@ if [ "$MODE" = pool ] || [ "$MODE" = poolbudget ]; then
     grep -E "^C=|rror" "$OUT/pool-$budget-long.txt" | sed "s/^/long: /"
     stop_serve
   done 2>&1 | tee "$OUT/pool-budget.txt"
+fi
+
+if [ "$MODE" = serving64 ]; then
+  # The small shapes at N = 64 and the memory plan --parallel 64 gets without -c (issue 15).
+  for s in 1.5b 0.5b; do serve_load $s 64 64; done 2>&1 | tee "$OUT/serving64.txt"
+  start_serve mens "$OUT/auto-ctx.log" --backend cuda -m "$(synth 7b)" --port 8097 --parallel 64
+  stop_serve
+  grep -E "memory plan|serving" "$OUT/auto-ctx.log" | sed "s/^/--parallel 64 without -c: /" | tee -a "$OUT/serving64.txt"
 fi
 
 if [ "$MODE" = prefix ]; then
