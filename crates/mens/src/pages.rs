@@ -165,7 +165,9 @@ impl PagePool {
     }
 
     /// Make `dst` (holding nothing after this) hold the pages of the first `tokens` tokens of
-    /// `src`, shared: no rows copied.
+    /// `src`, shared: no rows copied. A busy `src` may have to copy the last of them before
+    /// writing into it (after stepping back into it): its claim grows by that page, and the share
+    /// is refused when the pool has no page to spare for it.
     pub fn share(&mut self, src: usize, dst: usize, tokens: usize) -> Result<()> {
         let n = self.pages_for(tokens);
         if src == dst || n > self.tables[src].len() {
@@ -174,6 +176,14 @@ impl PagePool {
             )));
         }
         self.truncate(dst, 0);
+        if self.claim[src] > 0 {
+            if self.available() == 0 {
+                return Err(Error::Memory(
+                    "no page to spare for sharing a busy slot's prefix".into(),
+                ));
+            }
+            self.claim[src] += 1;
+        }
         let pages = self.tables[src][..n].to_vec();
         for &p in &pages {
             self.refs[p as usize] += 1;
@@ -218,6 +228,11 @@ impl PagePool {
             let p = self.tables[slot][i];
             if self.refs[p as usize] > 1 {
                 let q = self.take(slot, &mut out.evicted)?;
+                if self.refs[p as usize] == 1 {
+                    // Taking q dropped the idle cache that shared p: p is this slot's alone now.
+                    self.unref(q);
+                    continue;
+                }
                 self.refs[p as usize] -= 1;
                 self.tables[slot][i] = q;
                 out.copies.push((p, q));
@@ -354,6 +369,70 @@ mod tests {
         assert_ne!(p.table(0)[1], p.table(1)[1]);
         assert_eq!(p.table(0)[0], p.table(1)[0]);
         consistent(&p);
+    }
+
+    /// Random requests through admission, growth, sharing, truncation and release: the counts
+    /// stay consistent, and a busy slot growing within its claim always gets its pages (the
+    /// guarantee a step relies on), whatever idle caches and shared pages there are.
+    #[test]
+    fn admitted_requests_always_get_their_pages() {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand::rngs::StdRng::seed_from_u64(7);
+        for round in 0..1000 {
+            let (slots, page) = (r.gen_range(1..6), r.gen_range(1..9));
+            let pages = r.gen_range(2..40);
+            let mut p = PagePool::new(pages, page, slots).unwrap();
+            // Per busy slot: tokens held and most tokens its request may hold.
+            let mut held = vec![0usize; slots];
+            let mut most = vec![0usize; slots];
+            for _ in 0..400 {
+                let s = r.gen_range(0..slots);
+                match r.gen_range(0..6) {
+                    0 if !p.is_busy(s) => {
+                        // A new request keeps some of the slot's cache (its tenant's prefix),
+                        // or takes another slot's prefix.
+                        let other = r.gen_range(0..slots);
+                        if other != s && held[other] > 0 && r.gen_bool(0.5) {
+                            let n = r.gen_range(1..=held[other]);
+                            // Refused when a busy source's possible copy finds no page.
+                            held[s] = match p.share(other, s, n) {
+                                Ok(()) => n,
+                                Err(_) => 0,
+                            };
+                        } else {
+                            held[s] = r.gen_range(0..=held[s]);
+                            p.truncate(s, held[s]);
+                        }
+                        let want = held[s] + r.gen_range(1..3 * page + 2);
+                        if want <= (pages - 1) * page && p.admit(s, want) {
+                            most[s] = want;
+                        }
+                    }
+                    1 | 2 if p.is_busy(s) && held[s] < most[s] => {
+                        let to = (held[s] + r.gen_range(1..=page)).min(most[s]);
+                        let prep = p
+                            .prepare(s, held[s], to)
+                            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                        for v in prep.evicted {
+                            assert!(!p.is_busy(v));
+                            held[v] = 0;
+                        }
+                        held[s] = to;
+                    }
+                    3 if p.is_busy(s) => {
+                        // A rejected proposal: back a few tokens.
+                        held[s] -= r.gen_range(0..=held[s].min(3));
+                        p.truncate(s, held[s]);
+                    }
+                    4 if p.is_busy(s) => p.release(s),
+                    _ => {}
+                }
+                consistent(&p);
+                for (t, &h) in held.iter().enumerate() {
+                    assert!(p.table(t).len() >= p.pages_for(h), "slot {t} lost pages");
+                }
+            }
+        }
     }
 
     #[test]

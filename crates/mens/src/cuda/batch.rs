@@ -1211,10 +1211,15 @@ impl Runner for CudaBatch {
         self.ready[dst] = false;
         // The pages are shared, not copied: a write into a shared page copies it first
         // (`make_room`).
-        self.pool.share(src, dst, n)?;
-        self.dirty[dst] = true;
         if self.staged.is_some_and(|s| s.0 == dst) {
             self.staged = None;
+        }
+        self.dirty[dst] = true;
+        if let Err(e) = self.pool.share(src, dst, n) {
+            // Refused (no page to spare): the slot is left empty.
+            self.pool.truncate(dst, 0);
+            self.tokens[dst].clear();
+            return Err(e);
         }
         let mut to = std::mem::take(&mut self.tokens[dst]);
         to.clear();
