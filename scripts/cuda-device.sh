@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|serving64|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -277,6 +277,19 @@ if [ "$MODE" = pool ] || [ "$MODE" = poolbudget ]; then
     grep -E "^C=|rror" "$OUT/pool-$budget-long.txt" | sed "s/^/long: /"
     stop_serve
   done 2>&1 | tee "$OUT/pool-budget.txt"
+fi
+
+if [ "$MODE" = preempt ]; then
+  # Issue 15's pool under growth: 16 clients of 256 prompt tokens and 1024 answer tokens on synth 7b
+  # with --memory-budget 7G (about 161 pages): claimed 256 answer tokens at a time, all 16 start,
+  # outgrow the pool, and the latest admitted are preempted and resume. 0 errors wanted.
+  m=$(synth 7b)
+  start_serve mens "$OUT/preempt.log" --backend cuda -m "$m" --port 8099 --parallel 16 -c 8192 --memory-budget 7G
+  grep -E "memory plan|rror" "$OUT/preempt.log"
+  python3 scripts/load-test.py --url http://127.0.0.1:8099 --prompt-tokens 256 --max-tokens 1024 --ignore-eos \
+    --temperature 0 --concurrency 16 --requests 1 2>&1 | grep -E "^C=|rror"
+  curl -s http://127.0.0.1:8099/metrics | grep -E "^mens_(preempted_total|kv_pages)"
+  stop_serve
 fi
 
 if [ "$MODE" = serving64 ]; then

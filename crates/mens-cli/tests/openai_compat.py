@@ -240,7 +240,7 @@ assert headers["content-type"].startswith("text/plain"), headers
 fam = {f.name: f for f in text_string_to_metric_families(body)}
 for name in ["mens_requests", "mens_prompt_tokens", "mens_generated_tokens", "mens_time_to_first_token_seconds",
              "mens_time_per_output_token_seconds", "mens_slots_busy", "mens_queue_length", "mens_kv_cache_tokens",
-             "mens_cache_reused_tokens", "mens_kv_pages_used", "mens_kv_pages"]:
+             "mens_cache_reused_tokens", "mens_kv_pages_used", "mens_kv_pages", "mens_preempted"]:
     assert name in fam, (name, sorted(fam))
 # The CPU server has no paged pool: both page gauges read 0.
 assert fam["mens_kv_pages"].samples[0].value == 0, fam["mens_kv_pages"].samples

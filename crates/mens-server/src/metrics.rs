@@ -237,6 +237,12 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "mens_preempted_total",
+            "Requests whose KV pages went to others (a paged pool ran out); each resumed by computing its text again.",
+            st.preempted.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
             "mens_spec_proposed_tokens_total",
             "Speculative decoding: tokens proposed.",
             st.spec_proposed.load(Ordering::Relaxed),

@@ -140,6 +140,9 @@ pub struct Status {
     /// the runner gives each slot its own whole context).
     pub kv_pages_used: AtomicUsize,
     pub kv_pages: AtomicUsize,
+    /// Requests preempted (their pages given to others; they resume by computing their text
+    /// again).
+    pub preempted: AtomicU64,
     /// Speculation: tokens proposed and accepted.
     pub spec_proposed: AtomicU64,
     pub spec_accepted: AtomicU64,
@@ -361,7 +364,33 @@ struct Active {
     stream: TokenStream,
     generated: usize,
     first: Option<Duration>,
+    /// Tokens the runner's pool holds pages for (prompt + some answer; grows by [`GROW`]).
+    claimed: usize,
+    /// When it was admitted or resumed (the latest is preempted first).
+    order: u64,
+    /// Preempted: its pages went to others; it waits for pages, then feeds `source` again.
+    paused: bool,
+    /// After a preemption: the tokens to feed (prompt, answer so far, the next token) instead of
+    /// the prompt.
+    source: Option<Vec<u32>>,
 }
+
+impl Active {
+    /// The tokens prefill feeds: the prompt, or after a preemption what the slot held.
+    fn source(&self) -> &[u32] {
+        self.source.as_deref().unwrap_or(&self.req.prompt)
+    }
+
+    /// Most tokens the request may hold: prompt + max_tokens.
+    fn most(&self) -> usize {
+        self.req.prompt.len() + self.req.max_tokens
+    }
+}
+
+/// Tokens of answer a request's pages are claimed for at a time: a paged pool admits a request for
+/// its prompt and this much, and claims more as it grows (preempting the latest admitted request
+/// when the pool has no more; it resumes by computing its text again).
+pub const GROW: usize = 256;
 
 /// What the planner sees of a busy slot.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -500,6 +529,8 @@ struct Loop<'t> {
     gate: crate::spec::Gate,
     /// Tokens the last step gave (verified proposals included).
     emitted: usize,
+    /// Admissions and resumptions so far (a request's `order`).
+    order: u64,
 }
 
 /// Draft tokens a slot starts with.
@@ -529,6 +560,7 @@ fn run(
         draft_k: vec![DRAFT_K0; n],
         gate: Default::default(),
         emitted: 0,
+        order: 0,
         vocab: tok.vocab_size(),
         runner,
         tok,
@@ -557,11 +589,12 @@ fn run(
         l.admit();
         let t0 = Instant::now();
         l.propose();
+        l.claim_growth();
         for ((st, s), f) in states.iter_mut().zip(&l.slots).zip(&l.feed) {
-            *st = s.as_ref().map(|a| SlotState {
-                prompt_len: a.req.prompt.len(),
+            *st = s.as_ref().filter(|a| !a.paused).map(|a| SlotState {
+                prompt_len: a.source().len(),
                 fed: a.fed,
-                prefill_end: a.reuse.front().map_or(a.req.prompt.len(), |c| c.dst),
+                prefill_end: a.reuse.front().map_or(a.source().len(), |c| c.dst),
                 decoding: a.next.is_some(),
                 decode_len: f.len().max(1),
             });
@@ -619,7 +652,9 @@ impl Loop<'_> {
                 self.runner.release(i);
             }
         }
-        while self.slots.iter().any(|s| s.is_none()) {
+        // Preempted requests first, the earliest first; new ones wait while any cannot resume.
+        let resumed = self.resume();
+        while resumed && self.slots.iter().any(|s| s.is_none()) {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
@@ -665,10 +700,12 @@ impl Loop<'_> {
             // slot keeps what it holds of this tenant's prompt).
             // (It stays counted in the queue's bound meanwhile.)
             let most = job.req.prompt.len() + job.req.max_tokens;
-            if !self.runner.admit(slot, most) {
+            let claim = most.min(job.req.prompt.len() + GROW);
+            if !self.runner.admit(slot, claim) {
                 self.waiting.push_front(job);
                 break;
             }
+            self.order += 1;
             status.queued.fetch_sub(1, Ordering::SeqCst);
             let mut job = job;
             let sampler = match Sampler::new(job.req.sampler.clone(), self.vocab) {
@@ -706,6 +743,10 @@ impl Loop<'_> {
                 stream: TokenStream::new(job.req.stop.clone()),
                 generated: 0,
                 first: None,
+                claimed: claim,
+                order: self.order,
+                paused: false,
+                source: None,
                 req: job.req,
             });
         }
@@ -713,6 +754,88 @@ impl Loop<'_> {
             self.take_reused(slot);
         }
         self.status.active.store(self.busy(), Ordering::SeqCst);
+    }
+
+    /// Resume preempted requests whose pages the pool can give again (what their slot still
+    /// caches is kept; the rest is fed again). False while one cannot.
+    fn resume(&mut self) -> bool {
+        let mut paused: Vec<(u64, usize)> = (0..self.slots.len())
+            .filter_map(|i| self.slots[i].as_ref().filter(|a| a.paused).map(|a| (a.order, i)))
+            .collect();
+        paused.sort_unstable();
+        for (_, slot) in paused {
+            let a = self.slots[slot].as_ref().expect("paused slot");
+            let claim = a.most().min(a.source().len() + GROW);
+            let keep = reusable_prefix(self.runner.slot_tokens(slot), a.source());
+            self.runner.truncate_slot(slot, keep);
+            if !self.runner.admit(slot, claim) {
+                return false;
+            }
+            self.order += 1;
+            let a = self.slots[slot].as_mut().expect("paused slot");
+            a.paused = false;
+            a.claimed = claim;
+            a.order = self.order;
+            a.fed = keep;
+        }
+        true
+    }
+
+    /// Before a step: claim pages for every busy slot's next tokens (its feed), preempting the
+    /// latest admitted requests when the pool has none left (a request that is itself the latest
+    /// pauses).
+    fn claim_growth(&mut self) {
+        for slot in 0..self.slots.len() {
+            let Some(a) = self.slots[slot].as_ref() else {
+                continue;
+            };
+            if a.paused || a.next.is_none() {
+                continue;
+            }
+            let need = self.runner.slot_tokens(slot).len() + self.feed[slot].len().max(1);
+            if need <= a.claimed {
+                continue;
+            }
+            let claim = a.most().min(need + GROW).max(need);
+            loop {
+                if self.runner.admit(slot, claim) {
+                    self.slots[slot].as_mut().expect("busy slot").claimed = claim;
+                    break;
+                }
+                let victim = (0..self.slots.len())
+                    .filter_map(|i| {
+                        self.slots[i]
+                            .as_ref()
+                            .filter(|a| !a.paused)
+                            .map(|a| (a.order, i))
+                    })
+                    .max()
+                    .map(|(_, i)| i)
+                    .expect("the slot itself is busy");
+                self.preempt(victim);
+                if victim == slot {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Give a request's pages back and pause it: it resumes by feeding its prompt, its answer so far
+    /// and its next token again (what its slot still caches then is reused).
+    fn preempt(&mut self, slot: usize) {
+        let held = self.runner.slot_tokens(slot).to_vec();
+        let a = self.slots[slot].as_mut().expect("busy slot");
+        let mut source = held;
+        match a.next.take() {
+            Some(t) => source.push(t),
+            None => source = a.source().to_vec(),
+        }
+        a.source = Some(source);
+        a.paused = true;
+        a.reuse.clear();
+        self.feed[slot].clear();
+        self.runner.release(slot);
+        self.status.preempted.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Take the reused chunks that start where a slot's prompt has reached: their rows are in
@@ -903,7 +1026,7 @@ impl Loop<'_> {
                     last,
                 } => Part {
                     slot,
-                    tokens: &a.req.prompt[start..start + len],
+                    tokens: &a.source()[start..start + len],
                     logits: if last { Logits::Last } else { Logits::None },
                 },
             });
@@ -930,6 +1053,8 @@ impl Loop<'_> {
                         self.take_reused(slot);
                         continue;
                     }
+                    // A resumed request's text is in again: it decodes on.
+                    a.source = None;
                 }
                 Work::Decode { len, .. } if len > 1 => {
                     self.verify(slot, len);
