@@ -198,6 +198,21 @@ fn finish(rx: &mpsc::Receiver<Event>) -> (String, usize) {
     }
 }
 
+/// Every prompt submitted at once (tenant = index), greedy, `max_tokens` each: the answers.
+fn answers(s: &Scheduler, ps: &[Vec<u32>], max_tokens: usize) -> Vec<String> {
+    let rxs: Vec<_> = ps
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let alive = Arc::new(AtomicBool::new(true));
+            let (req, rx) = request(p.clone(), max_tokens, i as u64, alive);
+            s.submit(req).unwrap();
+            rx
+        })
+        .collect();
+    rxs.iter().map(|rx| finish(rx).0).collect()
+}
+
 fn prompts(n: usize, len: usize) -> Vec<Vec<u32>> {
     (0..n)
         .map(|i| (0..len).map(|j| (7 + 13 * i + 31 * j) as u32 % 200 + 10).collect())
@@ -211,17 +226,7 @@ fn a_small_pool_admits_what_fits_and_the_rest_wait_with_the_same_output() {
     let ps = prompts(6, 40);
     let run = |pages| {
         let (s, seen) = scheduler(4, 16, pages);
-        let rxs: Vec<_> = ps
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (req, rx) = request(p.clone(), 24, i as u64, Arc::new(AtomicBool::new(true)));
-                s.submit(req).unwrap();
-                rx
-            })
-            .collect();
-        let out: Vec<String> = rxs.iter().map(|rx| finish(rx).0).collect();
-        (out, seen)
+        (answers(&s, &ps, 24), seen)
     };
     let (free, _) = run(None);
     let (paged, seen) = run(Some(12));
@@ -332,18 +337,8 @@ fn requests_that_outgrow_the_pool_are_preempted_and_resume_with_the_same_output(
     let ps = prompts(3, 40);
     let run = |pages| {
         let (s, seen) = scheduler_ctx(3, 8, pages, 1024);
-        let rxs: Vec<_> = ps
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (req, rx) = request(p.clone(), 600, i as u64, Arc::new(AtomicBool::new(true)));
-                s.submit(req).unwrap();
-                rx
-            })
-            .collect();
-        let out: Vec<String> = rxs.iter().map(|rx| finish(rx).0).collect();
-        let preempted = s.status().preempted.load(Ordering::SeqCst);
-        (out, preempted, seen)
+        let out = answers(&s, &ps, 600);
+        (out, s.status().preempted.load(Ordering::SeqCst), seen)
     };
     let (free, none, _) = run(None);
     assert_eq!(none, 0);
