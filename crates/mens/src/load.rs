@@ -332,9 +332,6 @@ impl Target {
         }
     }
 
-    /// The context a CUDA runner gets (the requested one, or the largest that fits), where
-    /// `bytes(ctx)` is what `runner` allocates beside the weights: the budget is the device's free
-    /// memory less a margin for the context and cuBLAS workspace. A clear error when it cannot fit.
     /// The device memory a CUDA runner may use: free memory less [`memory::CUDA_MARGIN`], at most
     /// `--memory-budget`.
     #[cfg(feature = "cuda")]
@@ -343,6 +340,9 @@ impl Target {
         self.memory_budget.map_or(b, |m| b.min(m))
     }
 
+    /// The context a CUDA runner gets (the requested one, or the largest that fits), where
+    /// `bytes(ctx)` is what `runner` allocates beside the weights: the budget is
+    /// [`Target::cuda_budget`]. A clear error when it cannot fit.
     #[cfg(feature = "cuda")]
     fn cuda_ctx(
         &self,
@@ -378,7 +378,8 @@ impl Target {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn Runner>> {
         use crate::cuda::{
-            batch_bytes, check_cache, f16_copy_reserve, pool_fit, CudaBatch, GpuModel, PAGE,
+            batch_bytes, check_cache, f16_copy_reserve, pool_fit, sequence_pages, CudaBatch,
+            GpuModel, PAGE,
         };
         let t0 = Instant::now();
         let c = &self.model.config;
@@ -391,7 +392,14 @@ impl Target {
             .cuda_budget(free)
             .saturating_sub(self.model.weight_bytes());
         let pool = |ctx: usize, extra: u64| {
-            pool_fit(c, slots, ctx, CUDA_UBATCH.min(ctx), kv, budget.saturating_sub(extra))
+            pool_fit(
+                c,
+                slots,
+                ctx,
+                CUDA_UBATCH.min(ctx),
+                kv,
+                budget.saturating_sub(extra),
+            )
         };
         let fit = |extra: u64| -> Result<(usize, usize)> {
             let ctx = self.cuda_ctx(
@@ -400,13 +408,15 @@ impl Target {
                 &format!("{slots} CUDA sequences"),
                 // At least one sequence of ctx tokens (and a page to copy a shared one into).
                 |ctx| {
-                    let least = ctx.div_ceil(PAGE) + 1;
+                    let least = sequence_pages(ctx);
                     batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv, least) + extra
                 },
                 "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
             )?;
             let pages = pool(ctx, extra).ok_or_else(|| {
-                Error::Memory(format!("no KV pool for {slots} sequences of {ctx} tokens fits"))
+                Error::Memory(format!(
+                    "no KV pool for {slots} sequences of {ctx} tokens fits"
+                ))
             })?;
             Ok((ctx, pages))
         };

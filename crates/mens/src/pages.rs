@@ -123,9 +123,9 @@ impl PagePool {
         self.pages_for(tokens) + 1
     }
 
-    /// Start a request of at most `tokens` tokens on `slot` (what it holds now stays, counted in
-    /// its claim) when the pool can give it every page it may take; false (nothing changed) when
-    /// it cannot yet: the request waits.
+    /// Claim pages for `tokens` tokens on `slot` (a request starting there, or a busy one growing;
+    /// what it holds now stays, counted in the claim) when the pool can give every page of it;
+    /// false (nothing changed) when it cannot yet.
     pub fn admit(&mut self, slot: usize, tokens: usize) -> bool {
         let before = self.claim[slot];
         self.claim[slot] = self.claim_for(tokens);
@@ -302,7 +302,10 @@ mod tests {
         // The idle cache of slot 0 is taken as they grow.
         let r1 = p.prepare(1, 0, 16).unwrap();
         let r2 = p.prepare(2, 0, 16).unwrap();
-        assert!(r1.evicted.is_empty() && r2.evicted.is_empty(), "two pages were free");
+        assert!(
+            r1.evicted.is_empty() && r2.evicted.is_empty(),
+            "two pages were free"
+        );
         consistent(&p);
     }
 

@@ -110,9 +110,10 @@ pub trait Runner {
             "this backend cannot copy cache rows between slots".into(),
         ))
     }
-    /// A request of at most `tokens` tokens (prompt and answer) starts on `slot`: whether the
-    /// runner can hold it now. A paged KV pool ([`crate::pages::PagePool`]) answers from its
-    /// free pages; false: the request waits. Other runners give every slot its whole context.
+    /// Room for `tokens` tokens (prompt and answer) on `slot`, for a request starting there or
+    /// growing: whether the runner can hold them now. A paged KV pool
+    /// ([`crate::pages::PagePool`]) answers from its free pages; false: the request waits (or
+    /// another is preempted). Other runners give every slot its whole context.
     fn admit(&mut self, _slot: usize, _tokens: usize) -> bool {
         true
     }

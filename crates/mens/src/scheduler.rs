@@ -392,6 +392,12 @@ impl Active {
 /// when the pool has no more; it resumes by computing its text again).
 pub const GROW: usize = 256;
 
+/// What a request holding (or about to feed) `tokens` tokens claims: room for `GROW` more, never
+/// past the `most` it may hold.
+fn claim(tokens: usize, most: usize) -> usize {
+    most.min(tokens + GROW).max(tokens)
+}
+
 /// What the planner sees of a busy slot.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlotState {
@@ -604,11 +610,7 @@ fn run(
             continue;
         }
         l.step(&work);
-        for (i, s) in l.slots.iter().enumerate() {
-            if s.is_none() {
-                l.runner.release(i);
-            }
-        }
+        l.release_ended();
         if l.spec.is_some() && work.iter().all(|w| matches!(w, Work::Decode { .. })) {
             let speculated = work
                 .iter()
@@ -630,6 +632,15 @@ impl Loop<'_> {
         self.slots.iter().filter(|s| s.is_some()).count()
     }
 
+    /// What ended requests (finished, failed, gone) held goes back to the runner's pool.
+    fn release_ended(&mut self) {
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.is_none() {
+                self.runner.release(i);
+            }
+        }
+    }
+
     /// Drop requests whose client left (queued or running), then fill free slots from the queue.
     fn admit(&mut self) {
         let status = self.status;
@@ -646,12 +657,7 @@ impl Loop<'_> {
                 *s = None;
             }
         }
-        // What ended requests (finished, failed, gone) held goes back to the runner's pool.
-        for (i, s) in self.slots.iter().enumerate() {
-            if s.is_none() {
-                self.runner.release(i);
-            }
-        }
+        self.release_ended();
         // Preempted requests first, the earliest first; new ones wait while any cannot resume.
         let resumed = self.resume();
         while resumed && self.slots.iter().any(|s| s.is_none()) {
@@ -695,12 +701,14 @@ impl Loop<'_> {
             }
             self.runner.truncate_slot(slot, keep);
             self.owner[slot] = Some(job.req.tenant);
-            // A paged pool must be able to give the request every page it may take; if it
-            // cannot yet, the request waits at the head of the queue for pages to free (the
-            // slot keeps what it holds of this tenant's prompt).
-            // (It stays counted in the queue's bound meanwhile.)
-            let most = job.req.prompt.len() + job.req.max_tokens;
-            let claim = most.min(job.req.prompt.len() + GROW);
+            // A paged pool must be able to give the request pages for its prompt and `GROW`
+            // answer tokens; if it cannot yet, the request waits at the head of the queue for
+            // pages to free (the slot keeps what it holds of this tenant's prompt; the request
+            // stays counted in the queue's bound meanwhile).
+            let claim = claim(
+                job.req.prompt.len(),
+                job.req.prompt.len() + job.req.max_tokens,
+            );
             if !self.runner.admit(slot, claim) {
                 self.waiting.push_front(job);
                 break;
@@ -760,12 +768,17 @@ impl Loop<'_> {
     /// caches is kept; the rest is fed again). False while one cannot.
     fn resume(&mut self) -> bool {
         let mut paused: Vec<(u64, usize)> = (0..self.slots.len())
-            .filter_map(|i| self.slots[i].as_ref().filter(|a| a.paused).map(|a| (a.order, i)))
+            .filter_map(|i| {
+                self.slots[i]
+                    .as_ref()
+                    .filter(|a| a.paused)
+                    .map(|a| (a.order, i))
+            })
             .collect();
         paused.sort_unstable();
         for (_, slot) in paused {
             let a = self.slots[slot].as_ref().expect("paused slot");
-            let claim = a.most().min(a.source().len() + GROW);
+            let claim = claim(a.source().len(), a.most());
             let keep = reusable_prefix(self.runner.slot_tokens(slot), a.source());
             self.runner.truncate_slot(slot, keep);
             if !self.runner.admit(slot, claim) {
@@ -796,7 +809,7 @@ impl Loop<'_> {
             if need <= a.claimed {
                 continue;
             }
-            let claim = a.most().min(need + GROW).max(need);
+            let claim = claim(need, a.most());
             loop {
                 if self.runner.admit(slot, claim) {
                     self.slots[slot].as_mut().expect("busy slot").claimed = claim;
@@ -823,13 +836,17 @@ impl Loop<'_> {
     /// Give a request's pages back and pause it: it resumes by feeding its prompt, its answer so far
     /// and its next token again (what its slot still caches then is reused).
     fn preempt(&mut self, slot: usize) {
-        let held = self.runner.slot_tokens(slot).to_vec();
         let a = self.slots[slot].as_mut().expect("busy slot");
-        let mut source = held;
-        match a.next.take() {
-            Some(t) => source.push(t),
-            None => source = a.source().to_vec(),
-        }
+        let source = match a.next.take() {
+            // Decoding: what the slot holds, then the token it was to feed.
+            Some(t) => {
+                let mut s = self.runner.slot_tokens(slot).to_vec();
+                s.push(t);
+                s
+            }
+            // Still in its prompt (or its resumed text): that again.
+            None => a.source().to_vec(),
+        };
         a.source = Some(source);
         a.paused = true;
         a.reuse.clear();

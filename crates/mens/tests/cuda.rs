@@ -1832,7 +1832,10 @@ fn a_small_paged_pool_admits_what_fits_and_decodes_the_same_tokens() {
     assert_eq!(b.pages(), Some((0, 8)));
     let most = |i: usize| prompts[i].len() + gen;
     assert!(b.admit(0, most(0)) && b.admit(1, most(1)));
-    assert!(!b.admit(2, most(2)), "a third claim of 3 pages does not fit 8");
+    assert!(
+        !b.admit(2, most(2)),
+        "a third claim of 3 pages does not fit 8"
+    );
     let got = batch_greedy(&mut b, &prompts, &[0, 1], gen);
     assert_eq!(&got[..], &want[..2], "paged pool against a full pool");
     assert_eq!(b.pages().unwrap().0, 4);
@@ -1847,7 +1850,10 @@ fn a_small_paged_pool_admits_what_fits_and_decodes_the_same_tokens() {
     b.release(2);
     assert!(b.admit(3, most(3)));
     let got = batch_greedy(&mut b, &prompts, &[3], gen);
-    assert_eq!(got[0], want[3], "request 3 in pages taken from an idle cache");
+    assert_eq!(
+        got[0], want[3],
+        "request 3 in pages taken from an idle cache"
+    );
     assert!(b.slot_tokens(0).is_empty(), "slot 0's cache was taken");
     assert_eq!(b.slot_tokens(1).len(), prompts[1].len() + gen - 1);
     assert_eq!(b.pages().unwrap().0, 7);

@@ -215,7 +215,11 @@ fn answers(s: &Scheduler, ps: &[Vec<u32>], max_tokens: usize) -> Vec<String> {
 
 fn prompts(n: usize, len: usize) -> Vec<Vec<u32>> {
     (0..n)
-        .map(|i| (0..len).map(|j| (7 + 13 * i + 31 * j) as u32 % 200 + 10).collect())
+        .map(|i| {
+            (0..len)
+                .map(|j| (7 + 13 * i + 31 * j) as u32 % 200 + 10)
+                .collect()
+        })
         .collect()
 }
 
@@ -230,14 +234,22 @@ fn a_small_pool_admits_what_fits_and_the_rest_wait_with_the_same_output() {
     };
     let (free, _) = run(None);
     let (paged, seen) = run(Some(12));
-    assert_eq!(paged, free, "greedy output with pages equals the output without");
+    assert_eq!(
+        paged, free,
+        "greedy output with pages equals the output without"
+    );
     let most = seen.most_busy.load(Ordering::SeqCst);
     assert_eq!(most, 2, "at most two claims of 5 pages fit 12 pages");
     // Finished requests give their claims back (after the step that finished them); their pages
     // stay as idle caches.
     let mut released = false;
     for _ in 0..100 {
-        let pool = seen.pool.lock().unwrap().clone().expect("a release was seen");
+        let pool = seen
+            .pool
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("a release was seen");
         assert!(pool.used() <= 12);
         released = (0..4).all(|s| !pool.is_busy(s));
         if released {
@@ -345,6 +357,9 @@ fn requests_that_outgrow_the_pool_are_preempted_and_resume_with_the_same_output(
     let (paged, preempted, seen) = run(Some(64));
     assert!(preempted > 0, "nothing was preempted");
     assert_eq!(seen.most_busy.load(Ordering::SeqCst), 3);
-    assert_eq!(paged, free, "greedy output with preemption equals the output without");
+    assert_eq!(
+        paged, free,
+        "greedy output with preemption equals the output without"
+    );
     eprintln!("{preempted} preemptions; every answer as decoded alone");
 }

@@ -1,5 +1,5 @@
-//! Many sequences on the GPU (the server's slots): one KV pool of `slots` regions allocated at
-//! startup, a batched decode step over every decoding slot (one CUDA graph per batch-size bucket,
+//! Many sequences on the GPU (the server's slots): one KV pool in pages allocated at startup (a
+//! page table per slot, `pages::PagePool`), a batched decode step over every decoding slot (one CUDA graph per batch-size bucket,
 //! the batch padded to its bucket; tokens, positions and slots in a device buffer so that a replay
 //! needs no re-capture), and prompts through one prefill engine (a [`CudaSession`] pointed at the
 //! slot's region). Greedy choices for every row come back in one copy per step.
@@ -77,10 +77,14 @@ pub fn page_bytes(c: &Config, kv: KvType) -> usize {
     c.n_layer * PAGE * kv_row_bytes(kv, c.kv_dim())
 }
 
-/// Pages that give each of `slots` sequences its whole `ctx` and a page to copy a shared one into
-/// (every request is admitted at once).
+/// Pages one sequence of `ctx` tokens may need: its rows, and a page to copy a shared one into.
+pub fn sequence_pages(ctx: usize) -> usize {
+    ctx.div_ceil(PAGE) + 1
+}
+
+/// Pages that give each of `slots` sequences its whole `ctx` (every request is admitted at once).
 pub fn full_pool(slots: usize, ctx: usize) -> usize {
-    slots * (ctx.div_ceil(PAGE) + 1)
+    slots * sequence_pages(ctx)
 }
 
 /// Bytes a batch of `slots` sequences of up to `ctx` tokens (prompts `ubatch` at a time, cache
@@ -124,7 +128,7 @@ pub fn pool_fit(
     let fixed = batch_bytes(c, slots, ctx, ubatch, kv, 0);
     let per = 2 * page_bytes(c, kv) as u64;
     let pages = (budget.checked_sub(fixed)? / per) as usize;
-    let least = ctx.div_ceil(PAGE) + 1;
+    let least = sequence_pages(ctx);
     (pages >= least).then(|| pages.min(full_pool(slots, ctx).max(least)))
 }
 
@@ -385,10 +389,10 @@ impl CudaBatch {
             ));
         }
         let max_pages = ctx.div_ceil(PAGE);
-        if pages < max_pages + 1 || pages > i32::MAX as usize {
+        if pages < sequence_pages(ctx) || pages > i32::MAX as usize {
             return Err(Error::InvalidArgument(format!(
                 "a KV pool of {pages} pages cannot hold one sequence of {ctx} tokens ({} pages)",
-                max_pages + 1
+                sequence_pages(ctx)
             )));
         }
         let ubatch = ubatch.clamp(1, ctx);
@@ -560,13 +564,21 @@ impl CudaBatch {
     /// Before slot `slot` writes rows `from..to`: pages for them, its own copy of any shared page
     /// they fall in (copied on the stream), the caches of idle slots the pool took forgotten.
     fn make_room(&mut self, slot: usize, from: usize, to: usize) -> Result<()> {
-        let had = self.pool.table(slot).to_vec();
+        let had = self.pool.table(slot).len();
         let prep = self.pool.prepare(slot, from, to)?;
         let pb = self.page_stride();
         for &(src, dst) in &prep.copies {
             let dev = &self.model.dev;
-            dev.copy(self.kc.ptr + dst as u64 * pb, self.kc.ptr + src as u64 * pb, pb as usize)?;
-            dev.copy(self.vc.ptr + dst as u64 * pb, self.vc.ptr + src as u64 * pb, pb as usize)?;
+            dev.copy(
+                self.kc.ptr + dst as u64 * pb,
+                self.kc.ptr + src as u64 * pb,
+                pb as usize,
+            )?;
+            dev.copy(
+                self.vc.ptr + dst as u64 * pb,
+                self.vc.ptr + src as u64 * pb,
+                pb as usize,
+            )?;
         }
         for &v in &prep.evicted {
             self.tokens[v].clear();
@@ -578,7 +590,8 @@ impl CudaBatch {
                 self.chain = None;
             }
         }
-        if self.pool.table(slot) != &had[..] {
+        // The table changes by growing or by a page copied in place of a shared one.
+        if self.pool.table(slot).len() != had || !prep.copies.is_empty() {
             self.dirty[slot] = true;
         }
         Ok(())
@@ -590,7 +603,9 @@ impl CudaBatch {
             if std::mem::take(&mut self.dirty[s]) {
                 let t = self.pool.table(s);
                 if !t.is_empty() {
-                    self.model.dev.write(&self.table, 4 * s * self.max_pages, t)?;
+                    self.model
+                        .dev
+                        .write(&self.table, 4 * s * self.max_pages, t)?;
                 }
             }
         }
@@ -1246,7 +1261,11 @@ impl Runner for CudaBatch {
         }
         // Pages come from idle slots only: a slot of this step losing its cache means the batch
         // was driven past its pool without admission.
-        if parts.iter().zip(&lens).any(|(p, &l)| self.tokens[p.slot].len() != l) {
+        if parts
+            .iter()
+            .zip(&lens)
+            .any(|(p, &l)| self.tokens[p.slot].len() != l)
+        {
             return Err(Error::Memory(
                 "the KV pool ran out of pages for this step".into(),
             ));

@@ -806,8 +806,8 @@ mod session;
 pub mod testing;
 
 pub use batch::{
-    batch_bytes, f16_copy_bytes, f16_copy_reserve, full_pool, page_bytes, pool_fit, BatchKernels,
-    CudaBatch, PAGE, VERIFY_ROWS,
+    batch_bytes, f16_copy_bytes, f16_copy_reserve, full_pool, page_bytes, pool_fit, sequence_pages,
+    BatchKernels, CudaBatch, PAGE, VERIFY_ROWS,
 };
 pub use model::GpuModel;
 pub use session::{session_bytes, CudaSession, DeviceSampling};

@@ -930,8 +930,16 @@ impl crate::runner::Runner for CudaSession {
         ctx: usize,
         step: usize,
     ) -> Result<Box<dyn crate::runner::Runner>> {
-        let (b, copy) =
-            super::CudaBatch::serving(self.model.clone(), slots, ctx, self.ubatch, step, self.kv, super::batch::full_pool(slots, ctx), true)?;
+        let (b, copy) = super::CudaBatch::serving(
+            self.model.clone(),
+            slots,
+            ctx,
+            self.ubatch,
+            step,
+            self.kv,
+            super::batch::full_pool(slots, ctx),
+            true,
+        )?;
         if !copy.is_empty() {
             eprintln!("mens: {copy}");
         }
