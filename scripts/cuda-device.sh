@@ -2,7 +2,10 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|decode|omit|llamaserver|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# `decode`: issue 20's side by side (llama-bench, this binary with and without PDL, mens-old).
+# `omit`: what each kernel family costs inside the 7B decode graph (MENS_CUDA_OMIT).
+# `llamaserver`: issue 15's llama-server against mens serve, same load, same call.
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -430,6 +433,97 @@ if [ "$MODE" = verify ] || [ "$MODE" = all ]; then
       echo "synth $s, ngram: same text as plain: $(cmp -s /tmp/plain.txt /tmp/spec.txt && echo yes || echo NO); plain: $(grep -E 'decode' /tmp/plain.err | tr '\n' ' '); spec: $(grep -E 'speculation|decode' /tmp/spec.err | tr '\n' ' ')"
     done
   done 2>&1 | tee "$OUT/spec-check.txt"
+fi
+
+# llama.cpp's CUDA build, carried as .device/llama-cuda/*.xz (scripts/llamacpp-build.sh --cuda here,
+# from the same 0.3.36 sdist; the device has no network and its build does not fit the lease):
+# unpacked into $BIN/llama.
+if ls .device/llama-cuda/*.xz >/dev/null 2>&1; then
+  mkdir -p "$BIN/llama"
+  for f in .device/llama-cuda/*.xz; do
+    python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$BIN/llama/$(basename "$f" .xz)"
+    chmod +x "$BIN/llama/$(basename "$f" .xz)"
+  done
+  # Libraries the device may lack (carried in .device/lib), only when it lacks them.
+  for b in "$BIN"/llama/*; do
+    ldd "$b" | grep -q "lib\(gomp\|ssl\|crypto\).*not found" && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.device/lib"
+  done
+fi
+
+if [ "$MODE" = omit ]; then
+  # Issue 20: what each kernel family costs inside the decode graph (synth 7b, tg128 at depth
+  # 512): the step with the family left out (MENS_CUDA_OMIT, output wrong, time right) against
+  # the whole step, twice.
+  m=$(synth 7b)
+  for round in 1 2; do
+    for o in none rmsnorm qkv_rope attn_decode attn_output glu ffn_down "LM head"; do
+      env MENS_CUDA_OMIT="${o/none/}" "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --depth 512 \
+        --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/round $round, without $o: /"
+    done
+    # Decode attention loading V after the softmax (as before) against with K (the default).
+    for d in "-DATTN_V_LATE" ""; do
+      MENS_CUDA_DEFINES="$d" "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --depth 0,512,4096 \
+        --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/round $round, defines '$d': /"
+    done
+    # The gate/up kernel's block size (MENS_CUDA_GLU_WARPS: same arithmetic, several blocks an SM).
+    for w in 32 16 8 4; do
+      MENS_CUDA_GLU_WARPS=$w "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --depth 0,512 \
+        --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/round $round, glu warps $w: /"
+    done
+  done | tee "$OUT/omit.txt"
+fi
+
+if [ "$MODE" = decode ]; then
+  # Issue 20: batch-1 decode side by side in one call. The device's copy bandwidth; per shape,
+  # llama-bench (-ngl 99 -fa 1 -p 0 -n 128 -d 0,256,512 -r 3), the working tree's binary, the same
+  # with MENS_CUDA_PDL=1 and $BIN/mens-old (when carried), alternating twice; then each binary's
+  # per-kernel profile of a 7B step at step 512 (time, bytes, GB/s, % of the copy bandwidth).
+  for s in ${SHAPES//,/ }; do
+    m=$(synth "$s")
+    for round in 1 2; do
+      if [ -x "$BIN/llama/llama-bench" ]; then
+        "$BIN/llama/llama-bench" -m "$m" -ngl 99 -fa 1 -p 0 -n 128 -d 0,256,512 -r 3 -o md 2>/dev/null \
+          | grep -E "tg128" | sed "s/^/synth $s, round $round, llama.cpp: /"
+      fi
+      for b in mens mens-pdl1 mens-old; do
+        bin=$b env=""
+        [ $b = mens-pdl1 ] && bin=mens env="MENS_CUDA_PDL=1"
+        [ -x "$BIN/$bin" ] || continue
+        env $env "$BIN/$bin" bench -m "$m" --backend cuda --prompt 512 --steps 0 --depth 0,256,512 --gen 128 \
+          --reps 3 --paired 0 -q --json "$OUT/decode-$s-$round-$b.json" 2>&1 | grep -E "^\| (TTFT|prefill|tg)|rror" \
+          | sed "s/^/synth $s, round $round, $b: /"
+      done
+    done
+  done | tee "$OUT/decode.txt"
+  for b in mens mens-old; do
+    [ -x "$BIN/$b" ] || continue
+    "$BIN/$b" bench -m "$(synth 7b)" --backend cuda --prompt 16 --steps 512 --reps 1 --paired 0 -q --profile \
+      --md "$OUT/profile-7b-$b.md" >/dev/null 2>&1
+    echo "== $b"; grep -E "^\||Kernels" "$OUT/profile-7b-$b.md" | tail -14
+  done
+fi
+
+if [ "$MODE" = llamaserver ]; then
+  # Issue 15's benchmark side by side: llama-server (-ngl 99 -fa on -np N -c N×1024, continuous
+  # batching) and mens serve --backend cuda --parallel N on synth 7b, the same load (N streaming
+  # clients, 256 random-token prompts, 256 tokens each, ignore_eos, greedy), N in $PARALLEL
+  # (default 1 4 16 64).
+  m=$(synth 7b)
+  for n in ${PARALLEL:-1 4 16 64}; do
+    "$BIN/llama/llama-server" -m "$m" -ngl 99 -fa on -np "$n" -c $((n * 1024)) --port 8096 \
+      > "$OUT/llama-server-$n.log" 2>&1 &
+    lpid=$!
+    for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8096/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+    python3 scripts/load-test.py --url http://127.0.0.1:8096 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+      --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/llama-server-7b-$n.json" 2>&1 \
+      | grep -E "^C=|Error|error" | sed "s/^/synth 7b, llama-server -np $n: /"
+    kill $lpid; wait $lpid 2>/dev/null
+    start_serve mens "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
+    python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+      --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/mens-serve-7b-$n.json" 2>&1 \
+      | grep -E "^C=|Error|error" | sed "s/^/synth 7b, mens serve --parallel $n: /"
+    stop_serve
+  done | tee "$OUT/llamaserver.txt"
 fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then

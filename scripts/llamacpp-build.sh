@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# llamacpp-build.sh [TARGET…]: build llama.cpp's tools (default: llama-bench llama-server) from the
-# llama-cpp-python 0.3.36 sdist (it vendors llama.cpp's source) into $MENS_CACHE/llamacpp (default
-# ~/.cache/mens/llamacpp); prints the bin directory. Nothing of llama.cpp is committed.
+# llamacpp-build.sh [--cuda] [TARGET…]: build llama.cpp's tools (default: llama-bench llama-server) from
+# the llama-cpp-python 0.3.36 sdist (it vendors llama.cpp's source) into $MENS_CACHE/llamacpp (default
+# ~/.cache/mens/llamacpp; build-cuda for --cuda); prints the bin directory. Nothing of llama.cpp is
+# committed. --cuda: its CUDA backend for sm_90 (the H200), with the toolkit in $CUDA_HOME (default
+# /opt/cuda, made by scripts/cuda-toolkit.sh); no GPU is needed to build.
 # x86-64 flags are explicit, AMX off: a GGML_NATIVE=ON build dies with SIGILL in its AMX kernel on
 # these machines (no tile configuration on the thread that runs it).
 set -euo pipefail
 version=0.3.36
 cache=${MENS_CACHE:-$HOME/.cache/mens}/llamacpp
+cuda=0
+if [ "${1:-}" = --cuda ]; then cuda=1; shift; fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-server)
 mkdir -p "$cache"
@@ -25,9 +29,16 @@ if [ "$(uname -m)" = x86_64 ]; then
   grep -q avx_vnni /proc/cpuinfo && flags+=(-DGGML_AVX_VNNI=ON)
   flags+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
-cmake -S "$src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+build="$cache/build"
+if [ $cuda = 1 ]; then
+  export CUDA_HOME=${CUDA_HOME:-/opt/cuda} CUDA_PATH=${CUDA_HOME:-/opt/cuda} PATH="${CUDA_HOME:-/opt/cuda}/bin:$PATH"
+  flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc"
+    -DCUDAToolkit_ROOT="$CUDA_HOME" -DLLAMA_USE_PREBUILT_UI=OFF)
+  build="$cache/build-cuda"
+fi
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF \
-  "${flags[@]}" > "$cache/configure.log" 2>&1 || { tail -30 "$cache/configure.log" >&2; exit 1; }
-cmake --build "$cache/build" --target "${targets[@]}" -j "$(nproc)" > "$cache/build.log" 2>&1 \
-  || { grep -m 20 -i "error" "$cache/build.log" >&2; exit 1; }
-echo "$cache/build/bin"
+  "${flags[@]}" > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log" >&2; exit 1; }
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" > "$build.log" 2>&1 \
+  || { grep -m 20 -i "error" "$build.log" >&2; exit 1; }
+echo "$build/bin"
