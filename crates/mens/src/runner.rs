@@ -68,6 +68,25 @@ pub struct Memory {
     pub buffers: usize,
 }
 
+/// One kernel family of a profiled GPU decode step.
+#[derive(Clone, Debug)]
+pub struct KernelTime {
+    pub name: &'static str,
+    pub calls: usize,
+    /// Microseconds per step, all calls.
+    pub us: f64,
+    /// Bytes the calls read and write in device memory per step (weights, cache, activations).
+    pub bytes: u64,
+}
+
+/// A profiled GPU decode step: its kernels, slowest first, and the device's copy bandwidth.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub kernels: Vec<KernelTime>,
+    /// GB/s of a device-to-device copy, bytes read plus bytes written.
+    pub copy_gbs: f64,
+}
+
 pub trait Runner {
     /// Sequences held.
     fn slots(&self) -> usize {
@@ -133,10 +152,10 @@ pub trait Runner {
     fn launches_per_token(&self) -> Option<(usize, usize)> {
         None
     }
-    /// For a GPU: (kernel, calls per step, microseconds per step) over `steps` decode steps run
-    /// launch by launch. Empty for the CPU.
-    fn profile_decode(&mut self, _steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
-        Ok(Vec::new())
+    /// For a GPU: where a decode step's time goes, over `steps` decode steps run launch by
+    /// launch. None for the CPU.
+    fn profile_decode(&mut self, _steps: usize) -> Result<Option<Profile>> {
+        Ok(None)
     }
     /// Another single sequence of `ctx` tokens on the same device, weights and stream (so that a
     /// sync waits for both: the benchmark's paired test).

@@ -636,14 +636,36 @@ fn no_device_is_a_clear_error_not_a_panic() {
 #[test]
 fn glu_kernel_matches_reference() {
     let Some(dev) = device() else { return };
-    for (t, seed) in [
-        (TensorType::Q4K, 1u64),
-        (TensorType::Q5_0, 2),
-        (TensorType::Q6K, 3),
+    // The kernel of each common type decode runs, the kernel for any types beside it (same
+    // arithmetic: the same bits), and a pair of different types (the kernel for any types).
+    for (t, tu, seed) in [
+        (TensorType::Q4K, TensorType::Q4K, 1u64),
+        (TensorType::Q5_0, TensorType::Q5_0, 2),
+        (TensorType::Q6K, TensorType::Q6K, 3),
+        (TensorType::Q8_0, TensorType::Q8_0, 4),
+        (TensorType::Q4K, TensorType::Q6K, 5),
     ] {
-        let (gate, up) = (qtensor(t, 96, 512, seed), qtensor(t, 96, 512, seed + 10));
+        let (gate, up) = (qtensor(t, 96, 512, seed), qtensor(tu, 96, 512, seed + 10));
         let (q, ds) = quantize_q8(&random(512, seed + 20));
-        let gpu = dev.test_glu(&gate, &up, &q, &ds).unwrap();
+        let gpu = dev.test_glu(&gate, &up, &q, &ds, false, 32).unwrap();
+        let any = dev.test_glu(&gate, &up, &q, &ds, true, 32).unwrap();
+        assert_eq!(
+            gpu,
+            any,
+            "{}/{}: the two kernels differ",
+            t.name(),
+            tu.name()
+        );
+        for warps in [1, 8] {
+            let fewer = dev.test_glu(&gate, &up, &q, &ds, false, warps).unwrap();
+            assert_eq!(
+                gpu,
+                fewer,
+                "{}/{}: {warps} warps a block",
+                t.name(),
+                tu.name()
+            );
+        }
         let (g, u) = (matvec(&gate, &q, &ds), matvec(&up, &q, &ds));
         let cpu: Vec<f32> = g
             .iter()
@@ -651,9 +673,9 @@ fn glu_kernel_matches_reference() {
             .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
             .collect();
         let e = rel_l2(&gpu, &cpu);
-        eprintln!("glu {}: rel L2 {e:.2e}", t.name());
+        eprintln!("glu {}/{}: rel L2 {e:.2e}", t.name(), tu.name());
         // The output is quantized to q8.
-        assert!(e < 1e-2, "{}: rel L2 {e}", t.name());
+        assert!(e < 1e-2, "{}/{}: rel L2 {e}", t.name(), tu.name());
     }
 }
 

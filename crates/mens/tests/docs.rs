@@ -221,7 +221,7 @@ fn stated_layouts_and_counts_match_the_code() {
     );
     // The per-layer count the decode graph adds up, in session.rs's layer loop.
     let session = read("crates/mens/src/cuda/session.rs");
-    let f = &session[session.find("fn decode_kernels").expect("decode_kernels")..];
+    let f = &session[session.find("fn decode_layers").expect("decode_layers")..];
     let f = &f[..f.find("\n    }\n").unwrap()];
     let in_loop = &f[f.find("for (li, l) in m.layers").expect("the layer loop")..];
     let n: usize = in_loop

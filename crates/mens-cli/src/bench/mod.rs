@@ -166,7 +166,7 @@ impl Plan {
 struct Results {
     prefill: Vec<Value>,
     schedules: Vec<Schedule>,
-    profile: Vec<(&'static str, usize, f64)>,
+    profile: Option<mens::runner::Profile>,
     paired: Option<(Vec<f64>, Vec<f64>)>,
     depth_rows: Vec<Value>,
     concurrency: Vec<Value>,
@@ -289,7 +289,7 @@ impl Measure<'_> {
     fn all(&mut self, far: Option<Box<dyn Runner>>) -> Result<Results> {
         let prefill = self.prefill()?;
         let mut schedules = Vec::new();
-        let mut profile = Vec::new();
+        let mut profile = None;
         for &cached in &self.plan.configs {
             schedules.push(if cached {
                 self.cached_schedule(&mut profile)?
@@ -403,10 +403,7 @@ impl Measure<'_> {
     }
 
     /// The decode schedule with the cache: step k is the k-th generated token after a short prompt.
-    fn cached_schedule(
-        &mut self,
-        profile: &mut Vec<(&'static str, usize, f64)>,
-    ) -> Result<Schedule> {
+    fn cached_schedule(&mut self, profile: &mut Option<mens::runner::Profile>) -> Result<Schedule> {
         let steps = self.args.steps;
         let mut sch = Schedule {
             cached: true,

@@ -242,16 +242,27 @@ fn footer(
     } else {
         "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n"
     });
-    if !r.profile.is_empty() {
-        let total: f64 = r.profile.iter().map(|p| p.2).sum();
+    if let Some(p) = &r.profile {
+        let total: f64 = p.kernels.iter().map(|k| k.us).sum();
+        let bytes: u64 = p.kernels.iter().map(|k| k.bytes).sum();
+        let gbs = |b: u64, us: f64| b as f64 / (us * 1e3);
         md.push_str(&format!(
-            "\nKernels of one decode step at step {}, launched one by one (not as the graph), mean of 16 steps: {total:.0} µs in all\n\n| kernel | calls per step | µs per step | share |\n|---|---|---|---|\n",
-            args.steps
+            "\nKernels of one decode step at step {}, launched one by one (not as the graph), mean of 16 steps: {total:.0} µs and {:.1} MB in all ({:.0} GB/s); device-to-device copy {:.0} GB/s (read + write)\n\n| kernel | calls per step | µs per step | share | MB per step | GB/s | % of copy |\n|---|---|---|---|---|---|---|\n",
+            args.steps,
+            bytes as f64 / 1e6,
+            gbs(bytes, total),
+            p.copy_gbs
         ));
-        for (name, calls, us) in &r.profile {
+        for k in &p.kernels {
             md.push_str(&format!(
-                "| {name} | {calls} | {us:.1} | {:.1}% |\n",
-                100.0 * us / total
+                "| {} | {} | {:.1} | {:.1}% | {:.2} | {:.0} | {:.0}% |\n",
+                k.name,
+                k.calls,
+                k.us,
+                100.0 * k.us / total,
+                k.bytes as f64 / 1e6,
+                gbs(k.bytes, k.us),
+                100.0 * gbs(k.bytes, k.us) / p.copy_gbs
             ));
         }
     }

@@ -528,15 +528,18 @@ impl CudaBatch {
         let meta = unsafe { std::slice::from_raw_parts(self.host, 4 * s) }.to_vec();
         dev.write(&self.meta, 0, &meta)?;
         let totals = dev.time_kernels(5, || self.decode_kernels(bp))?;
-        let all: f64 = totals.iter().map(|t| t.2).sum::<f64>();
+        let all: f64 = totals.iter().map(|t| t.us).sum::<f64>();
         eprintln!(
             "mens: profile, {:?} kernels, batch of {bp} at position {at}: {:.0} µs per step ({:.0} tokens/s)",
             self.kernels,
             all,
             bp as f64 * 1e6 / all
         );
-        for (name, calls, us) in totals {
-            eprintln!("mens:   {name:<40} {calls:>4} calls {us:>9.1} µs");
+        for t in totals {
+            eprintln!(
+                "mens:   {:<40} {:>4} calls {:>9.1} µs",
+                t.name, t.calls, t.us
+            );
         }
         Ok(())
     }
@@ -728,7 +731,7 @@ impl CudaBatch {
                 launch!(dev, add_rmsnorm_f16, (bp as u32, 1), 256;
                     self.x.ptr, 0u64, w, eps, d, self.x16.ptr)
             } else {
-                launch!(dev, rmsnorm_q8, (bp as u32, 1), 1024;
+                launch!(dev, rmsnorm_q8, norm_grid(bp, c.dim), 1024;
                     self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr)
             }
         };

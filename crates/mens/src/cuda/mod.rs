@@ -93,6 +93,10 @@ macro_rules! kernels {
 kernels!(
     matvec,
     matvec_glu_q8,
+    matvec_glu_q8_q4k,
+    matvec_glu_q8_q6k,
+    matvec_glu_q8_q5_0,
+    matvec_glu_q8_q8_0,
     rmsnorm_q8,
     add_rmsnorm_f16,
     dequant_f16,
@@ -203,7 +207,13 @@ pub struct Device {
     /// Streaming multiprocessors.
     pub sms: usize,
     /// When profiling: an event recorded after each launch, with the kernel's name.
-    prof: std::sync::Mutex<Option<Vec<(&'static str, sys::CUevent)>>>,
+    prof: std::sync::Mutex<Option<Vec<(&'static str, sys::CUevent, u64)>>>,
+    /// Bytes the next launch moves, for the profile (see [`Device::moves`]).
+    moving: std::sync::atomic::AtomicU64,
+    /// Launches queued now belong to the decode graph (see [`Device::decode_graph`]).
+    in_graph: std::sync::atomic::AtomicBool,
+    /// Those launches use programmatic dependent launch.
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the raw handles are used from one thread at a time (sessions are &mut); the context is
@@ -387,7 +397,29 @@ impl Device {
             total_mem,
             sms,
             prof: std::sync::Mutex::new(None),
+            in_graph: std::sync::atomic::AtomicBool::new(false),
+            pdl: std::sync::atomic::AtomicBool::new(false),
+            moving: std::sync::atomic::AtomicU64::new(0),
         }))
+    }
+
+    /// Queue what `f` launches as the decode graph's kernels after the embedding: `MENS_CUDA_OMIT`
+    /// applies to them, and with `MENS_CUDA_PDL=1` (sm_90 and later) they use programmatic
+    /// dependent launch: each may start while the one before it drains, and waits for it at
+    /// `pdl_wait()` (kernels/common.cuh). Off by default: on the H200 it made decode 1–3% slower
+    /// (docs/benchmarks.md, session 23). Only for kernels that call `pdl_wait()`.
+    fn decode_graph<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        // Not while profiling: the events between the kernels would sit between them.
+        let pdl = self.arch.0 >= 9
+            && std::env::var("MENS_CUDA_PDL").is_ok_and(|v| v == "1")
+            && self.prof.lock().unwrap().is_none();
+        use std::sync::atomic::Ordering::Relaxed;
+        self.in_graph.store(true, Relaxed);
+        self.pdl.store(pdl, Relaxed);
+        let r = f();
+        self.in_graph.store(false, Relaxed);
+        self.pdl.store(false, Relaxed);
+        r
     }
 
     fn bind(&self) -> Result<()> {
@@ -467,13 +499,13 @@ impl Device {
     }
 
     /// Run `launch` (which launches kernels one by one) `steps` times with an event after every
-    /// launch: (kernel, calls per run, microseconds per run), slowest first.
+    /// launch: per kernel name, calls, microseconds and bytes moved per run, slowest first.
     fn time_kernels(
         &self,
         steps: usize,
         mut launch: impl FnMut() -> Result<usize>,
-    ) -> Result<Vec<(&'static str, usize, f64)>> {
-        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
+    ) -> Result<Vec<crate::runner::KernelTime>> {
+        let mut totals: Vec<crate::runner::KernelTime> = Vec::new();
         let n = steps.max(1);
         for _ in 0..n {
             let start = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
@@ -484,34 +516,55 @@ impl Device {
             let events = self.prof.lock().unwrap().take().unwrap_or_default();
             let r = r.and_then(|_| self.sync());
             let mut prev = start;
-            for (name, e) in &events {
+            for &(name, e, bytes) in &events {
                 if r.is_err() {
                     break;
                 }
-                let ms = unsafe { drv::event::elapsed(prev, *e) }.map_err(|e| err("event", e))?;
-                match totals.iter_mut().find(|t| t.0 == *name) {
+                let ms = unsafe { drv::event::elapsed(prev, e) }.map_err(|e| err("event", e))?;
+                match totals.iter_mut().find(|t| t.name == name) {
                     Some(t) => {
-                        t.1 += 1;
-                        t.2 += ms as f64 * 1e3;
+                        t.calls += 1;
+                        t.us += ms as f64 * 1e3;
+                        t.bytes += bytes;
                     }
-                    None => totals.push((name, 1, ms as f64 * 1e3)),
+                    None => totals.push(crate::runner::KernelTime {
+                        name,
+                        calls: 1,
+                        us: ms as f64 * 1e3,
+                        bytes,
+                    }),
                 }
-                prev = *e;
+                prev = e;
             }
             unsafe {
                 let _ = drv::event::destroy(start);
-                for (_, e) in events {
+                for (_, e, _) in events {
                     let _ = drv::event::destroy(e);
                 }
             }
             r?;
         }
         for t in totals.iter_mut() {
-            t.1 /= n;
-            t.2 /= n as f64;
+            t.calls /= n;
+            t.us /= n as f64;
+            t.bytes /= n as u64;
         }
-        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
+        totals.sort_by(|a, b| b.us.total_cmp(&a.us));
         Ok(totals)
+    }
+
+    /// The decode gate/up kernel for these matrices: one kernel per common type (its own
+    /// registers), or the kernel for any types.
+    fn glu(&self, gate: &Seg, up: &Seg) -> (&'static str, sys::CUfunction) {
+        let f = &self.f;
+        let same = gate.ty == up.ty;
+        match TensorType::from_id(gate.ty as u32) {
+            Some(TensorType::Q4K) if same => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
+            Some(TensorType::Q6K) if same => ("matvec_glu_q8_q6k", f.matvec_glu_q8_q6k),
+            Some(TensorType::Q5_0) if same => ("matvec_glu_q8_q5_0", f.matvec_glu_q8_q5_0),
+            Some(TensorType::Q8_0) if same => ("matvec_glu_q8_q8_0", f.matvec_glu_q8_q8_0),
+            _ => ("matvec_glu_q8", f.matvec_glu_q8),
+        }
     }
 
     /// Decode attention for head size `hd` over a cache of type `t`, alone or for a batch.
@@ -623,20 +676,89 @@ impl Device {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        unsafe { drv::launch_kernel(f, (grid.0, grid.1, 1), (block, 1, 1), 0, self.stream, args) }
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.in_graph.load(Relaxed) && omitted(name) {
+            return Ok(());
+        }
+        if self.pdl.load(Relaxed) {
+            // SAFETY: the attribute value is a plain int; the union is zeroed first.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: 1,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            unsafe {
+                sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()).result()
+            }
             .map_err(|e| err("kernel launch", e))?;
+        } else {
+            unsafe {
+                drv::launch_kernel(f, (grid.0, grid.1, 1), (block, 1, 1), 0, self.stream, args)
+            }
+            .map_err(|e| err("kernel launch", e))?;
+        }
         self.mark(name)
     }
 
     /// When profiling, an event after the work just queued (a launch or a cuBLAS call).
     fn mark(&self, name: &'static str) -> Result<()> {
+        let bytes = self.moving.swap(0, std::sync::atomic::Ordering::Relaxed);
         if let Some(events) = self.prof.lock().unwrap().as_mut() {
             let e = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .map_err(|e| err("event", e))?;
             unsafe { drv::event::record(e, self.stream) }.map_err(|e| err("event", e))?;
-            events.push((name, e));
+            events.push((name, e, bytes));
         }
         Ok(())
+    }
+
+    /// The next launch reads and writes `bytes` of device memory (for the profile's GB/s).
+    fn moves(&self, bytes: u64) {
+        self.moving
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Device-to-device copy bandwidth, GB/s of bytes read plus written: the best of 10 copies
+    /// of 1 GiB (what a decode step's bytes are measured against).
+    pub fn copy_bandwidth(&self) -> Result<f64> {
+        self.bind()?;
+        let n = 1usize << 30;
+        let (a, b) = (self.alloc(n)?, self.alloc(n)?);
+        let (e0, e1) = (
+            drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(|e| err("event", e))?,
+            drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(|e| err("event", e))?,
+        );
+        let mut best = f64::MAX;
+        for i in 0..11 {
+            unsafe {
+                drv::event::record(e0, self.stream).map_err(|e| err("event", e))?;
+                drv::memcpy_dtod_async(b.ptr, a.ptr, n, self.stream).map_err(|e| err("copy", e))?;
+                drv::event::record(e1, self.stream).map_err(|e| err("event", e))?;
+            }
+            self.sync()?;
+            let ms = unsafe { drv::event::elapsed(e0, e1) }.map_err(|e| err("event", e))? as f64;
+            if i > 0 {
+                best = best.min(ms);
+            }
+        }
+        unsafe {
+            let _ = drv::event::destroy(e0);
+            let _ = drv::event::destroy(e1);
+        }
+        Ok(2.0 * n as f64 / (best * 1e-3) / 1e9)
     }
 }
 
@@ -747,6 +869,43 @@ impl Seg {
         ty: 0,
         rows: 0,
     };
+    fn bytes(&self) -> u64 {
+        self.rows as u64 * self.row_bytes
+    }
+}
+
+/// Grid of `rmsnorm_q8` for `rows` rows of `dim` values: a block for every 32 chunks of a row
+/// (one chunk a warp).
+fn norm_grid(rows: usize, dim: usize) -> (u32, u32) {
+    (rows as u32, (dim / 32).div_ceil(32).max(1) as u32)
+}
+
+/// For measuring only: whether `MENS_CUDA_OMIT` (comma-separated parts of kernel names, e.g.
+/// `rmsnorm,attn_decode`) leaves this kernel out of the decode graph. The step's output is then
+/// wrong; its time, against the whole step's, is what the left-out kernels cost inside the graph.
+fn omitted(name: &str) -> bool {
+    std::env::var("MENS_CUDA_OMIT").is_ok_and(|v| {
+        v.split(',')
+            .any(|p| !p.is_empty() && name.contains(p.trim()))
+    })
+}
+
+/// Threads of a decode gate/up block (32 rows a block): `MENS_CUDA_GLU_WARPS` warps (1, 2, 4, 8,
+/// 16 or 32), each taking 32 / warps row pairs; the same arithmetic for every choice. Default 8:
+/// four blocks share an SM, so one block's tail overlaps the others' loads (7B decode +6% over
+/// 32 warps on the H200; 4 warps: −17%).
+fn glu_threads() -> u32 {
+    let w = std::env::var("MENS_CUDA_GLU_WARPS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|w| w.is_power_of_two() && *w <= 32)
+        .unwrap_or(8);
+    32 * w
+}
+
+/// Bytes of `n` values as q8 activations (int8 values, a float2 a block of 32).
+fn q8_bytes(n: usize) -> u64 {
+    (n + n / 32 * 8) as u64
 }
 
 const SUPPORTED: &[TensorType] = &[

@@ -474,8 +474,10 @@ impl CudaSession {
         let c = &m.config;
         let h = m.head().seg;
         let rows = c.vocab_size;
+        dev.moves(h.bytes() + q8_bytes(c.dim) + 4 * rows as u64);
         launch!(dev, matvec as "matvec (LM head)", (rows.div_ceil(4) as u32, 1), 128;
             h, Seg::NONE, Seg::NONE, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr, 0u64, 0i32)?;
+        dev.moves(4 * rows as u64);
         launch!(dev, argmax, (ARGMAX_BLOCKS as u32, 1), 1024;
             self.logits.ptr, rows as i32, self.partial.ptr, self.counter.ptr, self.tok.ptr,
             self.out.ptr, self.pos.ptr, advance)?;
@@ -494,23 +496,42 @@ impl CudaSession {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
-        let (d, q, kv, f) = (c.dim as i32, c.q_dim(), c.kv_dim(), c.ffn_dim as i32);
-        let row = q + 2 * kv;
+        let (d, f) = (c.dim as i32, c.ffn_dim as i32);
         let eps = c.rms_eps;
+        let mut n = 0;
+        launch!(dev, embed, (1, 1), 128; m.embedding.seg, d, self.tok.ptr, self.x.ptr)?;
+        n += 1;
+        let rest = dev.decode_graph(|| self.decode_layers(d, f, eps))?;
+        Ok(n + rest)
+    }
+
+    /// The decode step after the embedding: the layers, the head and argmax.
+    fn decode_layers(&self, d: i32, f: i32, eps: f32) -> Result<usize> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let (q, kv) = (c.q_dim(), c.kv_dim());
+        let row = q + 2 * kv;
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let splits = self.ctx.div_ceil(SPLIT) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (mut n, mut unfused) = (0, 0);
-        launch!(dev, embed, (1, 1), 128; m.embedding.seg, d, self.tok.ptr, self.x.ptr)?;
-        launch!(dev, rmsnorm_q8, (1, 1), 1024;
+        // Bytes each kernel moves, for the profile: weights, cache rows, activations.
+        let (du, qu) = (c.dim as u64, q as u64);
+        let norm_bytes = 8 * du + q8_bytes(c.dim);
+        let cache_bytes =
+            2 * (self.tokens.len() as u64 + 1) * kv_row_bytes(self.kv, kv) as u64 + 4 * qu;
+        dev.moves(norm_bytes);
+        launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
             self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-        n += 2;
+        n += 1;
         let quantized = self.kv != KvType::F16;
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = self.layer_cache(li);
             // A quantized cache: the writers leave K and V in qkv, the attention kernel stores them.
             let (wk, wv) = if quantized { (0, 0) } else { (kc, vc) };
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
+            dev.moves(l.q.seg.bytes() + l.k.seg.bytes() + l.v.seg.bytes() + q8_bytes(c.dim));
             if let Some((wq, wk_norm)) = &l.qk_norm {
                 // Qwen3: the norm needs whole heads between the matmul and RoPE, so the three
                 // steps the fused kernel does run apart.
@@ -542,22 +563,30 @@ impl CudaSession {
                 self.aq.ptr,
                 self.ad.ptr,
             );
+            dev.moves(cache_bytes + q8_bytes(q));
             launch!(dev, [dev.attn_decode(c.head_dim, self.kv, false)], (c.n_kv_head as u32, splits), 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
+            dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
             launch!(dev, matvec as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
-            launch!(dev, rmsnorm_q8, (1, 1), 1024;
+            dev.moves(norm_bytes);
+            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
                 self.x.ptr, l.ffn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-            launch!(dev, matvec_glu_q8, ((c.ffn_dim / 32) as u32, 1), 1024;
+            dev.moves(
+                l.gate.seg.bytes() + l.up.seg.bytes() + q8_bytes(c.dim) + q8_bytes(c.ffn_dim),
+            );
+            launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg)], ((c.ffn_dim / 32) as u32, 1), glu_threads();
                 l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr)?;
+            dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
             launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
             let norm = m
                 .layers
                 .get(li + 1)
                 .map_or(&m.output_norm, |n| &n.attn_norm);
-            launch!(dev, rmsnorm_q8, (1, 1), 1024;
+            dev.moves(norm_bytes);
+            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
                 self.x.ptr, norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
             n += 7;
         }
@@ -873,7 +902,7 @@ impl CudaSession {
                 self.x.ptr, self.tmp.ptr, norm.ptr, eps, d as i32, self.xb16.ptr)?;
         }
         if last {
-            launch!(dev, rmsnorm_q8, (1, 1), 1024;
+            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
                 self.x.at(4 * (t - 1) * d), m.output_norm.ptr, eps, d as i32, self.aq.ptr, self.ad.ptr)?;
             self.head(t as i32)?;
         }
@@ -882,19 +911,22 @@ impl CudaSession {
     }
 
     /// Time each kernel of `steps` decode steps run one launch at a time (outside the graph,
-    /// so each also pays its launch): (kernel, calls per step, microseconds per step), slowest first.
+    /// so each also pays its launch), with the bytes each moves, and the copy bandwidth.
     /// The steps decode the device's own greedy tokens; the session's tokens are not extended, so
     /// the cache entries written here are overwritten by the next forward pass.
-    pub fn profile_decode(&mut self, steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
+    pub fn profile_decode(&mut self, steps: usize) -> Result<crate::runner::Profile> {
         let dev = self.model.dev.clone();
         dev.bind()?;
         dev.write(&self.pos, 0, &[self.tokens.len() as i32])?;
-        let totals = dev.time_kernels(steps, || self.decode_kernels())?;
+        let kernels = dev.time_kernels(steps, || self.decode_kernels())?;
         // The profiled steps advanced the device's position: put it back.
         self.pos_synced = false;
         self.dev_tok = None;
         self.logits_valid = false;
-        Ok(totals)
+        Ok(crate::runner::Profile {
+            kernels,
+            copy_gbs: dev.copy_bandwidth()?,
+        })
     }
 }
 
@@ -973,7 +1005,7 @@ impl crate::runner::Runner for CudaSession {
     fn launches_per_token(&self) -> Option<(usize, usize)> {
         Some((1, self.graph_kernels))
     }
-    fn profile_decode(&mut self, steps: usize) -> Result<Vec<(&'static str, usize, f64)>> {
-        CudaSession::profile_decode(self, steps)
+    fn profile_decode(&mut self, steps: usize) -> Result<Option<crate::runner::Profile>> {
+        CudaSession::profile_decode(self, steps).map(Some)
     }
 }

@@ -89,7 +89,7 @@ impl Device {
         let (xb, wb) = (self.upload(x)?, self.upload(w)?);
         let aq = self.upload(&vec![0i8; d])?;
         let ad = self.upload(&vec![[f32::NAN; 2]; d / 32])?;
-        launch!(self, rmsnorm_q8, (1, 1), 1024; xb.ptr, wb.ptr, eps, d as i32, aq.ptr, ad.ptr)?;
+        launch!(self, rmsnorm_q8, norm_grid(1, d), 1024; xb.ptr, wb.ptr, eps, d as i32, aq.ptr, ad.ptr)?;
         let mut q = vec![0i8; d];
         let mut ds = vec![[0f32; 2]; d / 32];
         self.read(&aq, 0, &mut q)?;
@@ -139,6 +139,8 @@ impl Device {
         up: &QTensor,
         q: &[i8],
         ds: &[[f32; 2]],
+        any: bool,
+        warps: u32,
     ) -> Result<Vec<f32>> {
         self.bind()?;
         let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
@@ -146,7 +148,14 @@ impl Device {
         let rows = gate.rows;
         let hq = self.upload(&vec![0i8; rows])?;
         let hd = self.upload(&vec![[f32::NAN; 2]; rows / 32])?;
-        launch!(self, matvec_glu_q8, ((rows / 32) as u32, 1), 1024;
+        // The kernel decode runs for these types (`any`: the kernel for any types), in blocks of
+        // `warps` warps.
+        let f = if any {
+            ("matvec_glu_q8", self.f.matvec_glu_q8)
+        } else {
+            self.glu(&g.seg, &u.seg)
+        };
+        launch!(self, [f], ((rows / 32) as u32, 1), 32 * warps;
             g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr)?;
         self.dequant_q8(&hq, &hd, rows)
     }

@@ -56,6 +56,23 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   mine++;
   int k0 = split * SPLIT;
   int n = min(SPLIT, len - k0);
+  // P.V's thread: 4 dimensions (dq) of keys kg, kg + GROUPS, ... An f16 cache's V values are
+  // loaded here, with K, so that their latency is not paid again after the softmax (the NVRTC
+  // define ATTN_V_LATE loads them after it, for measurements).
+  int dq = tid % QUADS, kg = tid / QUADS;
+  constexpr int VK = SPLIT / GROUPS;
+#ifdef ATTN_V_LATE
+  constexpr bool early = false;
+#else
+  constexpr bool early = T == T_F16;
+#endif
+  uint2 vpre[VK];
+  const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
+  if (early) {
+#pragma unroll
+    for (int i = 0; i < VK; i++)
+      if (kg + i * GROUPS < n) vpre[i] = *(const uint2*)(vbase + (u64)(kg + i * GROUPS) * rb + 2 * (kvh * HD + 4 * dq));
+  }
   // Scores: four threads per key, each a quarter of the head's dimensions (one 16-byte load
   // per 8 f16 values, whole q8_0/q4_0 blocks), summed with two shuffles.
   {
@@ -139,14 +156,18 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   }
   __syncthreads();
   // P.V: thread = (4 dimensions, key group); the groups are summed through shared memory.
-  int dq = tid % QUADS, kg = tid / QUADS;
   float a[4][MAXG];
 #pragma unroll
   for (int h = 0; h < MAXG; h++) a[0][h] = a[1][h] = a[2][h] = a[3][h] = 0.f;
-  const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
-#pragma unroll 4
-  for (int k = kg; k < n; k += GROUPS) {
-    float4 v = kv_get4<T>(vbase + (u64)k * rb, kvd, kvh * HD + 4 * dq);
+#pragma unroll
+  for (int i = 0; i < VK; i++) {
+    int k = kg + i * GROUPS;
+    if (k >= n) break;
+    float4 v;
+    if (early)
+      v = make_float4(h2f(vpre[i].x & 0xffff), h2f(vpre[i].x >> 16), h2f(vpre[i].y & 0xffff), h2f(vpre[i].y >> 16));
+    else
+      v = kv_get4<T>(vbase + (u64)k * rb, kvd, kvh * HD + 4 * dq);
     float v0 = v.x, v1 = v.y, v2 = v.z, v3 = v.w;
 #pragma unroll
     for (int h = 0; h < MAXG; h++)
@@ -225,6 +246,8 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   extern "C" __global__ void NAME(const float* qkv, u8* kc, u8* vc, const int* pos, int n_head,                \
                                   int n_kv_head, float scale, float* part_o, float2* part_ml, u32* counters,  \
                                   i8* aq, float2* ad) {                                                       \
+    pdl_trigger();                                                                                           \
+    pdl_wait();                                                                                              \
     attn_decode_t<HD, T>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,  \
                          blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD, 0, 0);                      \
   }

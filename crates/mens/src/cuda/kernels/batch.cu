@@ -112,15 +112,7 @@ __device__ __forceinline__ bool unpack32<T_Q4_K>(const u8* row, int c, W32& w) {
   int shift = (sub & 1) * 4;
 #pragma unroll
   for (int i = 0; i < 8; i++) w.q[i] = (qs[i] >> shift) & 0x0F0F0F0F;
-  int sh = 8 * (sub & 3);
-  u32 y = (u32)h.y >> sh, z = (u32)h.z >> sh, x = (u32)h.w >> sh;
-  if (sub < 4) {
-    w.s0 = y & 63;
-    w.s1 = z & 63;
-  } else {
-    w.s0 = (x & 0xF) | (((y >> 6) & 3) << 4);
-    w.s1 = ((x >> 4) & 0xF) | (((z >> 6) & 3) << 4);
-  }
+  q4k_scale_min(h, sub, &w.s0, &w.s1);
   w.a = h2f((u16)(h.x & 0xffff));
   w.b = h2f((u16)((u32)h.x >> 16));
   return true;
@@ -591,16 +583,8 @@ __device__ __forceinline__ void deq_frag(int type, const u8* row, int c, int t, 
       int sub = c & 7, shift = (sub & 1) * 4;
       uint2 q = *(const uint2*)(b + (k5 ? 48 : 16) + (sub >> 1) * 32 + 8 * t);
       int4 hd = *(const int4*)b;  // d, dmin, scales[12]
-      int sh = 8 * (sub & 3);
-      u32 y = (u32)hd.y >> sh, z = (u32)hd.z >> sh, w = (u32)hd.w >> sh;
       int sc, mn;
-      if (sub < 4) {
-        sc = y & 63;
-        mn = z & 63;
-      } else {
-        sc = (w & 0xF) | (((y >> 6) & 3) << 4);
-        mn = ((w >> 4) & 0xF) | (((z >> 6) & 3) << 4);
-      }
+      q4k_scale_min(hd, sub, &sc, &mn);
       u32 x0 = (q.x >> shift) & 0x0F0F0F0Fu, x1 = (q.y >> shift) & 0x0F0F0F0Fu;
       if (k5) {
         uint2 qh = *(const uint2*)(b + 16 + 8 * t);

@@ -1,13 +1,18 @@
-// x (one row per block, dim a multiple of 32) -> rmsnorm(x) * w, quantized to q8.
+// x (row blockIdx.x) -> rmsnorm(x) * w, quantized to q8. Every block of a row sums the squares of
+// the whole row (1024 threads: the same bits in every block) and quantizes the 32-value chunks
+// blockIdx.y, blockIdx.y + gridDim.y, ... a warp each (gridDim.y = dim / 1024 blocks: one chunk a
+// warp, a short latency chain for a decode step's vector).
 extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, float eps, int dim, i8* aq, float2* ad) {
   __shared__ float red[32];
+  pdl_trigger();
+  pdl_wait();
   const float* xr = x + (u64)blockIdx.x * dim;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
   ss = block_sum(ss, red);
   float scale = rsqrtf(ss / dim + eps);
   int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int b = threadIdx.x >> 5; b < dim / 32; b += nw) {
+  for (int b = blockIdx.y * nw + (threadIdx.x >> 5); b < dim / 32; b += gridDim.y * nw) {
     int i = b * 32 + lane;
     quant_lane(xr[i] * scale * w[i], aq + (u64)blockIdx.x * dim + b * 32, ad + (u64)blockIdx.x * (dim / 32) + b);
   }
@@ -49,6 +54,8 @@ extern "C" __global__ void swiglu_f16(const float* gu, int f, int ntok, u16* h) 
 extern "C" __global__ void qk_norm(float* qkv, int row, int n_head, int hd, const float* wq, const float* wk,
                                    float eps) {
   __shared__ float red[32];
+  pdl_trigger();
+  pdl_wait();
   float* v = qkv + (u64)blockIdx.x * row + (u64)blockIdx.y * hd;
   const float* w = (int)blockIdx.y < n_head ? wq : wk;
   float ss = 0.f;

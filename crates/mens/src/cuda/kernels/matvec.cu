@@ -77,18 +77,8 @@ __device__ __forceinline__ float dot32<T_Q4_K>(const u8* row, int c, const int* 
   int s = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) s = dp4a((qs[i] >> shift) & 0x0F0F0F0F, a[i], s);
-  // 6-bit scale and min of sub-block `sub` from the header words (no byte addressing, which
-  // would put the header in local memory).
-  int sh = 8 * (sub & 3);
-  u32 y = (u32)h.y >> sh, z = (u32)h.z >> sh, w = (u32)h.w >> sh;
   int sc, m;
-  if (sub < 4) {
-    sc = y & 63;
-    m = z & 63;
-  } else {
-    sc = (w & 0xF) | (((y >> 6) & 3) << 4);
-    m = ((w >> 4) & 0xF) | (((z >> 6) & 3) << 4);
-  }
+  q4k_scale_min(h, sub, &sc, &m);
   return h2f((u16)(h.x & 0xffff)) * (float)sc * d8 * (float)s - h2f((u16)((u32)h.x >> 16)) * (float)m * s8;
 }
 template <>
@@ -209,6 +199,8 @@ struct Seg {
 // One warp per row, 4 warps per block. mode 0 stores, 1 adds (the residual).
 extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                   float* out, const float* bias, int mode) {
+  pdl_trigger();
+  pdl_wait();
   int r = blockIdx.x * 4 + (threadIdx.x >> 5);
   int total = s0.rows + s1.rows + s2.rows;
   if (r >= total) return;
@@ -271,21 +263,40 @@ __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchun
   return make_float2(row_dot(ta, ra, nchunks, aq, ad), row_dot(tb, rb, nchunks, aq, ad));
 }
 
-// h = silu(gate . a) * (up . a), quantized to q8: a block of 32 warps makes 32 rows (one q8
-// block), one gate row and one up row per warp.
-extern "C" __global__ void __launch_bounds__(1024) matvec_glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad,
-                                         i8* hq, float2* hd) {
+// h = silu(gate . a) * (up . a), quantized to q8: a block makes 32 rows (one q8 block), a gate
+// row and an up row at a time per warp (blocks of 32 warps: one pair each; of 8: four pairs,
+// and several blocks share an SM). T: the type of both matrices (one kernel per common type, so
+// that each gets its own registers: the kernel for any types spills), or -1.
+template <int T>
+__device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq,
+                                       float2* hd) {
   __shared__ float h[32];
-  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int r = blockIdx.x * 32 + w;
-  float2 gu = make_float2(0.f, 0.f);
-  if (r < gate.rows)
-    gu = row_dot2(gate.type, gate.w + (u64)r * gate.row_bytes, up.type, up.w + (u64)r * up.row_bytes,
-                  cols / 32, aq, ad);
-  if (lane == 0) h[w] = gu.x / (1.f + expf(-gu.x)) * gu.y;
+  pdl_trigger();
+  pdl_wait();
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int j = w; j < 32; j += nw) {
+    int r = blockIdx.x * 32 + j;
+    float2 gu = make_float2(0.f, 0.f);
+    if (r < gate.rows) {
+      const u8 *ra = gate.w + (u64)r * gate.row_bytes, *rb = up.w + (u64)r * up.row_bytes;
+      gu = T < 0 ? row_dot2(gate.type, ra, up.type, rb, cols / 32, aq, ad)
+                 : row_dot2_t<T < 0 ? T_F32 : T>(ra, rb, cols / 32, aq, ad);
+    }
+    if (lane == 0) h[j] = gu.x / (1.f + expf(-gu.x)) * gu.y;
+  }
   __syncthreads();
   if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
 }
+#define GLU_Q8(NAME, T)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(1024)                                                      \
+      NAME(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq, float2* hd) {              \
+    glu_q8<T>(gate, up, cols, aq, ad, hq, hd);                                                             \
+  }
+GLU_Q8(matvec_glu_q8, -1)
+GLU_Q8(matvec_glu_q8_q4k, T_Q4_K)
+GLU_Q8(matvec_glu_q8_q6k, T_Q6_K)
+GLU_Q8(matvec_glu_q8_q5_0, T_Q5_0)
+GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
 
 // Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos (with
 // kc = 0, a quantized cache: K and V as f32 into their places in qkv, which the attention kernel
@@ -295,6 +306,8 @@ extern "C" __global__ void __launch_bounds__(1024) matvec_glu_q8(Seg gate, Seg u
 extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                     const float* bias, const float* cosv, const float* sinv, const int* pos,
                                     int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc) {
+  pdl_trigger();
+  pdl_wait();
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
