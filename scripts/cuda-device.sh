@@ -516,12 +516,12 @@ if [ "$MODE" = llamaserver ]; then
     for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8096/health', timeout=2)" 2>/dev/null && break; sleep 1; done
     python3 scripts/load-test.py --url http://127.0.0.1:8096 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
       --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/llama-server-7b-$n.json" 2>&1 \
-      | grep -E "^C=|Error|error" | sed "s/^/synth 7b, llama-server -np $n: /"
+      | grep -E "^C=|^\| [0-9]|Error|error" | sed "s/^/synth 7b, llama-server -np $n: /"
     kill $lpid; wait $lpid 2>/dev/null
     start_serve mens "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
     python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
       --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/mens-serve-7b-$n.json" 2>&1 \
-      | grep -E "^C=|Error|error" | sed "s/^/synth 7b, mens serve --parallel $n: /"
+      | grep -E "^C=|^\| [0-9]|Error|error" | sed "s/^/synth 7b, mens serve --parallel $n: /"
     stop_serve
   done | tee "$OUT/llamaserver.txt"
 fi
