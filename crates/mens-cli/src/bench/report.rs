@@ -243,28 +243,7 @@ fn footer(
         "\nDispatches = parallel regions issued to the CPU thread pool (matmuls, norms, attention); allocations = heap allocations counted by the binary's global allocator. Uncached: each timed step re-runs the whole sequence; only the reported windows are timed.\n"
     });
     if let Some(p) = &r.profile {
-        let total: f64 = p.kernels.iter().map(|k| k.us).sum();
-        let bytes: u64 = p.kernels.iter().map(|k| k.bytes).sum();
-        let gbs = |b: u64, us: f64| b as f64 / (us * 1e3);
-        md.push_str(&format!(
-            "\nKernels of one decode step at step {}, launched one by one (not as the graph), mean of 16 steps: {total:.0} µs and {:.1} MB in all ({:.0} GB/s); device-to-device copy {:.0} GB/s (read + write)\n\n| kernel | calls per step | µs per step | share | MB per step | GB/s | % of copy |\n|---|---|---|---|---|---|---|\n",
-            args.steps,
-            bytes as f64 / 1e6,
-            gbs(bytes, total),
-            p.copy_gbs
-        ));
-        for k in &p.kernels {
-            md.push_str(&format!(
-                "| {} | {} | {:.1} | {:.1}% | {:.2} | {:.0} | {:.0}% |\n",
-                k.name,
-                k.calls,
-                k.us,
-                100.0 * k.us / total,
-                k.bytes as f64 / 1e6,
-                gbs(k.bytes, k.us),
-                100.0 * gbs(k.bytes, k.us) / p.copy_gbs
-            ));
-        }
+        md.push_str(&gpu_profile(p, args.steps));
     }
     if let Some((near, far)) = &r.paired {
         let (a, b) = (1e3 / median(near.clone()), 1e3 / median(far.clone()));
@@ -277,6 +256,36 @@ fn footer(
             b / a
         ));
     }
+}
+
+/// GB/s of `bytes` moved in `us` microseconds.
+fn gbs(bytes: u64, us: f64) -> f64 {
+    bytes as f64 / (us * 1e3)
+}
+
+/// The GPU decode step's kernels: time, share, bytes, GB/s and % of the copy bandwidth each.
+fn gpu_profile(p: &mens::runner::Profile, step: usize) -> String {
+    let total: f64 = p.kernels.iter().map(|k| k.us).sum();
+    let bytes: u64 = p.kernels.iter().map(|k| k.bytes).sum();
+    let mut md = format!(
+        "\nKernels of one decode step at step {step}, launched one by one (not as the graph), mean of 16 steps: {total:.0} µs and {:.1} MB in all ({:.0} GB/s); device-to-device copy {:.0} GB/s (read + write)\n\n| kernel | calls per step | µs per step | share | MB per step | GB/s | % of copy |\n|---|---|---|---|---|---|---|\n",
+        bytes as f64 / 1e6,
+        gbs(bytes, total),
+        p.copy_gbs
+    );
+    for k in &p.kernels {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1}% | {:.2} | {:.0} | {:.0}% |\n",
+            k.name,
+            k.calls,
+            k.us,
+            100.0 * k.us / total,
+            k.bytes as f64 / 1e6,
+            gbs(k.bytes, k.us),
+            100.0 * gbs(k.bytes, k.us) / p.copy_gbs
+        ));
+    }
+    md
 }
 
 fn to_json(
@@ -316,6 +325,13 @@ fn to_json(
         "results": r.depth_rows,
         "concurrency": r.concurrency,
         "verify": r.verify,
+        "profile": r.profile.as_ref().map(|p| json!({
+            "copy_gbs": p.copy_gbs,
+            "kernels": p.kernels.iter().map(|k| json!({
+                "name": k.name, "calls": k.calls, "us": k.us, "bytes": k.bytes,
+                "gbs": gbs(k.bytes, k.us),
+            })).collect::<Vec<_>>(),
+        })),
         "memory": {
             "peak_rss_bytes": peak, "model_bytes": l.model.weight_bytes(),
             "file_bytes": l.model.gguf.file_len(), "kv_cache_bytes": s.kv_cache_bytes(),
@@ -405,5 +421,47 @@ fn cpu_profile(md: &mut String) {
             "| {name} | {calls} | {secs:.3} | {:.1}% |\n",
             100.0 * secs / all
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mens::runner::{KernelTime, Profile};
+
+    #[test]
+    fn gpu_profile_rows_give_each_kernels_rate_against_the_copy() {
+        let p = Profile {
+            kernels: vec![
+                KernelTime {
+                    name: "matvec_glu_q8_q4k",
+                    calls: 28,
+                    us: 1000.0,
+                    bytes: 2_000_000_000,
+                },
+                KernelTime {
+                    name: "rmsnorm_q8",
+                    calls: 57,
+                    us: 250.0,
+                    bytes: 0,
+                },
+            ],
+            copy_gbs: 4000.0,
+        };
+        let md = gpu_profile(&p, 512);
+        // 2 GB in 1 ms: 2000 GB/s, half the copy bandwidth, 80% of the step's time.
+        assert!(
+            md.contains("| matvec_glu_q8_q4k | 28 | 1000.0 | 80.0% | 2000.00 | 2000 | 50% |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| rmsnorm_q8 | 57 | 250.0 | 20.0% | 0.00 | 0 | 0% |"),
+            "{md}"
+        );
+        assert!(md.contains("at step 512"), "{md}");
+        assert!(
+            md.contains("1250 µs and 2000.0 MB in all (1600 GB/s)"),
+            "{md}"
+        );
     }
 }
