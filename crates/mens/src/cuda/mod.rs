@@ -193,6 +193,9 @@ const H16_PART_ROWS: usize = 65536;
 /// cuBLAS's workspace (its guide asks for at least 32 MiB on Hopper).
 const BLAS_WORKSPACE: usize = 32 << 20;
 
+/// A profiled launch: kernel name, the event recorded after it, the bytes it moves.
+type Marked = (&'static str, sys::CUevent, u64);
+
 /// One GPU: context, stream, kernels and cuBLAS handle.
 pub struct Device {
     ctx: Arc<CudaContext>,
@@ -207,7 +210,7 @@ pub struct Device {
     /// Streaming multiprocessors.
     pub sms: usize,
     /// When profiling: an event recorded after each launch, with the kernel's name.
-    prof: std::sync::Mutex<Option<Vec<(&'static str, sys::CUevent, u64)>>>,
+    prof: std::sync::Mutex<Option<Vec<Marked>>>,
     /// Bytes the next launch moves, for the profile (see [`Device::moves`]).
     moving: std::sync::atomic::AtomicU64,
     /// Launches queued now belong to the decode graph (see [`Device::decode_graph`]).
@@ -741,8 +744,7 @@ impl Device {
             drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .map_err(|e| err("event", e))?,
         );
-        let mut best = f64::MAX;
-        for i in 0..11 {
+        let best = (0..11).try_fold(f64::MAX, |best, i| {
             unsafe {
                 drv::event::record(e0, self.stream).map_err(|e| err("event", e))?;
                 drv::memcpy_dtod_async(b.ptr, a.ptr, n, self.stream).map_err(|e| err("copy", e))?;
@@ -750,15 +752,15 @@ impl Device {
             }
             self.sync()?;
             let ms = unsafe { drv::event::elapsed(e0, e1) }.map_err(|e| err("event", e))? as f64;
-            if i > 0 {
-                best = best.min(ms);
-            }
-        }
+            // The first copy warms up.
+            Ok::<f64, Error>(if i > 0 { best.min(ms) } else { best })
+        });
+        // The events go on every path, errors included.
         unsafe {
             let _ = drv::event::destroy(e0);
             let _ = drv::event::destroy(e1);
         }
-        Ok(2.0 * n as f64 / (best * 1e-3) / 1e9)
+        Ok(2.0 * n as f64 / (best? * 1e-3) / 1e9)
     }
 }
 
@@ -886,7 +888,8 @@ fn norm_grid(rows: usize, dim: usize) -> (u32, u32) {
 fn omitted(name: &str) -> bool {
     std::env::var("MENS_CUDA_OMIT").is_ok_and(|v| {
         v.split(',')
-            .any(|p| !p.is_empty() && name.contains(p.trim()))
+            .map(str::trim)
+            .any(|p| !p.is_empty() && name.contains(p))
     })
 }
 

@@ -498,11 +498,8 @@ impl CudaSession {
         let c = &m.config;
         let (d, f) = (c.dim as i32, c.ffn_dim as i32);
         let eps = c.rms_eps;
-        let mut n = 0;
         launch!(dev, embed, (1, 1), 128; m.embedding.seg, d, self.tok.ptr, self.x.ptr)?;
-        n += 1;
-        let rest = dev.decode_graph(|| self.decode_layers(d, f, eps))?;
-        Ok(n + rest)
+        Ok(1 + dev.decode_graph(|| self.decode_layers(d, f, eps))?)
     }
 
     /// The decode step after the embedding: the layers, the head and argmax.
@@ -516,6 +513,7 @@ impl CudaSession {
         let splits = self.ctx.div_ceil(SPLIT) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (mut n, mut unfused) = (0, 0);
+        let glu_block = glu_threads();
         // Bytes each kernel moves, for the profile: weights, cache rows, activations.
         let (du, qu) = (c.dim as u64, q as u64);
         let norm_bytes = 8 * du + q8_bytes(c.dim);
@@ -576,7 +574,7 @@ impl CudaSession {
             dev.moves(
                 l.gate.seg.bytes() + l.up.seg.bytes() + q8_bytes(c.dim) + q8_bytes(c.ffn_dim),
             );
-            launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg)], ((c.ffn_dim / 32) as u32, 1), glu_threads();
+            launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg)], ((c.ffn_dim / 32) as u32, 1), glu_block;
                 l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
             launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
