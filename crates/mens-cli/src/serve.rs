@@ -54,7 +54,7 @@ pub struct ServeArgs {
     request_timeout: Option<u64>,
     /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
     /// streams smooth while a long prompt is prefilled, larger prefills faster. Default: 128 on the
-    /// CPU, 2048 on a GPU (at least --parallel).
+    /// CPU, 4096 on a GPU (at least --parallel).
     #[arg(long)]
     step_tokens: Option<usize>,
     /// Sequences decoded together, each with its own KV cache of --ctx-size tokens.
@@ -132,9 +132,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let step_tokens = a.step_tokens.unwrap_or(if backend == Backend::Cpu {
         128.max(a.parallel)
     } else {
-        // Measured on the H200 (synth 7B, 64 streams of 256 + 256 tokens): 2048 gives 3185
-        // tokens/s and TTFT p99 1.4 s, 512 gives 2827 and 2.4 s (docs/benchmarks.md, session 16).
-        2048.max(a.parallel)
+        // Measured on the H200 (synth 7B, 64 streams of 256 + 256 tokens arriving at once, prompt
+        // chunks packed into shared passes): 4096 gives TTFT p99 493 / 458 ms and 7011 / 7077
+        // tokens/s, 2048 565 / 578 ms and 6807 / 6817, 8192 453 / 436 ms (p50 300 / 319 ms) and
+        // 7141 / 7166; a step of 4096 prompt tokens keeps decoding streams waiting ~0.11 s at
+        // most (docs/benchmarks.md, session 24).
+        4096.max(a.parallel)
     });
     if step_tokens < a.parallel || step_tokens > 8192 {
         bail!("invalid argument: --step-tokens must be between --parallel and 8192");

@@ -392,14 +392,7 @@ impl Target {
             .cuda_budget(free)
             .saturating_sub(self.model.weight_bytes());
         let pool = |ctx: usize, extra: u64| {
-            pool_fit(
-                c,
-                slots,
-                ctx,
-                CUDA_UBATCH.min(ctx),
-                kv,
-                budget.saturating_sub(extra),
-            )
+            pool_fit(c, slots, ctx, CUDA_UBATCH, kv, budget.saturating_sub(extra))
         };
         let fit = |extra: u64| -> Result<(usize, usize)> {
             let ctx = self.cuda_ctx(
@@ -409,7 +402,7 @@ impl Target {
                 // At least one sequence of ctx tokens (and a page to copy a shared one into).
                 |ctx| {
                     let least = sequence_pages(ctx);
-                    batch_bytes(c, slots, ctx, CUDA_UBATCH.min(ctx), kv, least) + extra
+                    batch_bytes(c, slots, ctx, CUDA_UBATCH, kv, least) + extra
                 },
                 "use fewer --parallel slots, a smaller --ctx-size or a smaller model",
             )?;

@@ -680,6 +680,30 @@ fn glu_kernel_matches_reference() {
 }
 
 #[test]
+fn swiglu_kernel_matches_reference() {
+    let Some(dev) = device() else { return };
+    // 3 rows of 1000 values (125 threads a row: the last block partly idle).
+    let (f, n) = (1000, 3);
+    let gu: Vec<half::f16> = random(2 * f * n, 77)
+        .iter()
+        .map(|&x| half::f16::from_f32(6.0 * x))
+        .collect();
+    let gpu = dev.test_swiglu_h16(&gu, f, n).unwrap();
+    let cpu: Vec<f32> = (0..n * f)
+        .map(|i| {
+            let (t, k) = (i / f, i % f);
+            let g = gu[t * 2 * f + k].to_f32();
+            let u = gu[t * 2 * f + f + k].to_f32();
+            half::f16::from_f32(g / (1.0 + (-g).exp()) * u).to_f32()
+        })
+        .collect();
+    let e = rel_l2(&gpu, &cpu);
+    eprintln!("swiglu (f16 gate/up): rel L2 {e:.2e}");
+    // Only expf and the last f16 rounding differ.
+    assert!(e < 1e-3, "rel L2 {e}");
+}
+
+#[test]
 fn qkv_rope_kernel_matches_reference() {
     use mens::rope::{RopeStyle, RopeTable};
     let Some(dev) = device() else { return };
@@ -996,8 +1020,11 @@ fn batch_against_session(
 /// The check: N requests decoded together give the same greedy tokens as each decoded
 /// alone (first 32 tokens, every request), for N = 1, 7, 64, with either kernel family at every
 /// batch size; with the default mix (matrix-vector alone, dp4a up to 15 rows, tensor cores from
-/// 16, cuBLAS from 33) for N = 1 and 7 (the same bits as alone), and for 64 (other arithmetic) close to the
-/// single-sequence session (teacher-forced logits, below).
+/// 16, cuBLAS from 33) for N = 1 and 7 (the decode steps' bits as alone), and for 64 (other
+/// arithmetic) close to the single-sequence session (teacher-forced logits, below). Together, the
+/// prompts share prefill passes (GEMMs over all of them: rounding may differ from a prompt's own
+/// pass; `packed_prompt_pass_gives_each_prompts_own_logits` bounds it), and the greedy tokens must
+/// still be equal.
 #[test]
 fn batch_decodes_like_each_request_alone() {
     let Some(dev) = device() else { return };
@@ -1139,6 +1166,78 @@ fn batch_decodes_like_each_request_alone() {
         b.sample_slot(4, &mut greedy).is_err(),
         "slot 4 has no logits"
     );
+}
+
+/// Prompt chunks of several slots packed into one pass give each slot the logits (and cache
+/// rows: the step after reads them) of a pass of its own: fresh prompts, second chunks after
+/// rows the slot holds, a single token and a prompt longer than a pass beside them; on an f16
+/// and a q8_0 pool.
+#[test]
+fn packed_prompt_pass_gives_each_prompts_own_logits() {
+    let Some(dev) = device() else { return };
+    let file = std::env::var_os("MENS_CUDA_MODEL");
+    let model = match &file {
+        Some(p) => Arc::new(Model::open(std::path::Path::new(p)).unwrap()),
+        None => tiny(SynthSpec::tiny_qwen2()),
+    };
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut r = rand::rngs::StdRng::seed_from_u64(11);
+    let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..v)).collect() };
+    // Step 1: six fresh prompts (one longer than a 128-token pass, one a single token);
+    // step 2: a second chunk on four of them, a decode token on another.
+    let first: Vec<Vec<u32>> = [5usize, 40, 1, 77, 150, 33]
+        .iter()
+        .map(|&n| toks(n))
+        .collect();
+    let second: Vec<Vec<u32>> = [9usize, 60, 1, 20, 2, 3].iter().map(|&n| toks(n)).collect();
+    let bound = if file.is_some() {
+        MODEL_FILE_MEDIAN
+    } else {
+        1e-3
+    };
+    for kv in [KvType::F16, KvType::Q8_0] {
+        let mut b = CudaBatch::with_cache(gm.clone(), 8, 256, 128, 512, kv).unwrap();
+        let mut run = |pack: bool| -> Vec<Vec<f32>> {
+            b.set_packing(pack);
+            let mut out = Vec::new();
+            for i in 0..6 {
+                b.truncate_slot(i, 0);
+            }
+            b.step(&mut slot_parts(&first)).unwrap();
+            out.extend((0..6).map(|i| b.slot_logits(i).unwrap()));
+            b.step(&mut slot_parts(&second)).unwrap();
+            out.extend((0..6).map(|i| b.slot_logits(i).unwrap()));
+            // One decode step of every slot reads the rows both steps wrote.
+            let next: Vec<[u32; 1]> = (0..6).map(|i| [(i as u32 * 7) % v]).collect();
+            b.step(&mut slot_parts(&next)).unwrap();
+            out.extend((0..6).map(|i| b.slot_logits(i).unwrap()));
+            out
+        };
+        let alone = run(false);
+        let packed = run(true);
+        let (mut worst, mut same_bits, mut agree) = (0f64, 0, 0);
+        for (a, p) in alone.iter().zip(&packed) {
+            worst = worst.max(rel_l2(p, a));
+            same_bits += (a == p) as usize;
+            agree += (mens::sample::argmax(a) == mens::sample::argmax(p)) as usize;
+        }
+        eprintln!(
+            "{kv:?} pool, packed prompt passes vs a pass each: 18 logits rows, worst rel L2 {worst:.2e}, {same_bits}/18 bit-identical, argmax agreement {agree}/18"
+        );
+        assert!(
+            worst < bound,
+            "{kv:?}: packed logits differ: rel L2 {worst}"
+        );
+        // The server's warm-up runs such steps and leaves every slot and page free.
+        for i in 0..8 {
+            b.truncate_slot(i, 0);
+            b.release(i);
+        }
+        b.warm_up().unwrap();
+        assert_eq!(b.pages().unwrap().0, 0, "warm-up left pages taken");
+        assert!((0..8).all(|i| b.slot_tokens(i).is_empty()));
+    }
 }
 
 /// Our cache rows (kv_row_bytes: quants, then f16 scales) from ggml blocks (34 or 18 bytes), and

@@ -4,6 +4,7 @@
 //! needs no re-capture), and prompts through one prefill engine (a [`CudaSession`] pointed at the
 //! slot's region). Greedy choices for every row come back in one copy per step.
 
+use super::session::Packed;
 use super::*;
 use crate::pages::PagePool;
 use crate::runner::{check_tokens, Logits, Memory, Part, Runner};
@@ -87,6 +88,14 @@ pub fn full_pool(slots: usize, ctx: usize) -> usize {
     slots * sequence_pages(ctx)
 }
 
+/// The prefill engine's shape for a batch of `slots` sequences of `ctx` tokens: (rows of each
+/// layer of its cache, tokens a pass takes). A pass may pack several slots' prompt chunks, so it
+/// takes up to `ubatch` tokens even where one sequence holds fewer.
+fn engine_shape(slots: usize, ctx: usize, ubatch: usize) -> (usize, usize) {
+    let ub = ubatch.clamp(1, ctx.saturating_mul(slots).max(1));
+    (ctx.max(ub), ub)
+}
+
 /// Bytes a batch of `slots` sequences of up to `ctx` tokens (prompts `ubatch` at a time, cache
 /// type `kv`) over a pool of `pages` pages allocates on the device.
 pub fn batch_bytes(
@@ -99,7 +108,8 @@ pub fn batch_bytes(
 ) -> u64 {
     // The prefill engine with its own contiguous cache (the staging rows a slot's pages are
     // gathered into for a prompt pass), the page table, the pool.
-    let engine = session_bytes(c, ctx, ubatch, kv) as usize;
+    let (ectx, ub) = engine_shape(slots, ctx, ubatch);
+    let engine = session_bytes(c, ectx, ub, kv) as usize;
     let table = 4 * slots * ctx.div_ceil(PAGE);
     let rows = step_rows(slots);
     let logits = 4 * rows * (c.vocab_size + 1);
@@ -212,6 +222,24 @@ const BLAS_FROM: usize = 33;
 /// against 1013, 16 rows 2805 against 1789 (tensor cores); docs/benchmarks.md.
 const BLAS_FROM_COPY: usize = 5;
 
+/// One part a slot, slot i reading `toks[i]` with its last logits (warm-up and profiles).
+fn slot_parts(toks: &[Vec<u32>]) -> Vec<Part<'_>> {
+    toks.iter()
+        .enumerate()
+        .map(|(slot, t)| Part {
+            slot,
+            tokens: t,
+            logits: Logits::Last,
+        })
+        .collect()
+}
+
+/// `MENS_CUDA_PACK=0`: every prompt chunk in a pass of its own (the arithmetic of a request
+/// alone; for measuring what packing gains).
+fn packing_off() -> bool {
+    std::env::var("MENS_CUDA_PACK").is_ok_and(|v| v == "0")
+}
+
 /// Smallest bucket run through cuBLAS: `MENS_CUDA_BLAS_FROM` (for measurements), else
 /// [`BLAS_FROM_COPY`] with an f16 weight copy and [`BLAS_FROM`] without.
 fn blas_from(copy: bool) -> usize {
@@ -233,6 +261,11 @@ pub struct CudaBatch {
     /// Rows a decode step holds (`step_rows`).
     rows: usize,
     ctx: usize,
+    /// Rows of each layer of the prefill engine's cache (`ctx`, or more where a pass packs
+    /// several slots' prompt chunks: [`engine_shape`]).
+    ectx: usize,
+    /// Prompt chunks of several slots share a pass (`MENS_CUDA_PACK=0` turns it off).
+    pack: bool,
     ubatch: usize,
     step_tokens: usize,
     /// What the pool stores (K and V alike).
@@ -342,7 +375,7 @@ impl CudaBatch {
     ) -> Result<(Self, String)> {
         let mut copy = String::new();
         if copy_allowed && f16_copy_pays(slots, BatchKernels::from_env()) {
-            let batch = batch_bytes(&model.config, slots, ctx, ubatch.clamp(1, ctx), kv, pages);
+            let batch = batch_bytes(&model.config, slots, ctx, ubatch, kv, pages);
             copy = match model.make_f16_copy(batch + F16_HEADROOM)? {
                 Some(b) => format!("f16 weight copy {} MiB", b >> 20),
                 None => format!(
@@ -352,8 +385,45 @@ impl CudaBatch {
                 ),
             };
         }
-        let b = Self::with_pool(model, slots, ctx, ubatch, step_tokens, kv, pages)?;
+        let mut b = Self::with_pool(model, slots, ctx, ubatch, step_tokens, kv, pages)?;
+        b.warm_up()?;
         Ok((b, copy))
+    }
+
+    /// Run the steps a burst of requests starts with (prompts packed into one pass, a prompt
+    /// alone, a decode step of them all) and forget them, so that the first requests do not pay
+    /// for cuBLAS loading its kernels on first use (measured on the H200: 565 against 727 ms TTFT
+    /// p99 for 64 requests at once on the 7B; docs/benchmarks.md, session 24). llama-server warms
+    /// up at startup the same way.
+    pub fn warm_up(&mut self) -> Result<()> {
+        let len = 256.min(self.ctx.saturating_sub(1));
+        let per = sequence_pages(len + 1);
+        let n = self.slots.min(8).min(self.pool.pages() / per);
+        if len < 2 || n == 0 {
+            return Ok(());
+        }
+        let v = self.model.config.vocab_size;
+        let prompts: Vec<Vec<u32>> = (0..n)
+            .map(|i| (0..len).map(|j| ((i * 31 + j * 17) % v) as u32).collect())
+            .collect();
+        let forget = |b: &mut Self| {
+            for i in 0..n {
+                b.truncate_slot(i, 0);
+                b.release(i);
+            }
+        };
+        forget(self);
+        let r = (|| {
+            self.step(&mut slot_parts(&prompts))?;
+            let next: Vec<Vec<u32>> = (0..n).map(|i| vec![i as u32 % v as u32]).collect();
+            self.step(&mut slot_parts(&next))?;
+            self.truncate_slot(0, 0);
+            self.step(&mut slot_parts(&prompts[..1]))?;
+            self.model.dev.sync()
+        })();
+        forget(self);
+        self.pending = false;
+        r
     }
 
     /// As [`CudaBatch::new`], with a cache that stores K and V as `kv` (see [`check_cache`]).
@@ -395,7 +465,7 @@ impl CudaBatch {
                 sequence_pages(ctx)
             )));
         }
-        let ubatch = ubatch.clamp(1, ctx);
+        let (ectx, ubatch) = engine_shape(slots, ctx, ubatch);
         let need = batch_bytes(&c, slots, ctx, ubatch, kv, pages);
         let dev = model.dev.clone();
         let (free, _) = dev.mem_info()?;
@@ -407,7 +477,7 @@ impl CudaBatch {
                 free >> 20
             )));
         }
-        let engine = CudaSession::engine(model.clone(), ctx, ubatch, kv)?;
+        let engine = CudaSession::engine(model.clone(), ectx, ubatch, kv)?;
         let (d, q, f, v) = (c.dim, c.q_dim(), c.ffn_dim, c.vocab_size);
         let wide = d.max(q);
         let splits = ctx.div_ceil(SPLIT);
@@ -419,7 +489,7 @@ impl CudaBatch {
             Ok(b)
         };
         let pool = pages * page_bytes(&c, kv);
-        let stage = super::session::cache_bytes(&c, ctx, kv) / 2;
+        let stage = super::session::cache_bytes(&c, ectx, kv) / 2;
         let host_len = 4 * s + slots + 2;
         let host = unsafe { drv::malloc_host(4 * host_len, 0) }
             .map_err(|e| err("pinned memory", e))? as *mut i32;
@@ -480,6 +550,8 @@ impl CudaBatch {
             slots,
             rows: s,
             ctx,
+            ectx,
+            pack: !packing_off(),
             ubatch,
             step_tokens: step_tokens.max(slots),
         };
@@ -507,8 +579,57 @@ impl CudaBatch {
                 }
             }
             b.kernels = chosen;
+            // And a step of prompts alone: one 256-token prompt, then eight packed together.
+            for n in [1usize, 8] {
+                if n <= slots && 256 <= ctx {
+                    b.print_prompt_profile(n, 256)?;
+                }
+            }
         }
         Ok(b)
+    }
+
+    /// Time each kernel of a step that prefills `n` prompts of `len` tokens (slots 0..n, which
+    /// must be idle; emptied after), printed to stderr. Host work between launches (uploads, page
+    /// tables) counts toward the launch after it.
+    fn print_prompt_profile(&mut self, n: usize, len: usize) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        let prompts: Vec<Vec<u32>> = (0..n)
+            .map(|i| {
+                (0..len)
+                    .map(|j| ((i * 7919 + j * 104_729) % v) as u32)
+                    .collect()
+            })
+            .collect();
+        let dev = self.model.dev.clone();
+        let totals = dev.time_kernels(3, || {
+            for i in 0..n {
+                self.truncate_slot(i, 0);
+            }
+            self.step(&mut slot_parts(&prompts))?;
+            Ok(0)
+        });
+        for i in 0..n {
+            self.truncate_slot(i, 0);
+        }
+        let totals = totals?;
+        let all: f64 = totals.iter().map(|t| t.us).sum::<f64>();
+        eprintln!(
+            "mens: profile, {n} prompts of {len} tokens in one step (packed: {}): {:.0} µs ({:.0} tokens/s)",
+            self.pack,
+            all,
+            (n * len) as f64 * 1e6 / all
+        );
+        for t in totals {
+            eprintln!(
+                "mens:   {:<40} {:>4} calls {:>9.1} µs {:>5.1}%",
+                t.name,
+                t.calls,
+                t.us,
+                100.0 * t.us / all
+            );
+        }
+        Ok(())
     }
 
     /// Time each kernel of a decode step over `bp` rows at position `at` (kernels launched one by
@@ -561,7 +682,7 @@ impl CudaBatch {
 
     /// Bytes between two layers' rows in the engine's contiguous cache.
     fn stage_layer(&self) -> u64 {
-        (self.ctx * self.row_bytes()) as u64
+        (self.ectx * self.row_bytes()) as u64
     }
 
     /// Before slot `slot` writes rows `from..to`: pages for them, its own copy of any shared page
@@ -617,6 +738,18 @@ impl CudaBatch {
 
     /// Rows `from..from + n` of every layer of a slot between its pages and the engine's cache.
     fn move_rows(&self, slot: usize, from: usize, n: usize, to_pool: bool) -> Result<()> {
+        self.move_rows_at(slot, 0, from, n, to_pool)
+    }
+
+    /// As [`CudaBatch::move_rows`], the slot's row 0 at row `at` of the engine's cache.
+    fn move_rows_at(
+        &self,
+        slot: usize,
+        at: usize,
+        from: usize,
+        n: usize,
+        to_pool: bool,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -624,7 +757,7 @@ impl CudaBatch {
         let pt = self.table.at(4 * slot * self.max_pages);
         launch!(dev, kv_pages_copy, (n as u32, self.model.config.n_layer as u32), 128;
             self.kc.ptr, self.vc.ptr, self.stage_k.ptr, self.stage_v.ptr, pt, self.page_stride(),
-            self.row_bytes() as i32, self.ctx as i32, from as i32, to_pool as i32)
+            self.row_bytes() as i32, self.ectx as i32, at as i32, from as i32, to_pool as i32)
     }
 
     /// Make the engine's cache hold the slot's rows (gathering those it lacks).
@@ -990,6 +1123,79 @@ impl CudaBatch {
         Ok(())
     }
 
+    /// The parts that go through the prefill engine: prompt chunks packed into passes of up to
+    /// `ubatch` tokens whose rows fit the engine's cache; a part alone in its pass, a single
+    /// token (the decode arithmetic) or one that wants every position's logits by itself.
+    fn run_prompts(&mut self, parts: &mut [Part], idx: &[usize]) -> Result<()> {
+        let mut group: Vec<usize> = Vec::new();
+        let (mut rows, mut toks) = (0, 0);
+        for &i in idx {
+            let p = &parts[i];
+            let (len, t) = (self.tokens[p.slot].len(), p.tokens.len());
+            let packable = t >= 2
+                && t <= self.ubatch
+                && matches!(p.logits, Logits::Last | Logits::None)
+                && self.pack;
+            if !packable {
+                let logits = std::mem::replace(&mut parts[i].logits, Logits::None);
+                self.run_engine(parts[i].slot, parts[i].tokens, logits)?;
+                continue;
+            }
+            if rows + len + t > self.ectx || toks + t > self.ubatch {
+                self.run_group(parts, &group)?;
+                group.clear();
+                (rows, toks) = (0, 0);
+            }
+            group.push(i);
+            rows += len + t;
+            toks += t;
+        }
+        self.run_group(parts, &group)
+    }
+
+    /// One pass over the prompt chunks of `group` (indices into `parts`): a lone part through
+    /// [`CudaBatch::run_engine`], several packed ([`CudaSession::prefill_packed`]) with each
+    /// slot's rows gathered into the engine's cache one after another and its new rows scattered
+    /// back after.
+    fn run_group(&mut self, parts: &mut [Part], group: &[usize]) -> Result<()> {
+        match group {
+            [] => return Ok(()),
+            &[i] => {
+                let logits = std::mem::replace(&mut parts[i].logits, Logits::None);
+                return self.run_engine(parts[i].slot, parts[i].tokens, logits);
+            }
+            _ => {}
+        }
+        self.chain = None;
+        self.staged = None;
+        let mut seqs = Vec::with_capacity(group.len());
+        let mut off = 0;
+        for &i in group {
+            let p = &parts[i];
+            let len = self.tokens[p.slot].len();
+            self.move_rows_at(p.slot, off, 0, len, false)?;
+            let want = matches!(p.logits, Logits::Last);
+            seqs.push(Packed {
+                off,
+                pos0: len,
+                tokens: p.tokens,
+                logits_row: want.then_some(p.slot),
+            });
+            off += len + p.tokens.len();
+        }
+        let (kc, vc) = (self.stage_k.ptr, self.stage_v.ptr);
+        self.engine
+            .prefill_packed(kc, vc, &seqs, (self.logits.ptr, self.ids.ptr))?;
+        for (s, &i) in seqs.iter().zip(group) {
+            let slot = parts[i].slot;
+            self.move_rows_at(slot, s.off, s.pos0, s.tokens.len(), true)?;
+            self.tokens[slot].extend_from_slice(s.tokens);
+            self.ready[slot] = s.logits_row.is_some();
+            parts[i].logits = Logits::None;
+        }
+        Ok(())
+    }
+
     /// Pick a slot's next token on the device (top-k and the rest) from logits row `row` (the
     /// slot's, or a penalised copy): one 4-byte read-back.
     fn sample_device(&mut self, slot: usize, row: usize, d: DeviceSampling) -> Result<u32> {
@@ -1091,6 +1297,11 @@ impl CudaBatch {
             self.capture(bp)?;
         }
         Ok(())
+    }
+
+    /// Whether prompt chunks of several slots share a pass (on unless `MENS_CUDA_PACK=0`).
+    pub fn set_packing(&mut self, on: bool) {
+        self.pack = on;
     }
 
     /// A slot's last logits (what its next token is sampled from), copied to the host.
@@ -1280,6 +1491,7 @@ impl Runner for CudaBatch {
         // pool's rows are stored by the attention kernel of their own row, too late for the
         // slot's later rows) and the step has room; the rest through the prefill engine.
         let mut verify = Vec::new();
+        let mut prompts = Vec::new();
         for (i, p) in parts.iter_mut().enumerate() {
             self.ready[p.slot] = false;
             if p.tokens.len() == 1 && !p.logits.every() {
@@ -1298,9 +1510,9 @@ impl Runner for CudaBatch {
                 verify.push((i, first));
                 continue;
             }
-            let logits = std::mem::replace(&mut p.logits, Logits::None);
-            self.run_engine(p.slot, p.tokens, logits)?;
+            prompts.push(i);
         }
+        self.run_prompts(parts, &prompts)?;
         if let ([(slot, t, _)], BatchKernels::Auto, true) =
             (&rows[..], self.kernels, verify.is_empty())
         {

@@ -110,6 +110,7 @@ kernels!(
     flash_prefill64,
     flash_prefill128,
     swiglu_f16,
+    swiglu_h16,
     argmax,
     topk_partial,
     sample_final,

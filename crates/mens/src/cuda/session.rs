@@ -102,6 +102,9 @@ pub struct CudaSession {
     probs: Buf,
     o: Buf,
     toks: Buf,
+    /// A packed pass's positions ([`CudaSession::prefill_packed`]): each sequence's first, then
+    /// each token's (position, cache row).
+    pos_many: Buf,
     pinned: *mut i32,
     graph: Option<sys::CUgraphExec>,
     /// The token id the device holds as the next step's input (sampled there).
@@ -149,7 +152,7 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
     let f16_rows = 2 * f16_copy_bytes(c, ctx, kv);
     let rope = 2 * ctx * c.head_dim / 2 * 4;
     let dec = 4 * (b * d + b * row)
-        + d.max(q) * 2
+        + HEAD_ROWS * d.max(q) * 2
         + f * 2
         + splits * c.n_head * (c.head_dim + 2) * 4
         + v * 4;
@@ -161,8 +164,22 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
         + 2 * b * q
         + c.n_head * att_queries(c, ctx, b) * ctx * 6
         + 4 * b * q
-        + 4 * b;
+        + 20 * b;
     (kvc + f16_rows + rope + dec + pre + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
+}
+
+/// Rows the LM head of a packed prompt pass takes at once (the batched kernel's widest tile).
+const HEAD_ROWS: usize = 8;
+
+/// One sequence of a packed prompt pass ([`CudaSession::prefill_packed`]).
+pub(super) struct Packed<'a> {
+    /// Its row 0 in every layer of the pass's cache.
+    pub off: usize,
+    /// Rows it already holds (the position of its first new token).
+    pub pos0: usize,
+    pub tokens: &'a [u32],
+    /// The row of the pass's logits (and greedy ids) that gets its last token's, if wanted.
+    pub logits_row: Option<usize>,
 }
 
 impl CudaSession {
@@ -238,8 +255,8 @@ impl CudaSession {
             sin: dev.upload(&rope.sin)?,
             x: a(4 * b * d)?,
             qkv: a(4 * b * row)?,
-            aq: a(d.max(q))?,
-            ad: a(8 * d.max(q) / 32)?,
+            aq: a(HEAD_ROWS * d.max(q))?,
+            ad: a(HEAD_ROWS * 8 * d.max(q) / 32)?,
             hq: a(f)?,
             hd: a(8 * f / 32)?,
             part_o: a(4 * splits * c.n_head * c.head_dim)?,
@@ -262,6 +279,7 @@ impl CudaSession {
             probs: a(2 * c.n_head * att_queries(&c, ctx, b) * ctx)?,
             o: a(4 * b * q)?,
             toks: a(4 * b)?,
+            pos_many: a(16 * b)?,
             k16: a(f16_copy_bytes(&c, ctx, kvt))?,
             v16: a(f16_copy_bytes(&c, ctx, kvt))?,
             kv: kvt,
@@ -539,7 +557,7 @@ impl CudaSession {
                     self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk_norm.ptr, eps)?;
                 launch!(dev, rope_store, (1, 1), 256;
                     self.qkv.ptr, 0u64, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
-                    c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, 0u64, 1i32)?;
+                    c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, 0u64, 1i32, 0u64)?;
                 unfused += 2;
             } else {
                 launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
@@ -650,6 +668,46 @@ impl CudaSession {
         ldo: usize,
         add: bool,
     ) -> Result<()> {
+        self.gemm(mats, x16, t, out, ldo, add, false)
+    }
+
+    /// A prompt pass's gate and up GEMM, then SwiGLU into h16. Gate and up are written in f16
+    /// where the FFN width allows the 8-wide kernel (half the bytes of f32 through memory,
+    /// and they are rounded to f16 in h16 anyway).
+    fn gate_up(&self, l: &super::model::GpuLayer, t: usize) -> Result<()> {
+        let dev = &self.model.dev;
+        let f = self.model.config.ffn_dim;
+        let half = f % 8 == 0;
+        self.gemm(
+            &[&l.gate, &l.up],
+            self.xb16.ptr,
+            t,
+            self.gu.ptr,
+            2 * f,
+            false,
+            half,
+        )?;
+        if half {
+            launch!(dev, swiglu_h16, ((t * f / 8).div_ceil(256) as u32, 1), 256;
+                self.gu.ptr, f as i32, t as i32, self.h16.ptr)
+        } else {
+            launch!(dev, swiglu_f16, ((t * f).div_ceil(256) as u32, 1), 256;
+                self.gu.ptr, f as i32, t as i32, self.h16.ptr)
+        }
+    }
+
+    /// As [`CudaSession::linear`], the output in f16 when `out16`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        mats: &[&Mat],
+        x16: u64,
+        t: usize,
+        out: u64,
+        ldo: usize,
+        add: bool,
+        out16: bool,
+    ) -> Result<()> {
         let dev = &self.model.dev;
         let cols = mats[0].cols;
         let rows: usize = mats.iter().map(|m| m.seg.rows as usize).sum();
@@ -684,24 +742,50 @@ impl CudaSession {
                 cols as i32,
                 &beta as *const f32 as *const c_void,
                 out as *mut c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                if out16 {
+                    blas_sys::cudaDataType::CUDA_R_16F
+                } else {
+                    blas_sys::cudaDataType::CUDA_R_32F
+                },
                 ldo as i32,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
         .map_err(|e| err("cuBLAS GEMM", e))?;
-        dev.mark("cuBLAS GEMM")
+        dev.mark(match mats.len() {
+            3 => "cuBLAS GEMM (QKV)",
+            2 => "cuBLAS GEMM (gate/up)",
+            _ if cols == self.model.config.ffn_dim => "cuBLAS GEMM (down)",
+            _ if rows == self.model.config.vocab_size => "cuBLAS GEMM (LM head)",
+            _ => "cuBLAS GEMM (O)",
+        })
     }
 
     /// Causal attention of `t` new queries (Q grouped by KV head in `qperm`) against the first
-    /// pos0 + t cache entries of layer `li`, into xb16 as [t][q_dim] f16. Queries go in
-    /// sub-batches of `att_queries` so that the score buffer stays within SCORE_BYTES.
+    /// pos0 + t cache entries of layer `li`, into xb16 as [t][q_dim] f16.
     fn attention_prefill(&self, li: usize, t: usize, pos0: usize) -> Result<()> {
+        let (kc, vc) = self.layer_cache(li);
+        self.attention_gemm((kc, vc), 0, t, pos0, self.pos.ptr, t)?;
+        self.unpermute(t)
+    }
+
+    /// Causal attention of one sequence's `t` queries, rows `a..a + t` of the pass's `total`
+    /// (Q grouped by KV head in `qperm`, O likewise into `o`), against the first pos0 + t rows
+    /// of the cache layer at (`kc`, `vc`); `pos` points at pos0 on the device. Queries go in
+    /// sub-batches of `att_queries` so that the score buffer stays within SCORE_BYTES.
+    fn attention_gemm(
+        &self,
+        (mut kc, mut vc): (u64, u64),
+        a: usize,
+        t: usize,
+        pos0: usize,
+        pos: u64,
+        total: usize,
+    ) -> Result<()> {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
-        let (mut kc, mut vc) = self.layer_cache(li);
         if let Some(f) = dev.kv_to_f16(self.kv) {
             // A quantized cache: its rows as f16 first (the GEMMs read f16).
             launch!(dev, [f], ((pos0 + t) as u32, 2), 128;
@@ -726,9 +810,10 @@ impl CudaSession {
             let n = per.min(t - t0);
             let l = pos0 + t0 + n; // keys the last query of this sub-batch sees
             let rows = n * g;
-            // Per KV head: Q rows of this sub-batch start at t0 * g; batch strides cover all t.
-            let q = self.qperm.ptr + (2 * t0 * g * hd) as u64;
-            let o = self.o.ptr + (4 * t0 * g * hd) as u64;
+            // Per KV head: Q rows of this sub-batch start at (a + t0) * g; batch strides cover
+            // the whole pass.
+            let q = self.qperm.ptr + (2 * (a + t0) * g * hd) as u64;
+            let o = self.o.ptr + (4 * (a + t0) * g * hd) as u64;
             unsafe {
                 // S[kvh] (col-major l × rows) = K[kvh]ᵀ-view · Q[kvh]
                 blas::gemm_strided_batched_ex(
@@ -746,7 +831,7 @@ impl CudaSession {
                     q as *const c_void,
                     f16,
                     hd as i32,
-                    (t * g * hd) as i64,
+                    (total * g * hd) as i64,
                     &zero as *const f32 as *const c_void,
                     self.scores.ptr as *mut c_void,
                     f32t,
@@ -758,9 +843,10 @@ impl CudaSession {
                 )
             }
             .map_err(|e| err("cuBLAS batched GEMM (scores)", e))?;
+            dev.mark("attention GEMM (scores)")?;
             launch!(dev, softmax_causal, ((c.n_kv_head * rows) as u32, 1), 256;
                 self.scores.ptr, self.probs.ptr, l as i32, l as i32, g as i32, n as i32,
-                self.pos.ptr, t0 as i32)?;
+                pos, t0 as i32)?;
             unsafe {
                 // O[kvh] (col-major hd × rows) = V[kvh] (hd × l view) · P[kvh] (l × rows)
                 blas::gemm_strided_batched_ex(
@@ -783,14 +869,25 @@ impl CudaSession {
                     o as *mut c_void,
                     f32t,
                     hd as i32,
-                    (t * g * hd) as i64,
+                    (total * g * hd) as i64,
                     c.n_kv_head as i32,
                     blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
             }
             .map_err(|e| err("cuBLAS batched GEMM (values)", e))?;
+            dev.mark("attention GEMM (values)")?;
         }
+        Ok(())
+    }
+
+    /// The attention output O ([kv_head][t][g][hd] f32) of a pass of `t` tokens into xb16 as
+    /// [t][q_dim] f16.
+    fn unpermute(&self, t: usize) -> Result<()> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
+        let hd = c.head_dim;
         let n = t * c.q_dim();
         launch!(dev, unpermute_f16, (n.div_ceil(256) as u32, 1), 256;
             self.o.ptr, self.xb16.ptr, c.n_head as i32, c.n_kv_head as i32, hd as i32, t as i32)
@@ -799,22 +896,28 @@ impl CudaSession {
     /// Causal attention of the `t` new queries (rotated, in `qkv`) against the first pos0 + t
     /// cache entries of layer `li` (flash-attention kernel), into xb16 as [t][q_dim] f16.
     fn attention_flash(&self, li: usize, t: usize) -> Result<()> {
+        self.attention_flash_at(self.layer_cache(li), 0, t, self.pos.ptr)
+    }
+
+    /// As [`CudaSession::attention_flash`] for rows `a..a + t` of a pass (one sequence of a
+    /// packed pass), on the cache layer at (`kc`, `vc`), its pos0 at `pos` on the device.
+    fn attention_flash_at(&self, (kc, vc): (u64, u64), a: usize, t: usize, pos: u64) -> Result<()> {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
-        let (kc, vc) = self.layer_cache(li);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let grid = (t.div_ceil(FA_Q) as u32, c.n_head as u32);
+        let row = c.q_dim() + 2 * c.kv_dim();
         let args = (
-            self.qkv.ptr,
+            self.qkv.at(4 * a * row),
             kc,
             vc,
-            self.pos.ptr,
+            pos,
             t as i32,
             c.n_head as i32,
             c.n_kv_head as i32,
             scale,
-            self.xb16.ptr,
+            self.xb16.at(2 * a * c.q_dim()),
         );
         launch!(dev, [dev.flash_prefill(c.head_dim, self.kv)], grid, 256;
             args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)
@@ -838,7 +941,7 @@ impl CudaSession {
         let c = &m.config;
         let t = toks.len();
         let pos0 = self.tokens.len();
-        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let (d, q, kv) = (c.dim, c.q_dim(), c.kv_dim());
         let row = q + 2 * kv;
         let eps = c.rms_eps;
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
@@ -867,10 +970,10 @@ impl CudaSession {
             }
             launch!(dev, rope_store, (t as u32, 1), 256;
                 self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
-                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32)?;
+                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32, 0u64)?;
             if let Some(kq) = quant {
                 launch!(dev, [kq], (t as u32, 2), 256;
-                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos.ptr, kc, vc)?;
+                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos.ptr, kc, vc, 0u64)?;
             }
             if flash_prefill() {
                 self.attention_flash(li, t)?;
@@ -880,17 +983,7 @@ impl CudaSession {
             self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false)?;
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
-            self.linear(
-                &[&l.gate, &l.up],
-                self.xb16.ptr,
-                t,
-                self.gu.ptr,
-                2 * f,
-                false,
-            )?;
-            let n = t * f;
-            launch!(dev, swiglu_f16, (n.div_ceil(256) as u32, 1), 256;
-                self.gu.ptr, f as i32, t as i32, self.h16.ptr)?;
+            self.gate_up(l, t)?;
             self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false)?;
             let norm = m
                 .layers
@@ -905,6 +998,165 @@ impl CudaSession {
             self.head(t as i32)?;
         }
         self.tokens.extend_from_slice(toks);
+        Ok(())
+    }
+
+    /// One prompt pass over several sequences' tokens (a batch's prompt chunks): the matrices
+    /// run as one GEMM over all of them, RoPE, the cache writes and attention per sequence, on
+    /// the cache at (`kc`, `vc`) (this session's layout: `ctx` rows a layer), each sequence's rows
+    /// from its `off`. Fewer, larger GEMMs than a pass per sequence: what keeps time to first token
+    /// low when many prompts arrive at once.
+    ///
+    /// `out`: (logits [rows][vocab] f32, greedy ids [rows] i32), the rows named by the sequences.
+    pub(super) fn prefill_packed(
+        &mut self,
+        kc: u64,
+        vc: u64,
+        seqs: &[Packed],
+        out: (u64, u64),
+    ) -> Result<()> {
+        let t: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if t == 0
+            || t > self.ubatch
+            || seqs
+                .iter()
+                .any(|s| s.tokens.is_empty() || s.off + s.pos0 + s.tokens.len() > self.ctx)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a packed prompt pass takes 1 to {} tokens, each sequence within {} cache rows",
+                self.ubatch, self.ctx
+            )));
+        }
+        let vocab = self.model.config.vocab_size;
+        for s in seqs {
+            crate::runner::check_tokens(s.pos0, self.ctx, s.tokens, vocab)?;
+        }
+        self.model.dev.bind()?;
+        if self.kv_ext != Some((kc, vc)) {
+            self.kv_ext = Some((kc, vc));
+            if let Some(g) = self.graph.take() {
+                unsafe {
+                    let _ = drv::graph::exec_destroy(g);
+                }
+            }
+        }
+        // The device's position and token are no longer this session's own.
+        self.pos_synced = false;
+        self.dev_tok = None;
+        self.logits_valid = false;
+        let m = self.model.clone();
+        let dev = &m.dev;
+        let c = &m.config;
+        let (d, q, kv) = (c.dim, c.q_dim(), c.kv_dim());
+        let row = q + 2 * kv;
+        let eps = c.rms_eps;
+        let neox = (c.rope_style == RopeStyle::Neox) as i32;
+        let rb = kv_row_bytes(self.kv, kv) as u64;
+        let ids: Vec<i32> = seqs
+            .iter()
+            .flat_map(|s| s.tokens.iter().map(|&x| x as i32))
+            .collect();
+        // pos_many: each sequence's pos0, each token's (position, cache row), the logits rows.
+        let mut pos: Vec<i32> = seqs.iter().map(|s| s.pos0 as i32).collect();
+        for s in seqs {
+            for j in 0..s.tokens.len() {
+                pos.extend([(s.pos0 + j) as i32, (s.off + s.pos0 + j) as i32]);
+            }
+        }
+        let orow_at = pos.len();
+        pos.extend(seqs.iter().filter_map(|s| s.logits_row.map(|r| r as i32)));
+        dev.write(&self.toks, 0, &ids)?;
+        dev.write(&self.pos_many, 0, &pos)?;
+        let rows = self.pos_many.at(4 * seqs.len());
+        let starts: Vec<usize> = seqs
+            .iter()
+            .scan(0, |a, s| {
+                let at = *a;
+                *a += s.tokens.len();
+                Some(at)
+            })
+            .collect();
+        launch!(dev, embed, (t as u32, 1), 128; m.embedding.seg, d as i32, self.toks.ptr, self.x.ptr)?;
+        launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
+            self.x.ptr, 0u64, m.layers[0].attn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
+        let quant = dev.kv_quant(self.kv);
+        let flash = flash_prefill();
+        for (li, l) in m.layers.iter().enumerate() {
+            let (kl, vl) = self.layer_cache(li);
+            self.linear(
+                &[&l.q, &l.k, &l.v],
+                self.xb16.ptr,
+                t,
+                self.qkv.ptr,
+                row,
+                false,
+            )?;
+            let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
+            if let Some((wq, wk)) = &l.qk_norm {
+                launch!(dev, qk_norm, (t as u32, (c.n_head + c.n_kv_head) as u32), 128;
+                    self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
+            }
+            // RoPE and the cache writes for every token at once (each at its own position and
+            // cache row); attention per sequence.
+            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kl, vl) };
+            launch!(dev, rope_store, (t as u32, 1), 256;
+                self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos_many.ptr, c.n_head as i32,
+                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32, rows)?;
+            if let Some(kq) = quant {
+                launch!(dev, [kq], (t as u32, 2), 256;
+                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos_many.ptr, kl, vl, rows)?;
+            }
+            for (i, s) in seqs.iter().enumerate() {
+                let (a, n) = (starts[i], s.tokens.len());
+                let (ks, vs) = (kl + s.off as u64 * rb, vl + s.off as u64 * rb);
+                let p = self.pos_many.at(4 * i);
+                if flash {
+                    self.attention_flash_at((ks, vs), a, n, p)?;
+                } else {
+                    self.attention_gemm((ks, vs), a, n, s.pos0, p, t)?;
+                }
+            }
+            if !flash {
+                self.unpermute(t)?;
+            }
+            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false)?;
+            launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
+                self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
+            self.gate_up(l, t)?;
+            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false)?;
+            let norm = m
+                .layers
+                .get(li + 1)
+                .map_or(&m.output_norm, |n| &n.attn_norm);
+            launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
+                self.x.ptr, self.tmp.ptr, norm.ptr, eps, d as i32, self.xb16.ptr)?;
+        }
+        // The last logits of the sequences that want them, HEAD_ROWS at a time through the
+        // batched LM head (each weight block read once for all; the matrix-vector bits of a
+        // one-sequence pass), and each one's greedy id.
+        let v = c.vocab_size;
+        let want: Vec<(usize, usize)> = seqs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.logits_row.map(|r| (starts[i] + s.tokens.len() - 1, r)))
+            .collect();
+        for (k, chunk) in want.chunks(HEAD_ROWS).enumerate() {
+            for (j, &(last, _)) in chunk.iter().enumerate() {
+                launch!(dev, rmsnorm_q8, norm_grid(1, d), 1024;
+                    self.x.at(4 * last * d), m.output_norm.ptr, eps, d as i32, self.aq.at(j * d),
+                    self.ad.at(8 * j * d / 32))?;
+            }
+            let b = chunk.len();
+            let orow = self.pos_many.at(4 * (orow_at + k * HEAD_ROWS));
+            launch!(dev, (dev.matmul_q8(b)) as "matmul_q8 (LM head)", Device::q8_grid(v), 128;
+                m.head().seg, Seg::NONE, Seg::NONE, d as i32, self.aq.ptr, self.ad.ptr, b as i32,
+                out.0, v as i32, orow, 0u64, 0i32)?;
+            for &(_, r) in chunk {
+                launch!(dev, argmax, (ARGMAX_BLOCKS as u32, 1), 1024;
+                    out.0 + (4 * r * v) as u64, v as i32, self.partial.ptr, self.counter.ptr,
+                    self.tok.ptr, out.1 + 4 * r as u64, self.pos.ptr, 0i32)?;
+            }
+        }
         Ok(())
     }
 

@@ -203,6 +203,23 @@ impl Device {
         Ok((q, row(&kc)?, row(&vc)?))
     }
 
+    /// SwiGLU of `ntok` rows of gate and up values given in f16 ([t][gate f | up f], as prefill's
+    /// GEMM writes them) with the 8-wide kernel: h [t][f] as f32 (from its f16 output).
+    pub fn test_swiglu_h16(&self, gu: &[half::f16], f: usize, ntok: usize) -> Result<Vec<f32>> {
+        self.bind()?;
+        let bits: Vec<u16> = gu.iter().map(|x| x.to_bits()).collect();
+        let x = self.upload(&bits)?;
+        let h = self.upload(&vec![0xFFFFu16; ntok * f])?;
+        launch!(self, swiglu_h16, ((ntok * f / 8).div_ceil(256) as u32, 1), 256;
+            x.ptr, f as i32, ntok as i32, h.ptr)?;
+        let mut out = vec![0u16; ntok * f];
+        self.read(&h, 0, &mut out)?;
+        Ok(out
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect())
+    }
+
     /// `rows` rows of K and V values (f32, [rows][kv_dim] each) stored as cache rows of type `t`
     /// by the kv_quant kernel (positions 0..rows): the K and V cache bytes (kv_row_bytes a row).
     pub fn test_kv_quant(
@@ -231,7 +248,7 @@ impl Device {
             .kv_quant(t)
             .ok_or_else(|| Error::InvalidArgument("f16 has no quantizer".into()))?;
         launch!(self, [f], (rows as u32, 2), 256;
-            x.ptr, row as i32, kvd as i32, kvd as i32, p.ptr, kc.ptr, vc.ptr)?;
+            x.ptr, row as i32, kvd as i32, kvd as i32, p.ptr, kc.ptr, vc.ptr, 0u64)?;
         let (mut ko, mut vo) = (vec![0u8; rows * rb], vec![0u8; rows * rb]);
         self.read(&kc, 0, &mut ko)?;
         self.read(&vc, 0, &mut vo)?;

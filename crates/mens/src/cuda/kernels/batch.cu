@@ -845,13 +845,13 @@ extern "C" __global__ void rope_store_b(float* qkv, const float* bias, const flo
 
 // Rows from, from + 1, ... (blockIdx.x) of every layer (blockIdx.y) of one sequence between the
 // paged pool (pk, pv: layer 0 of page 0; pt: the sequence's page table) and a contiguous cache
-// (ck, cv: [layer][ctx] rows, as a session's): into the pool when to_pool, else out of it.
-// rb (a row's bytes) is a multiple of 16. Block 128.
+// (ck, cv: [layer][ctx] rows, as a session's; the sequence's row 0 at row `at`): into the pool
+// when to_pool, else out of it. rb (a row's bytes) is a multiple of 16. Block 128.
 extern "C" __global__ void kv_pages_copy(u8* pk, u8* pv, u8* ck, u8* cv, const int* pt, u64 page_bytes, int rb,
-                                         int ctx, int from, int to_pool) {
+                                         int ctx, int at, int from, int to_pool) {
   int p = from + blockIdx.x, l = blockIdx.y;
   u64 po = (u64)pt[p / SPLIT] * page_bytes + ((u64)l * SPLIT + p % SPLIT) * rb;
-  u64 co = ((u64)l * ctx + p) * rb;
+  u64 co = ((u64)l * ctx + at + p) * rb;
   uint4 *a = (uint4*)(pk + po), *b = (uint4*)(ck + co), *c = (uint4*)(pv + po), *d = (uint4*)(cv + co);
   for (int i = threadIdx.x; i < rb / 16; i += blockDim.x) {
     if (to_pool) {

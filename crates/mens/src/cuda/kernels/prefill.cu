@@ -152,14 +152,17 @@ extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
 // quantized cache: K rotated in place in qkv, where kv_quant or the decode attention kernel
 // stores it from; V stays there). Q is rounded to
 // f16 (as llama.cpp's flash attention reads it); with qperm it is also written in f16, grouped by
-// KV head ([kv_head][t][j][hd]) for the prefill GEMMs. Grid: tokens; block: 256 threads.
+// KV head ([kv_head][t][j][hd]) for the prefill GEMMs. With `rows` (a packed pass of several
+// sequences), token t is at position rows[2t] and goes to cache row rows[2t + 1]; else both are
+// *pos + t. Grid: tokens; block: 256 threads.
 extern "C" __global__ void rope_store(float* qkv, const float* bias, const float* cosv, const float* sinv,
                                       const int* pos, int n_head, int n_kv_head, int hd, int neox,
-                                      u16* kc, u16* vc, u16* qperm, int ntok) {
+                                      u16* kc, u16* vc, u16* qperm, int ntok, const int* rows) {
   pdl_trigger();
   pdl_wait();
   int t = blockIdx.x;
-  int p = *pos + t;
+  int p = rows ? rows[2 * t] : *pos + t;
+  u64 cr = rows ? (u64)rows[2 * t + 1] : (u64)p;
   int qd = n_head * hd, kvd = n_kv_head * hd, row = qd + 2 * kvd, half = hd / 2;
   float* r = qkv + (u64)t * row;
   if (bias) {
@@ -189,32 +192,36 @@ extern "C" __global__ void rope_store(float* qkv, const float* bias, const float
       v[a] = y0;
       v[b] = y1;
     } else {
-      kc[(u64)p * kvd + (h - n_head) * hd + a] = f2h(y0);
-      kc[(u64)p * kvd + (h - n_head) * hd + b] = f2h(y1);
+      kc[cr * kvd + (h - n_head) * hd + a] = f2h(y0);
+      kc[cr * kvd + (h - n_head) * hd + b] = f2h(y1);
     }
   }
   if (vc)
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[(u64)p * kvd + i] = f2h(r[qd + kvd + i]);
+    for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[cr * kvd + i] = f2h(r[qd + kvd + i]);
 }
 
 // Prefill on a quantized cache (q8_0 / q4_0, see kv_row_bytes): the n rows of K and V left as f32
-// in qkv (row stride `row`; K at qd, V at qd + kvd) into cache positions *pos + t, with ggml's
-// rounding. (Decode stores its row in the attention kernel.) Grid (n, 2): K, then V; block 256, a
-// warp per block of 32 values.
+// in qkv (row stride `row`; K at qd, V at qd + kvd) into cache rows *pos + t (with `rows`, a
+// packed pass: rows[2t + 1]), with ggml's rounding. (Decode stores its row in the attention
+// kernel.) Grid (n, 2): K, then V; block 256, a warp per block of 32 values.
 template <int T>
-__device__ void kv_quant_t(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc) {
+__device__ void kv_quant_t(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc,
+                           const int* rows) {
   int t = blockIdx.x;
   const float* src = qkv + (u64)t * row + qd + blockIdx.y * kvd;
-  u8* dst = (blockIdx.y ? vc : kc) + (u64)(*pos + t) * kv_row_bytes(T, kvd);
+  u64 cr = rows ? (u64)rows[2 * t + 1] : (u64)(*pos + t);
+  u8* dst = (blockIdx.y ? vc : kc) + cr * kv_row_bytes(T, kvd);
   int lane = threadIdx.x & 31;
   for (int j = threadIdx.x >> 5; j < kvd / 32; j += blockDim.x >> 5)
     kv_store_block<T>(src[j * 32 + lane], dst, kvd, j, lane);
 }
-extern "C" __global__ void kv_quant_q8(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc) {
-  kv_quant_t<T_Q8_0>(qkv, row, qd, kvd, pos, kc, vc);
+extern "C" __global__ void kv_quant_q8(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc,
+                                       const int* rows) {
+  kv_quant_t<T_Q8_0>(qkv, row, qd, kvd, pos, kc, vc, rows);
 }
-extern "C" __global__ void kv_quant_q4(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc) {
-  kv_quant_t<T_Q4_0>(qkv, row, qd, kvd, pos, kc, vc);
+extern "C" __global__ void kv_quant_q4(const float* qkv, int row, int qd, int kvd, const int* pos, u8* kc, u8* vc,
+                                       const int* rows) {
+  kv_quant_t<T_Q4_0>(qkv, row, qd, kvd, pos, kc, vc, rows);
 }
 
 
