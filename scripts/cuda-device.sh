@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|decode|omit|llamaserver|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|decode|omit|llamaserver|ttft|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `decode`: issue 20's side by side (llama-bench, this binary with and without PDL, mens-old).
 # `omit`: what each kernel family costs inside the 7B decode graph (MENS_CUDA_OMIT).
 # `llamaserver`: issue 15's llama-server against mens serve, same load, same call.
@@ -524,6 +524,49 @@ if [ "$MODE" = llamaserver ]; then
       | grep -E "^C=|^\| [0-9]|Error|error" | sed "s/^/synth 7b, mens serve --parallel $n: /"
     stop_serve
   done | tee "$OUT/llamaserver.txt"
+fi
+
+if [ "$MODE" = ttft ]; then
+  # Time to first token under a burst (issue 15): N = $PARALLEL (default 64) clients at once on
+  # synth 7b, 256-token prompts, 256 tokens each; mens with prompt chunks packed into shared passes
+  # (default) and a pass per prompt (MENS_CUDA_PACK=0), alternating, $ROUNDS rounds (default 2);
+  # also stepK: packed with --step-tokens K; then llama-server once at each N (unless SKIP_LLAMA
+  # is set). VARIANTS picks among packed, single and stepK (default: packed single step4096).
+  m=$(synth 7b)
+  for r in $(seq "${ROUNDS:-2}"); do
+    for n in ${PARALLEL:-64}; do
+      for v in ${VARIANTS:-packed single step4096}; do
+        case $v in
+          packed) env=""; extra="" ;;
+          single) env="MENS_CUDA_PACK=0"; extra="" ;;
+          step*) env=""; extra="--step-tokens ${v#step}" ;;
+        esac
+        # shellcheck disable=SC2086
+        env $env "$BIN/mens" serve --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024 $extra \
+          > "$OUT/ttft-serve-$v.log" 2>&1 &
+        SERVE_PID=$!
+        for _ in $(seq 300); do grep -q "serving" "$OUT/ttft-serve-$v.log" && break; sleep 1; done
+        [ "$r" = 1 ] && grep -E "memory plan" "$OUT/ttft-serve-$v.log" | sed "s/^/$v: /"
+        # WARM=1: eight short requests first (what the burst then finds already loaded).
+        [ -n "${WARM:-}" ] && python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 4 \
+          --ignore-eos --temperature 0 --concurrency 8 --requests 1 >/dev/null 2>&1
+        python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+          --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/ttft-$v-$n-$r.json" 2>&1 \
+          | grep -E "^C=|Error|error" | sed "s/^/round $r, mens $v, N = $n: /"
+        stop_serve
+      done
+    done
+  done | tee "$OUT/ttft.txt"
+  [ -n "${SKIP_LLAMA:-}" ] || for n in ${PARALLEL:-64}; do
+    "$BIN/llama/llama-server" -m "$m" -ngl 99 -fa on -np "$n" -c $((n * 1024)) --port 8096 \
+      > "$OUT/llama-server-$n.log" 2>&1 &
+    lpid=$!
+    for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8096/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+    python3 scripts/load-test.py --url http://127.0.0.1:8096 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+      --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/ttft-llama-server-$n.json" 2>&1 \
+      | grep -E "^C=|Error|error" | sed "s/^/llama-server -np $n: /"
+    kill $lpid; wait $lpid 2>/dev/null
+  done | tee -a "$OUT/ttft.txt"
 fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
