@@ -2,7 +2,7 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|decode|omit|llamaserver|ttft|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `decode`: issue 20's side by side (llama-bench, this binary with and without PDL, mens-old).
 # `omit`: what each kernel family costs inside the 7B decode graph (MENS_CUDA_OMIT).
 # `llamaserver`: issue 15's llama-server against mens serve, same load, same call.
@@ -152,6 +152,11 @@ serve_load() {  # shape, parallel, clients... ($SERVE_BIN: the binary, default m
   done
   stop_serve
 }
+
+if [ "$MODE" = small64 ]; then
+  # Issue 15's "also the 1.5B and 0.5B at N = 64" alone.
+  for s in 1.5b 0.5b; do serve_load $s 64 64; done 2>&1 | tee "$OUT/small64.txt"
+fi
 
 if [ "$MODE" = batch ] || [ "$MODE" = all ]; then
   echo "== mens serve --backend cuda (batched): 256-token prompts, 256 tokens each, greedy, ignore_eos"

@@ -123,17 +123,18 @@ __device__ __forceinline__ float finish<T_Q4_K>(const W32& w, int lo, int hi, fl
 }
 template <>
 __device__ __forceinline__ bool unpack32<T_Q5_K>(const u8* row, int c, W32& w) {
-  const u8* b = row + (c >> 3) * 176;
+  const u8* b = row + (c >> 3) * 176;  // 16-byte aligned blocks
   int sub = c & 7;
+  int4 h = *(const int4*)b;
   const int* qh = (const int*)(b + 16);
   const int* qs = (const int*)(b + 48 + (sub >> 1) * 32);
   int shift = (sub & 1) * 4;
 #pragma unroll
   for (int i = 0; i < 8; i++)
     w.q[i] = ((qs[i] >> shift) & 0x0F0F0F0F) | ((((u32)qh[i] >> sub) & 0x01010101u) << 4);
-  scale_min_k4(sub, b + 4, &w.s0, &w.s1);
-  w.a = h2f(*(const u16*)b);
-  w.b = h2f(*(const u16*)(b + 2));
+  q4k_scale_min(h, sub, &w.s0, &w.s1);
+  w.a = h2f((u16)(h.x & 0xffff));
+  w.b = h2f((u16)((u32)h.x >> 16));
   return true;
 }
 template <>

@@ -83,8 +83,9 @@ __device__ __forceinline__ float dot32<T_Q4_K>(const u8* row, int c, const int* 
 }
 template <>
 __device__ __forceinline__ float dot32<T_Q5_K>(const u8* row, int c, const int* a, float d8, float s8) {
-  const u8* b = row + (c >> 3) * 176;
+  const u8* b = row + (c >> 3) * 176;  // blocks are 16-byte aligned (176 = 11 * 16)
   int sub = c & 7;
+  int4 h = *(const int4*)b;  // d, dmin, scales[12]
   const int* qh = (const int*)(b + 16);
   const int* qs = (const int*)(b + 48 + (sub >> 1) * 32);
   int shift = (sub & 1) * 4;
@@ -93,8 +94,8 @@ __device__ __forceinline__ float dot32<T_Q5_K>(const u8* row, int c, const int* 
   for (int i = 0; i < 8; i++)
     s = dp4a(((qs[i] >> shift) & 0x0F0F0F0F) | ((((u32)qh[i] >> sub) & 0x01010101u) << 4), a[i], s);
   int sc, m;
-  scale_min_k4(sub, b + 4, &sc, &m);
-  return h2f(*(const u16*)b) * (float)sc * d8 * (float)s - h2f(*(const u16*)(b + 2)) * (float)m * s8;
+  q4k_scale_min(h, sub, &sc, &m);
+  return h2f((u16)(h.x & 0xffff)) * (float)sc * d8 * (float)s - h2f((u16)((u32)h.x >> 16)) * (float)m * s8;
 }
 // 8 consecutive u32 from a 2-byte aligned address: 9 aligned loads and funnel shifts instead of
 // 16 two-byte loads (Q6_K blocks are 210 bytes, so every other one is only 2-byte aligned).
