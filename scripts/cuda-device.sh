@@ -142,6 +142,16 @@ start_serve() {
 }
 stop_serve() { kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null; }
 
+llama_load() {  # model, N, json: llama-server -np N under N streaming clients (issue 15's load)
+  "$BIN/llama/llama-server" -m "$1" -ngl 99 -fa on -np "$2" -c $(($2 * 1024)) --port 8096 \
+    > "$OUT/llama-server-$2.log" 2>&1 &
+  local lpid=$!
+  for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8096/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  python3 scripts/load-test.py --url http://127.0.0.1:8096 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
+    --temperature 0 --concurrency "$2" --requests 2 --gpu-mem --json "$3" 2>&1 | grep -E "^C=|^\| [0-9]|Error|error"
+  kill $lpid; wait $lpid 2>/dev/null
+}
+
 serve_load() {  # shape, parallel, clients... ($SERVE_BIN: the binary, default mens)
   local shape=$1 m; m=$(synth "$1"); local n=$2; shift 2
   start_serve "${SERVE_BIN:-mens}" "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
@@ -515,14 +525,7 @@ if [ "$MODE" = llamaserver ]; then
   # (default 1 4 16 64).
   m=$(synth 7b)
   for n in ${PARALLEL:-1 4 16 64}; do
-    "$BIN/llama/llama-server" -m "$m" -ngl 99 -fa on -np "$n" -c $((n * 1024)) --port 8096 \
-      > "$OUT/llama-server-$n.log" 2>&1 &
-    lpid=$!
-    for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8096/health', timeout=2)" 2>/dev/null && break; sleep 1; done
-    python3 scripts/load-test.py --url http://127.0.0.1:8096 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
-      --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/llama-server-7b-$n.json" 2>&1 \
-      | grep -E "^C=|^\| [0-9]|Error|error" | sed "s/^/synth 7b, llama-server -np $n: /"
-    kill $lpid; wait $lpid 2>/dev/null
+    llama_load "$m" "$n" "$OUT/llama-server-7b-$n.json" | sed "s/^/synth 7b, llama-server -np $n: /"
     start_serve mens "$OUT/batch-serve.log" --backend cuda -m "$m" --port 8095 --parallel "$n" -c 1024
     python3 scripts/load-test.py --url http://127.0.0.1:8095 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
       --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/mens-serve-7b-$n.json" 2>&1 \
@@ -563,14 +566,7 @@ if [ "$MODE" = ttft ]; then
     done
   done | tee "$OUT/ttft.txt"
   [ -n "${SKIP_LLAMA:-}" ] || for n in ${PARALLEL:-64}; do
-    "$BIN/llama/llama-server" -m "$m" -ngl 99 -fa on -np "$n" -c $((n * 1024)) --port 8096 \
-      > "$OUT/llama-server-$n.log" 2>&1 &
-    lpid=$!
-    for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8096/health', timeout=2)" 2>/dev/null && break; sleep 1; done
-    python3 scripts/load-test.py --url http://127.0.0.1:8096 --prompt-tokens 256 --max-tokens 256 --ignore-eos \
-      --temperature 0 --concurrency "$n" --requests 2 --gpu-mem --json "$OUT/ttft-llama-server-$n.json" 2>&1 \
-      | grep -E "^C=|Error|error" | sed "s/^/llama-server -np $n: /"
-    kill $lpid; wait $lpid 2>/dev/null
+    llama_load "$m" "$n" "$OUT/ttft-llama-server-$n.json" | grep -v "^|" | sed "s/^/llama-server -np $n: /"
   done | tee -a "$OUT/ttft.txt"
 fi
 

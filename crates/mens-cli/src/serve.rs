@@ -54,7 +54,7 @@ pub struct ServeArgs {
     request_timeout: Option<u64>,
     /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
     /// streams smooth while a long prompt is prefilled, larger prefills faster. Default: 128 on the
-    /// CPU, 4096 on a GPU (at least --parallel).
+    /// CPU, 8192 on a GPU (at least --parallel).
     #[arg(long)]
     step_tokens: Option<usize>,
     /// Sequences decoded together, each with its own KV cache of --ctx-size tokens.
@@ -133,11 +133,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         128.max(a.parallel)
     } else {
         // Measured on the H200 (synth 7B, 64 streams of 256 + 256 tokens arriving at once, prompt
-        // chunks packed into shared passes): 4096 gives TTFT p99 493 / 458 ms and 7011 / 7077
-        // tokens/s, 2048 565 / 578 ms and 6807 / 6817, 8192 453 / 436 ms (p50 300 / 319 ms) and
-        // 7141 / 7166; a step of 4096 prompt tokens keeps decoding streams waiting ~0.11 s at
-        // most (docs/benchmarks.md, session 24).
-        4096.max(a.parallel)
+        // chunks packed into passes of 2048): TTFT p99 436–471 ms at 8192 over four runs on two
+        // leases, 458–545 at 4096, 565–578 at 2048 (llama-server's p50: 527–538 ms); p50 rises
+        // to 300–360 ms, and a burst holds decoding streams up to ~0.22 s (four passes). vLLM's
+        // API server takes 8192 tokens a step on such GPUs too (docs/benchmarks.md, session 24).
+        8192.max(a.parallel)
     });
     if step_tokens < a.parallel || step_tokens > 8192 {
         bail!("invalid argument: --step-tokens must be between --parallel and 8192");

@@ -1017,6 +1017,18 @@ fn batch_against_session(
     out
 }
 
+/// The model of `MENS_CUDA_MODEL` (a real-shape file) or a tiny random Qwen2, on the device;
+/// whether it is the file.
+fn file_or_tiny(dev: Arc<Device>) -> (bool, Arc<Model>, Arc<GpuModel>) {
+    let file = std::env::var_os("MENS_CUDA_MODEL");
+    let model = match &file {
+        Some(p) => Arc::new(Model::open(std::path::Path::new(p)).unwrap()),
+        None => tiny(SynthSpec::tiny_qwen2()),
+    };
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    (file.is_some(), model, gm)
+}
+
 /// The check: N requests decoded together give the same greedy tokens as each decoded
 /// alone (first 32 tokens, every request), for N = 1, 7, 64, with either kernel family at every
 /// batch size; with the default mix (matrix-vector alone, dp4a up to 15 rows, tensor cores from
@@ -1028,13 +1040,8 @@ fn batch_against_session(
 #[test]
 fn batch_decodes_like_each_request_alone() {
     let Some(dev) = device() else { return };
-    let file = std::env::var_os("MENS_CUDA_MODEL");
-    let model = match &file {
-        Some(p) => Arc::new(Model::open(std::path::Path::new(p)).unwrap()),
-        None => tiny(SynthSpec::tiny_qwen2()),
-    };
+    let (file, model, gm) = file_or_tiny(dev);
     let v = model.config.vocab_size as u32;
-    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
     let mut r = rand::rngs::StdRng::seed_from_u64(5);
     let prompts: Vec<Vec<u32>> = (0..64)
         .map(|i| (0..3 + (i * 37) % 150).map(|_| r.gen_range(0..v)).collect())
@@ -1070,11 +1077,7 @@ fn batch_decodes_like_each_request_alone() {
     let mut s = CudaSession::new(gm, 256, 64).unwrap();
     let mut greedy = Sampler::new(SamplerConfig::greedy(), v as usize).unwrap();
     // A real-shape random-weight file amplifies rounding (see model_file_bounds).
-    let bound = if file.is_some() {
-        MODEL_FILE_MEDIAN
-    } else {
-        1e-2
-    };
+    let bound = if file { MODEL_FILE_MEDIAN } else { 1e-2 };
     for kernels in [BatchKernels::TensorCores, BatchKernels::Cublas] {
         b.set_kernels(kernels).unwrap();
         let mut errs = Vec::new();
@@ -1175,13 +1178,8 @@ fn batch_decodes_like_each_request_alone() {
 #[test]
 fn packed_prompt_pass_gives_each_prompts_own_logits() {
     let Some(dev) = device() else { return };
-    let file = std::env::var_os("MENS_CUDA_MODEL");
-    let model = match &file {
-        Some(p) => Arc::new(Model::open(std::path::Path::new(p)).unwrap()),
-        None => tiny(SynthSpec::tiny_qwen2()),
-    };
+    let (file, model, gm) = file_or_tiny(dev);
     let v = model.config.vocab_size as u32;
-    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
     let mut r = rand::rngs::StdRng::seed_from_u64(11);
     let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(0..v)).collect() };
     // Step 1: six fresh prompts (one longer than a 128-token pass, one a single token);
@@ -1191,11 +1189,7 @@ fn packed_prompt_pass_gives_each_prompts_own_logits() {
         .map(|&n| toks(n))
         .collect();
     let second: Vec<Vec<u32>> = [9usize, 60, 1, 20, 2, 3].iter().map(|&n| toks(n)).collect();
-    let bound = if file.is_some() {
-        MODEL_FILE_MEDIAN
-    } else {
-        1e-3
-    };
+    let bound = if file { MODEL_FILE_MEDIAN } else { 1e-3 };
     for kv in [KvType::F16, KvType::Q8_0] {
         let mut b = CudaBatch::with_cache(gm.clone(), 8, 256, 128, 512, kv).unwrap();
         let mut run = |pack: bool| -> Vec<Vec<f32>> {

@@ -900,7 +900,7 @@ impl CudaBatch {
                           bias: u64|
                  -> Result<usize> {
                     if fam == Family::Blas {
-                        self.engine.linear(mats, x, bp, out, ldo, add)?;
+                        self.engine.linear(mats, x, bp, out, ldo, add, false)?;
                         return Ok(mats.len() + 1);
                     }
                     let seg = |i: usize| mats.get(i).map_or(Seg::NONE, |m| m.seg);

@@ -655,22 +655,6 @@ impl CudaSession {
         Ok(())
     }
 
-    /// f16 GEMM: out[t][o0..] (f32, row stride `ldo`) = x16[t] · W^T for the stacked matrices
-    /// (`add`: added to what out holds), through the model's f16 copy of the weights where it
-    /// has one ([`GpuModel::make_f16_copy`]), else dequantized into `w16` first. Also the
-    /// batched decode step's cuBLAS family (see [`super::BatchKernels`]).
-    pub(super) fn linear(
-        &self,
-        mats: &[&Mat],
-        x16: u64,
-        t: usize,
-        out: u64,
-        ldo: usize,
-        add: bool,
-    ) -> Result<()> {
-        self.gemm(mats, x16, t, out, ldo, add, false)
-    }
-
     /// A prompt pass's gate and up GEMM, then SwiGLU into h16. Gate and up are written in f16
     /// where the FFN width allows the 8-wide kernel (half the bytes of f32 through memory,
     /// and they are rounded to f16 in h16 anyway).
@@ -678,7 +662,7 @@ impl CudaSession {
         let dev = &self.model.dev;
         let f = self.model.config.ffn_dim;
         let half = f % 8 == 0;
-        self.gemm(
+        self.linear(
             &[&l.gate, &l.up],
             self.xb16.ptr,
             t,
@@ -696,9 +680,12 @@ impl CudaSession {
         }
     }
 
-    /// As [`CudaSession::linear`], the output in f16 when `out16`.
+    /// f16 GEMM: out[t][o0..] (f32, or f16 when `out16`; row stride `ldo`) = x16[t] · W^T for
+    /// the stacked matrices (`add`: added to what out holds), through the model's f16 copy of the
+    /// weights where it has one ([`GpuModel::make_f16_copy`]), else dequantized into `w16` first.
+    /// Also the batched decode step's cuBLAS family (see [`super::BatchKernels`]).
     #[allow(clippy::too_many_arguments)]
-    fn gemm(
+    pub(super) fn linear(
         &self,
         mats: &[&Mat],
         x16: u64,
@@ -760,14 +747,6 @@ impl CudaSession {
             _ if rows == self.model.config.vocab_size => "cuBLAS GEMM (LM head)",
             _ => "cuBLAS GEMM (O)",
         })
-    }
-
-    /// Causal attention of `t` new queries (Q grouped by KV head in `qperm`) against the first
-    /// pos0 + t cache entries of layer `li`, into xb16 as [t][q_dim] f16.
-    fn attention_prefill(&self, li: usize, t: usize, pos0: usize) -> Result<()> {
-        let (kc, vc) = self.layer_cache(li);
-        self.attention_gemm((kc, vc), 0, t, pos0, self.pos.ptr, t)?;
-        self.unpermute(t)
     }
 
     /// Causal attention of one sequence's `t` queries, rows `a..a + t` of the pass's `total`
@@ -893,14 +872,9 @@ impl CudaSession {
             self.o.ptr, self.xb16.ptr, c.n_head as i32, c.n_kv_head as i32, hd as i32, t as i32)
     }
 
-    /// Causal attention of the `t` new queries (rotated, in `qkv`) against the first pos0 + t
-    /// cache entries of layer `li` (flash-attention kernel), into xb16 as [t][q_dim] f16.
-    fn attention_flash(&self, li: usize, t: usize) -> Result<()> {
-        self.attention_flash_at(self.layer_cache(li), 0, t, self.pos.ptr)
-    }
-
-    /// As [`CudaSession::attention_flash`] for rows `a..a + t` of a pass (one sequence of a
-    /// packed pass), on the cache layer at (`kc`, `vc`), its pos0 at `pos` on the device.
+    /// Causal attention of one sequence's `t` queries, rows `a..a + t` of a pass (rotated, in
+    /// `qkv`), against the first pos0 + t rows of the cache layer at (`kc`, `vc`) (the
+    /// flash-attention kernel; pos0 at `pos` on the device), into xb16 as [t][q_dim] f16.
     fn attention_flash_at(&self, (kc, vc): (u64, u64), a: usize, t: usize, pos: u64) -> Result<()> {
         let m = &self.model;
         let dev = &m.dev;
@@ -941,20 +915,46 @@ impl CudaSession {
         let c = &m.config;
         let t = toks.len();
         let pos0 = self.tokens.len();
+        let d = c.dim;
+        let eps = c.rms_eps;
+        let ids: Vec<i32> = toks.iter().map(|&x| x as i32).collect();
+        dev.write(&self.toks, 0, &ids)?;
+        dev.write(&self.pos, 0, &[pos0 as i32])?;
+        self.prompt_layers(t, 0, &[(0, t, 0, pos0, self.pos.ptr)])?;
+        if last {
+            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
+                self.x.at(4 * (t - 1) * d), m.output_norm.ptr, eps, d as i32, self.aq.ptr, self.ad.ptr)?;
+            self.head(t as i32)?;
+        }
+        self.tokens.extend_from_slice(toks);
+        Ok(())
+    }
+
+    /// The layers of a prompt pass over `t` tokens (ids in `toks`), from the embedding to the
+    /// final norm's input in `x`. `parts`: (first token, tokens, byte offset of its rows in each
+    /// cache layer, pos0, pos0 on the device) of each sequence, attended to separately; `rows`:
+    /// the device's (position, cache row) of every token, or 0 for one sequence at pos0 + i.
+    fn prompt_layers(
+        &self,
+        t: usize,
+        rows: u64,
+        parts: &[(usize, usize, u64, usize, u64)],
+    ) -> Result<()> {
+        let m = &self.model;
+        let dev = &m.dev;
+        let c = &m.config;
         let (d, q, kv) = (c.dim, c.q_dim(), c.kv_dim());
         let row = q + 2 * kv;
         let eps = c.rms_eps;
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
-        let ids: Vec<i32> = toks.iter().map(|&x| x as i32).collect();
-        dev.write(&self.toks, 0, &ids)?;
-        dev.write(&self.pos, 0, &[pos0 as i32])?;
+        let pos = parts[0].4;
         launch!(dev, embed, (t as u32, 1), 128; m.embedding.seg, d as i32, self.toks.ptr, self.x.ptr)?;
         launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
             self.x.ptr, 0u64, m.layers[0].attn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
         let quant = dev.kv_quant(self.kv);
+        let flash = flash_prefill();
         for (li, l) in m.layers.iter().enumerate() {
-            let (kc, vc) = self.layer_cache(li);
-            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kc, vc) };
+            let (kl, vl) = self.layer_cache(li);
             self.linear(
                 &[&l.q, &l.k, &l.v],
                 self.xb16.ptr,
@@ -962,29 +962,39 @@ impl CudaSession {
                 self.qkv.ptr,
                 row,
                 false,
+                false,
             )?;
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
             if let Some((wq, wk)) = &l.qk_norm {
                 launch!(dev, qk_norm, (t as u32, (c.n_head + c.n_kv_head) as u32), 128;
                     self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
             }
+            // RoPE and the cache writes for every token at once (each at its own position and
+            // cache row); attention per sequence.
+            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kl, vl) };
             launch!(dev, rope_store, (t as u32, 1), 256;
-                self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos.ptr, c.n_head as i32,
-                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32, 0u64)?;
+                self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, pos, c.n_head as i32,
+                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32, rows)?;
             if let Some(kq) = quant {
                 launch!(dev, [kq], (t as u32, 2), 256;
-                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos.ptr, kc, vc, 0u64)?;
+                    self.qkv.ptr, row as i32, q as i32, kv as i32, pos, kl, vl, rows)?;
             }
-            if flash_prefill() {
-                self.attention_flash(li, t)?;
-            } else {
-                self.attention_prefill(li, t, pos0)?;
+            for &(a, n, off, pos0, p) in parts {
+                let cache = (kl + off, vl + off);
+                if flash {
+                    self.attention_flash_at(cache, a, n, p)?;
+                } else {
+                    self.attention_gemm(cache, a, n, pos0, p, t)?;
+                }
             }
-            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false)?;
+            if !flash {
+                self.unpermute(t)?;
+            }
+            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false, false)?;
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
             self.gate_up(l, t)?;
-            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false)?;
+            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false, false)?;
             let norm = m
                 .layers
                 .get(li + 1)
@@ -992,12 +1002,6 @@ impl CudaSession {
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, norm.ptr, eps, d as i32, self.xb16.ptr)?;
         }
-        if last {
-            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-                self.x.at(4 * (t - 1) * d), m.output_norm.ptr, eps, d as i32, self.aq.ptr, self.ad.ptr)?;
-            self.head(t as i32)?;
-        }
-        self.tokens.extend_from_slice(toks);
         Ok(())
     }
 
@@ -1047,11 +1051,9 @@ impl CudaSession {
         let m = self.model.clone();
         let dev = &m.dev;
         let c = &m.config;
-        let (d, q, kv) = (c.dim, c.q_dim(), c.kv_dim());
-        let row = q + 2 * kv;
+        let d = c.dim;
         let eps = c.rms_eps;
-        let neox = (c.rope_style == RopeStyle::Neox) as i32;
-        let rb = kv_row_bytes(self.kv, kv) as u64;
+        let rb = kv_row_bytes(self.kv, c.kv_dim()) as u64;
         let ids: Vec<i32> = seqs
             .iter()
             .flat_map(|s| s.tokens.iter().map(|&x| x as i32))
@@ -1076,61 +1078,21 @@ impl CudaSession {
                 Some(at)
             })
             .collect();
-        launch!(dev, embed, (t as u32, 1), 128; m.embedding.seg, d as i32, self.toks.ptr, self.x.ptr)?;
-        launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
-            self.x.ptr, 0u64, m.layers[0].attn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
-        let quant = dev.kv_quant(self.kv);
-        let flash = flash_prefill();
-        for (li, l) in m.layers.iter().enumerate() {
-            let (kl, vl) = self.layer_cache(li);
-            self.linear(
-                &[&l.q, &l.k, &l.v],
-                self.xb16.ptr,
-                t,
-                self.qkv.ptr,
-                row,
-                false,
-            )?;
-            let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
-            if let Some((wq, wk)) = &l.qk_norm {
-                launch!(dev, qk_norm, (t as u32, (c.n_head + c.n_kv_head) as u32), 128;
-                    self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk.ptr, eps)?;
-            }
-            // RoPE and the cache writes for every token at once (each at its own position and
-            // cache row); attention per sequence.
-            let (wk, wv) = if quant.is_some() { (0, 0) } else { (kl, vl) };
-            launch!(dev, rope_store, (t as u32, 1), 256;
-                self.qkv.ptr, bias, self.cos.ptr, self.sin.ptr, self.pos_many.ptr, c.n_head as i32,
-                c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, self.qperm.ptr, t as i32, rows)?;
-            if let Some(kq) = quant {
-                launch!(dev, [kq], (t as u32, 2), 256;
-                    self.qkv.ptr, row as i32, q as i32, kv as i32, self.pos_many.ptr, kl, vl, rows)?;
-            }
-            for (i, s) in seqs.iter().enumerate() {
-                let (a, n) = (starts[i], s.tokens.len());
-                let (ks, vs) = (kl + s.off as u64 * rb, vl + s.off as u64 * rb);
-                let p = self.pos_many.at(4 * i);
-                if flash {
-                    self.attention_flash_at((ks, vs), a, n, p)?;
-                } else {
-                    self.attention_gemm((ks, vs), a, n, s.pos0, p, t)?;
-                }
-            }
-            if !flash {
-                self.unpermute(t)?;
-            }
-            self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false)?;
-            launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
-                self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
-            self.gate_up(l, t)?;
-            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false)?;
-            let norm = m
-                .layers
-                .get(li + 1)
-                .map_or(&m.output_norm, |n| &n.attn_norm);
-            launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
-                self.x.ptr, self.tmp.ptr, norm.ptr, eps, d as i32, self.xb16.ptr)?;
-        }
+        let parts: Vec<(usize, usize, u64, usize, u64)> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let off = s.off as u64 * rb;
+                (
+                    starts[i],
+                    s.tokens.len(),
+                    off,
+                    s.pos0,
+                    self.pos_many.at(4 * i),
+                )
+            })
+            .collect();
+        self.prompt_layers(t, rows, &parts)?;
         // The last logits of the sequences that want them, HEAD_ROWS at a time through the
         // batched LM head (each weight block read once for all; the matrix-vector bits of a
         // one-sequence pass), and each one's greedy id.
