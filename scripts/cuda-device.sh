@@ -2,10 +2,11 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|defab|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `decode`: issue 20's side by side (llama-bench, this binary with and without PDL, mens-old).
 # `omit`: what each kernel family costs inside the 7B decode graph (MENS_CUDA_OMIT).
 # `llamaserver`: issue 15's llama-server against mens serve, same load, same call.
+# `defab`: the binary under several sets of NVRTC defines (DEFS): decode and the verify pass.
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -219,6 +220,28 @@ if [ "$MODE" = ab ]; then
     kill $ppid; wait $ppid 2>/dev/null
     grep -E "profile" "$OUT/ab-profile-$b.txt" | head -4
   done
+fi
+
+if [ "$MODE" = defab ]; then
+  # One binary under several sets of NVRTC defines (DEFS, ';'-separated; default: none against
+  # -DNO_PF), in turn, twice per shape: batch-1 decode (tg128 at depth 0 and 512) and the verify
+  # pass of K = 1..16 at depth 512 (WHAT: decode, verify or both).
+  IFS=';' read -r -a defsets <<< "${DEFS:-;-DNO_PF}"
+  for s in ${SHAPES//,/ }; do
+    m=$(synth "$s")
+    for round in 1 2; do
+      for defs in "${defsets[@]}"; do
+        if [[ "${WHAT:-decode,verify}" == *decode* ]]; then
+          MENS_CUDA_DEFINES="$defs" "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --depth 0,512 \
+            --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/synth $s, round $round, defines '$defs': /"
+        fi
+        if [[ "${WHAT:-decode,verify}" == *verify* ]]; then
+          MENS_CUDA_DEFINES="$defs" "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 \
+            --verify 1,2,4,8,16 --verify-depth 512 -q 2>&1 | grep -E "verify|rror" | sed "s/^/synth $s, round $round, defines '$defs': /"
+        fi
+      done
+    done
+  done | tee "$OUT/defab.txt"
 fi
 
 if [ "$MODE" = families ]; then

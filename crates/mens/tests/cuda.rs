@@ -906,6 +906,10 @@ fn kernels_compile_with_nvrtc() {
         }
         Err(e) => panic!("{e}"),
     };
+    // MENS_PTX_OUT=FILE keeps the PTX (for `ptxas -v`: registers and spills per kernel).
+    if let Some(f) = std::env::var_os("MENS_PTX_OUT") {
+        std::fs::write(f, ptx.trim_end_matches('\0')).unwrap();
+    }
     for name in mens::cuda::kernel_names() {
         assert!(
             ptx.contains(&format!(".entry {name}(")),

@@ -123,6 +123,22 @@ kernels!(
     glu_q8_b_2,
     glu_q8_b_4,
     glu_q8_b_8,
+    matmul_q8_1_q4k,
+    matmul_q8_2_q4k,
+    matmul_q8_4_q4k,
+    matmul_q8_8_q4k,
+    glu_q8_b_1_q4k,
+    glu_q8_b_2_q4k,
+    glu_q8_b_4_q4k,
+    glu_q8_b_8_q4k,
+    matmul_q8_1_q6k,
+    matmul_q8_2_q6k,
+    matmul_q8_4_q6k,
+    matmul_q8_8_q6k,
+    glu_q8_b_1_q6k,
+    glu_q8_b_2_q6k,
+    glu_q8_b_4_q6k,
+    glu_q8_b_8_q6k,
     qkv_rope_b_1,
     qkv_rope_b_2,
     qkv_rope_b_4,
@@ -640,13 +656,57 @@ impl Device {
         };
         t.min(cap)
     }
-    fn matmul_q8(&self, b: usize) -> sys::CUfunction {
-        let f = &self.f;
-        [f.matmul_q8_1, f.matmul_q8_2, f.matmul_q8_4, f.matmul_q8_8][Self::dp4a_tile(b)]
+    /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, else 0: the
+    /// kernels of one type load their weights a chunk ahead (kernels/matvec.cu, `Raw`).
+    fn one_type(segs: &[&Seg]) -> usize {
+        let mut types = segs.iter().filter(|s| s.rows > 0).map(|s| s.ty as u32);
+        let Some(t) = types.next() else { return 0 };
+        if types.any(|u| u != t) {
+            return 0;
+        }
+        match TensorType::from_id(t) {
+            Some(TensorType::Q4K) => 1,
+            Some(TensorType::Q6K) => 2,
+            _ => 0,
+        }
     }
-    fn glu_q8_b(&self, b: usize) -> sys::CUfunction {
+    fn matmul_q8(&self, b: usize, segs: &[&Seg]) -> sys::CUfunction {
         let f = &self.f;
-        [f.glu_q8_b_1, f.glu_q8_b_2, f.glu_q8_b_4, f.glu_q8_b_8][Self::dp4a_tile(b)]
+        let k = [
+            [f.matmul_q8_1, f.matmul_q8_2, f.matmul_q8_4, f.matmul_q8_8],
+            [
+                f.matmul_q8_1_q4k,
+                f.matmul_q8_2_q4k,
+                f.matmul_q8_4_q4k,
+                f.matmul_q8_8_q4k,
+            ],
+            [
+                f.matmul_q8_1_q6k,
+                f.matmul_q8_2_q6k,
+                f.matmul_q8_4_q6k,
+                f.matmul_q8_8_q6k,
+            ],
+        ];
+        k[Self::one_type(segs)][Self::dp4a_tile(b)]
+    }
+    fn glu_q8_b(&self, b: usize, gate: &Seg, up: &Seg) -> sys::CUfunction {
+        let f = &self.f;
+        let k = [
+            [f.glu_q8_b_1, f.glu_q8_b_2, f.glu_q8_b_4, f.glu_q8_b_8],
+            [
+                f.glu_q8_b_1_q4k,
+                f.glu_q8_b_2_q4k,
+                f.glu_q8_b_4_q4k,
+                f.glu_q8_b_8_q4k,
+            ],
+            [
+                f.glu_q8_b_1_q6k,
+                f.glu_q8_b_2_q6k,
+                f.glu_q8_b_4_q6k,
+                f.glu_q8_b_8_q6k,
+            ],
+        ];
+        k[Self::one_type(&[gate, up])][Self::dp4a_tile(b)]
     }
     fn qkv_rope_b(&self, b: usize) -> sys::CUfunction {
         let f = &self.f;

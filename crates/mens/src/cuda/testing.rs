@@ -58,7 +58,7 @@ impl Device {
                 )));
             }
         } else {
-            launch!(self, (self.matmul_q8(rows)) as "matmul_q8", Device::q8_grid(w.rows), 128;
+            launch!(self, (self.matmul_q8(rows, &[&m.seg])) as "matmul_q8", Device::q8_grid(w.rows), 128;
                 m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, rows as i32, out.ptr,
                 w.rows as i32, 0u64, 0u64, 0i32)?;
         }

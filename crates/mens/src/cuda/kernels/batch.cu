@@ -6,164 +6,6 @@
 // Rows of a batch: per-row arrays pos[b] (tokens before this one; -1 marks padding, which writes no
 // cache and whose outputs are ignored) and slot[b] (cache slot; slot_stride values apart).
 
-// A 32-value weight chunk unpacked once for all activation rows: its values as signed bytes in 8
-// words, and its scales (a, b: floats; s0, s1: integer sub-scales). finish() turns the chunk's two
-// 16-value dp4a sums into the float dot32 returns, with dot32's own expression, so that a batch row
-// gets the very bits the single-sequence kernels give. Formats without an integer form: false.
-struct W32 {
-  int q[8];
-  float a, b;
-  int s0, s1;
-};
-
-template <int T>
-__device__ __forceinline__ bool unpack32(const u8* row, int c, W32& w) { return false; }
-template <int T>
-__device__ __forceinline__ float finish(const W32& w, int lo, int hi, float d8, float s8) { return 0.f; }
-
-template <>
-__device__ __forceinline__ bool unpack32<T_Q8_0>(const u8* row, int c, W32& w) {
-  const u8* b = row + c * 34;
-#pragma unroll
-  for (int i = 0; i < 8; i++) w.q[i] = ld2(b + 2 + 4 * i);
-  w.a = h2f(*(const u16*)b);
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q8_0>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * d8 * (float)(lo + hi);
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q4_0>(const u8* row, int c, W32& w) {
-  const u8* b = row + c * 18;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int x = ld2(b + 2 + 4 * i);
-    w.q[i] = x & 0x0F0F0F0F;
-    w.q[4 + i] = (x >> 4) & 0x0F0F0F0F;
-  }
-  w.a = h2f(*(const u16*)b);
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q4_0>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * (d8 * (float)(lo + hi) - 8.f * s8);
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q4_1>(const u8* row, int c, W32& w) {
-  const u8* b = row + c * 20;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int x = ld4(b + 4 + 4 * i);
-    w.q[i] = x & 0x0F0F0F0F;
-    w.q[4 + i] = (x >> 4) & 0x0F0F0F0F;
-  }
-  w.a = h2f(*(const u16*)b);
-  w.b = h2f(*(const u16*)(b + 2));
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q4_1>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * d8 * (float)(lo + hi) + w.b * s8;
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q5_0>(const u8* row, int c, W32& w) {
-  const u8* b = row + c * 22;
-  u32 qh = (u32)ld2(b + 2);
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int x = ld2(b + 6 + 4 * i);
-    w.q[i] = (x & 0x0F0F0F0F) | spread4(qh >> (4 * i));
-    w.q[4 + i] = ((x >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
-  }
-  w.a = h2f(*(const u16*)b);
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q5_0>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * (d8 * (float)(lo + hi) - 16.f * s8);
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q5_1>(const u8* row, int c, W32& w) {
-  const u8* b = row + c * 24;
-  u32 qh = (u32)ld4(b + 4);
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    int x = ld4(b + 8 + 4 * i);
-    w.q[i] = (x & 0x0F0F0F0F) | spread4(qh >> (4 * i));
-    w.q[4 + i] = ((x >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
-  }
-  w.a = h2f(*(const u16*)b);
-  w.b = h2f(*(const u16*)(b + 2));
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q5_1>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * d8 * (float)(lo + hi) + w.b * s8;
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q4_K>(const u8* row, int c, W32& w) {
-  const u8* b = row + (c >> 3) * 144;
-  int sub = c & 7;
-  const int4* q4 = (const int4*)(b + 16 + (sub >> 1) * 32);
-  int4 h = *(const int4*)b;
-  int4 x0 = q4[0], x1 = q4[1];
-  int qs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  int shift = (sub & 1) * 4;
-#pragma unroll
-  for (int i = 0; i < 8; i++) w.q[i] = (qs[i] >> shift) & 0x0F0F0F0F;
-  q4k_scale_min(h, sub, &w.s0, &w.s1);
-  w.a = h2f((u16)(h.x & 0xffff));
-  w.b = h2f((u16)((u32)h.x >> 16));
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q4_K>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * (float)w.s0 * d8 * (float)(lo + hi) - w.b * (float)w.s1 * s8;
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q5_K>(const u8* row, int c, W32& w) {
-  const u8* b = row + (c >> 3) * 176;  // 16-byte aligned blocks
-  int sub = c & 7;
-  int4 h = *(const int4*)b;
-  const int* qh = (const int*)(b + 16);
-  const int* qs = (const int*)(b + 48 + (sub >> 1) * 32);
-  int shift = (sub & 1) * 4;
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-    w.q[i] = ((qs[i] >> shift) & 0x0F0F0F0F) | ((((u32)qh[i] >> sub) & 0x01010101u) << 4);
-  q4k_scale_min(h, sub, &w.s0, &w.s1);
-  w.a = h2f((u16)(h.x & 0xffff));
-  w.b = h2f((u16)((u32)h.x >> 16));
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q5_K>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * (float)w.s0 * d8 * (float)(lo + hi) - w.b * (float)w.s1 * s8;
-}
-template <>
-__device__ __forceinline__ bool unpack32<T_Q6_K>(const u8* row, int c, W32& w) {
-  const u8* b = row + (c >> 3) * 210;
-  int sub = c & 7, n = sub >> 2, g = sub & 3;
-  const u8* ql = b + n * 64 + (g & 1) * 32;
-  const u8* qh = b + 128 + n * 32;
-  const i8* sc = (const i8*)(b + 192) + n * 8 + 2 * g;
-  int lsh = (g >> 1) * 4, hsh = 2 * g;
-  int l[8], h[8];
-  ld8_a2(ql, l);
-  ld8_a2(qh, h);
-#pragma unroll
-  for (int i = 0; i < 8; i++) w.q[i] = sub32(((l[i] >> lsh) & 0x0F0F0F0F) | (((h[i] >> hsh) & 0x03030303) << 4));
-  w.a = h2f(*(const u16*)(b + 208));
-  w.s0 = sc[0];
-  w.s1 = sc[1];
-  return true;
-}
-template <>
-__device__ __forceinline__ float finish<T_Q6_K>(const W32& w, int lo, int hi, float d8, float s8) {
-  return w.a * d8 * (float)(w.s0 * lo + w.s1 * hi);
-}
-
 // A tile: R weight rows of one type against N activation rows b0 .. b0 + N - 1. Rows past B load
 // row B - 1 again (their sums are never written), so the loads need no branch and the compiler
 // issues all of a chunk's N activation loads before its first dp4a: with a branch per row it waited
@@ -173,6 +15,37 @@ __device__ __forceinline__ float finish<T_Q6_K>(const W32& w, int lo, int hi, fl
 __device__ __forceinline__ u64 act_row(int b0, int j, int B) {
   int b = b0 + j;
   return (u64)(b < B ? b : B - 1);
+}
+
+#ifndef ACT_G
+#define ACT_G 4
+#endif
+// acc[i][j] += chunk c of weight row i (unpacked in w) . activation row b0 + j.
+template <int T, int N, int R>
+__device__ __forceinline__ void dot_w(const W32 (&w)[R], int c, const i8* __restrict__ aq,
+                                      const float2* __restrict__ ad, int cols, int b0, int B, float (&acc)[R][N]) {
+  int nchunks = cols / 32;
+  // Activation rows in groups of G, each group's loads issued together (all 8 at once left too
+  // few registers for the next chunk's weights).
+  constexpr int G = N < ACT_G ? N : ACT_G;
+#pragma unroll
+  for (int j0 = 0; j0 < N; j0 += G) {
+    int4 a0[G], a1[G];
+    float2 ds[G];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+      u64 b = act_row(b0, j0 + j, B);
+      const int4* ap = (const int4*)(aq + b * cols + c * 32);
+      a0[j] = ap[0];
+      a1[j] = ap[1];
+      ds[j] = ad[b * nchunks + c];
+    }
+#pragma unroll
+    for (int j = 0; j < G; j++)
+#pragma unroll
+      for (int i = 0; i < R; i++)
+        acc[i][j0 + j] += finish<T>(w[i], dot16(w[i].q, a0[j]), dot16(w[i].q + 4, a1[j]), ds[j].x, ds[j].y);
+  }
 }
 
 // acc[i][j] += chunk c of weight row i . activation row b0 + j.
@@ -186,19 +59,7 @@ __device__ __forceinline__ void dot_tile(const u8* const (&rows)[R], int c, cons
 #pragma unroll
   for (int i = 0; i < R; i++) ok = unpack32<T>(rows[i], c, w[i]);
   if (ok) {
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-      u64 b = act_row(b0, j, B);
-      const int4* ap = (const int4*)(aq + b * cols + c * 32);
-      int4 a0 = ap[0], a1 = ap[1];
-      float2 ds = ad[b * nchunks + c];
-#pragma unroll
-      for (int i = 0; i < R; i++) {
-        int lo = dp4a(w[i].q[3], a0.w, dp4a(w[i].q[2], a0.z, dp4a(w[i].q[1], a0.y, dp4a(w[i].q[0], a0.x, 0))));
-        int hi = dp4a(w[i].q[7], a1.w, dp4a(w[i].q[6], a1.z, dp4a(w[i].q[5], a1.y, dp4a(w[i].q[4], a1.x, 0))));
-        acc[i][j] += finish<T>(w[i], lo, hi, ds.x, ds.y);
-      }
-    }
+    dot_w<T, N, R>(w, c, aq, ad, cols, b0, B, acc);
   } else {  // float weights: one activation row at a time (unrolled, they took 168 registers)
 #pragma unroll 1
     for (int j = 0; j < N; j++) {
@@ -222,35 +83,64 @@ __device__ __forceinline__ void dot_tile(const u8* const (&rows)[R], int c, cons
 
 // One warp: the dots of R weight rows with activation rows b0 .. b0 + N - 1, summed over the warp
 // (every lane gets them).
-template <int T, int N, int R>
+template <int T, int N, int R, bool PF>
 __device__ void tile_dots_t(const u8* const (&rows)[R], int cols, const i8* __restrict__ aq,
                             const float2* __restrict__ ad, int b0, int B, float (&acc)[R][N]) {
 #pragma unroll
   for (int i = 0; i < R; i++)
 #pragma unroll
     for (int j = 0; j < N; j++) acc[i][j] = 0.f;
-  int lane = threadIdx.x & 31;
-  for (int c = lane; c < cols / 32; c += 32) dot_tile<T, N, R>(rows, c, aq, ad, cols, b0, B, acc);
+  int lane = threadIdx.x & 31, nchunks = cols / 32;
+#ifndef NO_PF
+  if (PF && int_form(T)) {  // each row's next chunk loaded before this one's arithmetic (see Raw)
+    Raw<T> r[R];
+    if (lane < nchunks)
+#pragma unroll
+      for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], lane);
+    for (int c = lane; c < nchunks; c += 32) {
+      W32 w[R];
+#pragma unroll
+      for (int i = 0; i < R; i++) raw_unpack<T>(r[i], w[i]);
+      if (c + 32 < nchunks)
+#pragma unroll
+        for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], c + 32);
+      dot_w<T, N, R>(w, c, aq, ad, cols, b0, B, acc);
+    }
+  } else
+#endif
+    for (int c = lane; c < nchunks; c += 32) dot_tile<T, N, R>(rows, c, aq, ad, cols, b0, B, acc);
 #pragma unroll
   for (int i = 0; i < R; i++)
 #pragma unroll
     for (int j = 0; j < N; j++) acc[i][j] = warp_sum(acc[i][j]);
 }
-template <int N, int R>
+// TT >= 0: the rows are of type TT (a kernel per type, with its own registers: 5.55 against 6.32
+// ms for the 7B's verify of 8); -1: any type. -DPF_BATCH loads TT's next chunk ahead, as the
+// decode kernels do: slower here (7B verify of 8 in 6.37 ms: the tile's registers spilled).
+#ifdef PF_BATCH
+#define PF_TT true
+#else
+#define PF_TT false
+#endif
+template <int N, int R, int TT>
 __device__ void tile_dots(int type, const u8* const (&rows)[R], int cols, const i8* aq, const float2* ad, int b0,
                           int B, float (&acc)[R][N]) {
+  if (TT >= 0) {
+    tile_dots_t<TT < 0 ? 0 : TT, N, R, PF_TT>(rows, cols, aq, ad, b0, B, acc);
+    return;
+  }
   switch (type) {
-    case T_Q4_K: tile_dots_t<T_Q4_K, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q6_K: tile_dots_t<T_Q6_K, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_0: tile_dots_t<T_Q5_0, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q8_0: tile_dots_t<T_Q8_0, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_0: tile_dots_t<T_Q4_0, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_1: tile_dots_t<T_Q4_1, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_1: tile_dots_t<T_Q5_1, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_K: tile_dots_t<T_Q5_K, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_F16: tile_dots_t<T_F16, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_BF16: tile_dots_t<T_BF16, N, R>(rows, cols, aq, ad, b0, B, acc); break;
-    default: tile_dots_t<T_F32, N, R>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_K: tile_dots_t<T_Q4_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q6_K: tile_dots_t<T_Q6_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_0: tile_dots_t<T_Q5_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q8_0: tile_dots_t<T_Q8_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_0: tile_dots_t<T_Q4_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_1: tile_dots_t<T_Q4_1, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_1: tile_dots_t<T_Q5_1, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q5_K: tile_dots_t<T_Q5_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_F16: tile_dots_t<T_F16, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_BF16: tile_dots_t<T_BF16, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    default: tile_dots_t<T_F32, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
   }
 }
 
@@ -285,22 +175,22 @@ __device__ __forceinline__ const u8* seg_row(const Seg& s0, const Seg& s1, const
 // acc[0], acc[1]: the dots of weight rows ra (type ta) and rb (type tb) with activation rows
 // b0 .. b0 + N - 1, through one tile when the types agree, else one row at a time (rb not at all
 // without `two`).
-template <int N>
+template <int N, int TT>
 __device__ __forceinline__ void pair_dots(int ta, const u8* ra, int tb, const u8* rb, bool two, int cols,
                                           const i8* aq, const float2* ad, int b0, int B, float (&acc)[2][N]) {
   if (ta == tb) {
     const u8* rows[2] = {ra, rb};
-    tile_dots<N, 2>(ta, rows, cols, aq, ad, b0, B, acc);
+    tile_dots<N, 2, TT>(ta, rows, cols, aq, ad, b0, B, acc);
     return;
   }
   const u8* ea[1] = {ra};
   float x[1][N];
-  tile_dots<N, 1>(ta, ea, cols, aq, ad, b0, B, x);
+  tile_dots<N, 1, -1>(ta, ea, cols, aq, ad, b0, B, x);
 #pragma unroll
   for (int j = 0; j < N; j++) acc[0][j] = x[0][j];
   if (two) {
     const u8* eb[1] = {rb};
-    tile_dots<N, 1>(tb, eb, cols, aq, ad, b0, B, x);
+    tile_dots<N, 1, -1>(tb, eb, cols, aq, ad, b0, B, x);
   }
 #pragma unroll
   for (int j = 0; j < N; j++) acc[1][j] = x[0][j];
@@ -310,7 +200,7 @@ __device__ __forceinline__ void pair_dots(int ta, const u8* ra, int tb, const u8
 // and activation rows b < B (orow null: row b); mode 0 stores, 1 adds (the residual). One warp per
 // pair of weight rows (both through one tile when they have one type), 4 warps per block (8 rows);
 // activation rows in tiles of N (N = 1, 2, 4, 8: the batch's size, up to 8).
-template <int N>
+template <int N, int TT>
 __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out,
                             int ldo, const int* orow, const float* bias, int mode) {
   int r = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2;
@@ -324,7 +214,7 @@ __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
   float bva = bias ? bias[r] : 0.f, bvb = bias && two ? bias[r + 1] : 0.f;
   for (int b0 = 0; b0 < B; b0 += N) {
     float acc[2][N];
-    pair_dots<N>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc);
+    pair_dots<N, TT>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc);
     // Lane i * N + j writes weight row r + i, activation row b0 + j.
     int i = lane / N, b = b0 + lane % N;
     if (lane < 2 * N && b < B && (i == 0 || two)) {
@@ -338,7 +228,7 @@ __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
 // h[b] = silu(gate . a[b]) * (up . a[b]), quantized to q8 (hq [B][f], hd [B][f / 32]): a block of
 // 8 warps makes 32 rows (one q8 block of every h[b]), each warp a gate and an up row (one tile when
 // they have one type) four times.
-template <int N>
+template <int N, int TT>
 __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) {
   __shared__ float h[N][32];
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -349,7 +239,7 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
       const u8* g = gate.w + (u64)r * gate.row_bytes;
       const u8* u = up.w + (u64)r * up.row_bytes;
       float acc[2][N];
-      pair_dots<N>(gate.type, g, up.type, u, true, cols, aq, ad, b0, B, acc);
+      pair_dots<N, TT>(gate.type, g, up.type, u, true, cols, aq, ad, b0, B, acc);
       if (lane < N) {
         float x = pick<N, 2>(acc, lane), y = pick<N, 2>(acc, N + lane);
         h[lane][rr] = x / (1.f + expf(-x)) * y;
@@ -385,7 +275,7 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
   float ba = bias ? bias[ra] : 0.f, bb = bias ? bias[rb] : 0.f;
   for (int b0 = 0; b0 < B; b0 += N) {
     float x[2][N];
-    tile_dots<N, 2>(type, rows, cols, aq, ad, b0, B, x);
+    tile_dots<N, 2, -1>(type, rows, cols, aq, ad, b0, B, x);
     int b = b0 + lane;
     float x0 = pick<N, 2>(x, lane) + ba, x1 = pick<N, 2>(x, N + lane) + bb;
     if (lane >= N || b >= B) continue;
@@ -421,17 +311,24 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
 }
 
 // One kernel of each per tile size N (the batch size up to 8; 8 beyond), each with its own registers.
+// Blocks an SM the registers are sized for (tuning: -DQ8_MINB=, -DGLU_MINB=).
+#ifndef Q8_MINB
+#define Q8_MINB 4
+#endif
+#ifndef GLU_MINB
+#define GLU_MINB 2
+#endif
 #define DP4A_KERNELS(N)                                                                                 \
-  extern "C" __global__ void __launch_bounds__(128, 4)                                                 \
+  extern "C" __global__ void __launch_bounds__(128, Q8_MINB)                                                 \
       matmul_q8_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out, \
                     int ldo, const int* orow, const float* bias, int mode) {                           \
-    matmul_q8_t<N>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                           \
+    matmul_q8_t<N, -1>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                           \
   }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(256, 2)                                                 \
+  extern "C" __global__ void __launch_bounds__(256, GLU_MINB)                                                 \
       glu_q8_b_##N(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) { \
-    glu_q8_t<N>(gate, up, cols, aq, ad, B, hq, hd);                                                    \
+    glu_q8_t<N, -1>(gate, up, cols, aq, ad, B, hq, hd);                                                    \
   }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(128, 4)                                                 \
+  extern "C" __global__ void __launch_bounds__(128, Q8_MINB)                                                 \
       qkv_rope_b_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,          \
                      const float* bias, const float* cosv, const float* sinv, const int* pos,          \
                      const int* slot, const int* pages, int max_pages, u64 page_bytes, int n_head,     \
@@ -443,6 +340,26 @@ DP4A_KERNELS(1)
 DP4A_KERNELS(2)
 DP4A_KERNELS(4)
 DP4A_KERNELS(8)
+// The same for matrices all of one main type (Q4_K, Q6_K): their loads a chunk ahead.
+#define DP4A_TYPED(N, SUF, T)                                                                           \
+  extern "C" __global__ void __launch_bounds__(128, Q8_MINB)                                                 \
+      matmul_q8_##N##_##SUF(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,     \
+                            float* out, int ldo, const int* orow, const float* bias, int mode) {       \
+    matmul_q8_t<N, T>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                         \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256, GLU_MINB)                                                 \
+      glu_q8_b_##N##_##SUF(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq,    \
+                           float2* hd) {                                                               \
+    glu_q8_t<N, T>(gate, up, cols, aq, ad, B, hq, hd);                                                 \
+  }
+DP4A_TYPED(1, q4k, T_Q4_K)
+DP4A_TYPED(2, q4k, T_Q4_K)
+DP4A_TYPED(4, q4k, T_Q4_K)
+DP4A_TYPED(8, q4k, T_Q4_K)
+DP4A_TYPED(1, q6k, T_Q6_K)
+DP4A_TYPED(2, q6k, T_Q6_K)
+DP4A_TYPED(4, q6k, T_Q6_K)
+DP4A_TYPED(8, q6k, T_Q6_K)
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
