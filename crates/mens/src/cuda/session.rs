@@ -312,21 +312,28 @@ impl CudaSession {
     /// since the last [`CudaSession::release_cache`] on it, so the position on the device is still
     /// valid (no upload of it, which costs a synchronous copy each step).
     pub(super) fn use_cache(&mut self, kc: u64, vc: u64, tokens: &mut Vec<u32>, resume: bool) {
-        let same = self.kv_ext == Some((kc, vc));
-        if !same {
-            self.kv_ext = Some((kc, vc));
-            if let Some(g) = self.graph.take() {
-                unsafe {
-                    let _ = drv::graph::exec_destroy(g);
-                }
-            }
-        }
+        let same = self.point_at(kc, vc);
         std::mem::swap(&mut self.tokens, tokens);
         self.logits_valid = false;
         if !(resume && same) {
             self.pos_synced = false;
             self.dev_tok = None;
         }
+    }
+
+    /// Run on the cache at (`kc`, `vc`); whether it was already this session's. The decode graph
+    /// holds cache addresses, so a new cache drops it.
+    fn point_at(&mut self, kc: u64, vc: u64) -> bool {
+        if self.kv_ext == Some((kc, vc)) {
+            return true;
+        }
+        self.kv_ext = Some((kc, vc));
+        if let Some(g) = self.graph.take() {
+            unsafe {
+                let _ = drv::graph::exec_destroy(g);
+            }
+        }
+        false
     }
 
     /// Give the token list back after [`CudaSession::use_cache`] (the device position is kept
@@ -1020,11 +1027,12 @@ impl CudaSession {
         out: (u64, u64),
     ) -> Result<()> {
         let t: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        // check_tokens (below) refuses an empty part; the rows bound covers each one's offset.
         if t == 0
             || t > self.ubatch
             || seqs
                 .iter()
-                .any(|s| s.tokens.is_empty() || s.off + s.pos0 + s.tokens.len() > self.ctx)
+                .any(|s| s.off + s.pos0 + s.tokens.len() > self.ctx)
         {
             return Err(Error::InvalidArgument(format!(
                 "a packed prompt pass takes 1 to {} tokens, each sequence within {} cache rows",
@@ -1036,14 +1044,7 @@ impl CudaSession {
             crate::runner::check_tokens(s.pos0, self.ctx, s.tokens, vocab)?;
         }
         self.model.dev.bind()?;
-        if self.kv_ext != Some((kc, vc)) {
-            self.kv_ext = Some((kc, vc));
-            if let Some(g) = self.graph.take() {
-                unsafe {
-                    let _ = drv::graph::exec_destroy(g);
-                }
-            }
-        }
+        self.point_at(kc, vc);
         // The device's position and token are no longer this session's own.
         self.pos_synced = false;
         self.dev_tok = None;
