@@ -656,8 +656,9 @@ impl Device {
         };
         t.min(cap)
     }
-    /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, else 0: the
-    /// kernels of one type load their weights a chunk ahead (kernels/matvec.cu, `Raw`).
+    /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, else 0: a kernel of
+    /// one type has its own registers (the 7B's verify of 8 tokens 5.6 against 6.3 ms with the
+    /// kernel for any types; docs/benchmarks.md, session 25).
     fn one_type(segs: &[&Seg]) -> usize {
         let mut types = segs.iter().filter(|s| s.rows > 0).map(|s| s.ty as u32);
         let Some(t) = types.next() else { return 0 };

@@ -340,7 +340,7 @@ DP4A_KERNELS(1)
 DP4A_KERNELS(2)
 DP4A_KERNELS(4)
 DP4A_KERNELS(8)
-// The same for matrices all of one main type (Q4_K, Q6_K): their loads a chunk ahead.
+// The same for matrices all of one main type (Q4_K, Q6_K), each with its own registers.
 #define DP4A_TYPED(N, SUF, T)                                                                           \
   extern "C" __global__ void __launch_bounds__(128, Q8_MINB)                                                 \
       matmul_q8_##N##_##SUF(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,     \
