@@ -2,11 +2,12 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|defab|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|defab|envab|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `decode`: issue 20's side by side (llama-bench, this binary with and without PDL, mens-old).
 # `omit`: what each kernel family costs inside the 7B decode graph (MENS_CUDA_OMIT).
 # `llamaserver`: issue 15's llama-server against mens serve, same load, same call.
 # `defab`: the binary under several sets of NVRTC defines (DEFS): decode and the verify pass.
+# `envab`: the same under several sets of environment settings (ENVS).
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -242,6 +243,33 @@ if [ "$MODE" = defab ]; then
       done
     done
   done | tee "$OUT/defab.txt"
+fi
+
+if [ "$MODE" = envab ]; then
+  # The same as defab with environment settings instead of NVRTC defines (ENVS, ';'-separated
+  # sets of VAR=VALUE words; e.g. ENVS="MENS_CUDA_MQ_FROM=0;" for the dp4a verify against the
+  # int8 tensor-core one), plus the batched runner at 1, 2, 4, 8 rows (WHAT: decode, verify, batch).
+  IFS=';' read -r -a envsets <<< "${ENVS:-;MENS_CUDA_MQ_FROM=0}"
+  for s in ${SHAPES//,/ }; do
+    m=$(synth "$s")
+    for round in 1 2; do
+      for e in "${envsets[@]}"; do
+        if [[ "${WHAT:-verify}" == *decode* ]]; then
+          env $e "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --depth 0,512 \
+            --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/synth $s, round $round, env '$e': /"
+        fi
+        if [[ "${WHAT:-verify}" == *verify* ]]; then
+          env $e "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 \
+            --verify 1,2,4,8,16 --verify-depth 512 -q 2>&1 | grep -E "verify|rror" | sed "s/^/synth $s, round $round, env '$e': /"
+        fi
+        if [[ "${WHAT:-verify}" == *batch* ]]; then
+          env $e "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 \
+            --concurrency 1,2,4,8 --concurrency-prompt 256 --gen 128 -q 2>&1 \
+            | grep -E "sequences together|rror" | sed "s/^/synth $s, round $round, env '$e': /"
+        fi
+      done
+    done
+  done | tee "$OUT/envab.txt"
 fi
 
 if [ "$MODE" = families ]; then

@@ -74,22 +74,43 @@ fn matvec_kernel_matches_reference_for_every_type() {
 #[test]
 fn batched_matmul_gives_the_matvec_bits_for_every_row_and_type() {
     let Some(dev) = device() else { return };
-    for (i, &t) in TYPES.iter().enumerate() {
-        let w = qtensor(t, 67, 768, i as u64);
+    // 768 columns: 24 chunks, fewer than a warp's 32 lanes; 4608: 144 chunks, four or five a
+    // lane (and for Q4_K and Q6_K, whose int8 tensor-core kernels keep the lanes' order in 32
+    // streams, more than one staged segment of 4096 columns). `mq`: those kernels.
+    let shapes = TYPES
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (i, t, 768usize, false))
+        .chain([
+            (0usize, TensorType::Q4K, 4608usize, false),
+            (1, TensorType::Q6K, 4608, false),
+            (0, TensorType::Q4K, 768, true),
+            (1, TensorType::Q6K, 768, true),
+            (0, TensorType::Q4K, 4608, true),
+            (1, TensorType::Q6K, 4608, true),
+        ]);
+    for (i, t, k, mq) in shapes {
+        let w = qtensor(t, 67, k, i as u64);
         // Each tile size (1, 2, 4, 8 rows; 3 and 5 pad their last tile); 19 rows: two full
-        // tiles of 8 and a partial one. 67 weight rows: the last warp has one row, not two.
+        // tiles of 8 and a partial one. 67 weight rows: the last warp has one row, not two
+        // (and the int8 tensor-core kernels' last tile of 16 has 3).
         for rows in [1usize, 2, 3, 4, 5, 8, 19] {
             let mut q = Vec::new();
             let mut ds = Vec::new();
             for b in 0..rows {
-                let (qb, db) = quantize_q8(&random(768, 1000 + (i * 100 + b) as u64));
+                let (qb, db) = quantize_q8(&random(k, 1000 + (i * 100 + b) as u64));
                 q.extend(qb);
                 ds.extend(db);
             }
-            let y = dev.test_matmul(&w, &q, &ds, rows, None).unwrap();
+            let y = if mq {
+                dev.test_matmul_mq(&w, &q, &ds, rows).unwrap()
+            } else {
+                dev.test_matmul(&w, &q, &ds, rows, None).unwrap()
+            };
+            let nc = k / 32;
             for b in 0..rows {
                 let one = dev
-                    .test_matvec(&w, &q[b * 768..(b + 1) * 768], &ds[b * 24..(b + 1) * 24])
+                    .test_matvec(&w, &q[b * k..(b + 1) * k], &ds[b * nc..(b + 1) * nc])
                     .unwrap();
                 let got = &y[b * 67..(b + 1) * 67];
                 let same = got
@@ -98,7 +119,7 @@ fn batched_matmul_gives_the_matvec_bits_for_every_row_and_type() {
                     .all(|(a, c)| a.to_bits() == c.to_bits());
                 assert!(
                     same,
-                    "{} row {b} of {rows}: batched {:?} vs matvec {:?}",
+                    "{} ({k} columns, int8 MMA: {mq}) row {b} of {rows}: batched {:?} vs matvec {:?}",
                     t.name(),
                     &got[..4],
                     &one[..4]
@@ -106,7 +127,7 @@ fn batched_matmul_gives_the_matvec_bits_for_every_row_and_type() {
             }
         }
         eprintln!(
-            "matmul_q8 {}: bitwise equal to matvec for 1, 2, 3, 4, 5, 8, 19 rows",
+            "matmul_q8 {} ({k} columns, int8 MMA: {mq}): bitwise equal to matvec for 1, 2, 3, 4, 5, 8, 19 rows",
             t.name()
         );
     }
@@ -676,6 +697,60 @@ fn glu_kernel_matches_reference() {
         eprintln!("glu {}/{}: rel L2 {e:.2e}", t.name(), tu.name());
         // The output is quantized to q8.
         assert!(e < 1e-2, "{}/{}: rel L2 {e}", t.name(), tu.name());
+    }
+}
+
+/// The batch gate/up kernels (dp4a, and the int8 tensor-core ones for Q4_K and Q6_K) give every
+/// activation row the bits the decode kernel gives it alone.
+#[test]
+fn batched_glu_gives_the_decode_bits() {
+    let Some(dev) = device() else { return };
+    for (t, seed) in [
+        (TensorType::Q4K, 1u64),
+        (TensorType::Q6K, 2),
+        (TensorType::Q5_0, 3),
+    ] {
+        // 4608 columns: 144 chunks, several a lane; 96 rows: three blocks of 32.
+        let (gate, up) = (qtensor(t, 96, 4608, seed), qtensor(t, 96, 4608, seed + 10));
+        for (rows, mq) in [1usize, 2, 5, 8, 11]
+            .into_iter()
+            .flat_map(|r| [(r, false), (r, true)])
+        {
+            let mut q = Vec::new();
+            let mut ds = Vec::new();
+            for b in 0..rows {
+                let (qb, db) = quantize_q8(&random(4608, seed * 100 + b as u64));
+                q.extend(qb);
+                ds.extend(db);
+            }
+            let y = dev.test_glu_batch(&gate, &up, &q, &ds, rows, mq).unwrap();
+            for b in 0..rows {
+                let one = dev
+                    .test_glu(
+                        &gate,
+                        &up,
+                        &q[b * 4608..(b + 1) * 4608],
+                        &ds[b * 144..(b + 1) * 144],
+                        false,
+                        8,
+                    )
+                    .unwrap();
+                let got = &y[b * 96..(b + 1) * 96];
+                assert!(
+                    got.iter()
+                        .zip(&one)
+                        .all(|(a, c)| a.to_bits() == c.to_bits()),
+                    "{} (int8 MMA: {mq}) row {b} of {rows}: batch {:?} vs decode {:?}",
+                    t.name(),
+                    &got[..4],
+                    &one[..4]
+                );
+            }
+        }
+        eprintln!(
+            "glu_q8_b {}: bitwise equal to the decode kernel for 1, 2, 5, 8, 11 rows, dp4a and int8 MMA",
+            t.name()
+        );
     }
 }
 

@@ -971,7 +971,9 @@ impl CudaBatch {
             } else {
                 if let Some((wq, wkn)) = &l.qk_norm {
                     // Qwen3: matmul, per-head norm, then RoPE and the cache write (see the session).
-                    launch!(dev, (dev.matmul_q8(narrow, &[&l.q.seg, &l.k.seg, &l.v.seg])) as "matmul_q8 (qkv)", Device::q8_grid(row), 128;
+                    let (k, grid, block) =
+                        dev.matmul_q8(narrow, bp, &[&l.q.seg, &l.k.seg, &l.v.seg]);
+                    launch!(dev, (k) as "matmul_q8 (qkv)", grid, block;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, self.qkv.ptr,
                         row as i32, 0u64, bias, 0i32)?;
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
@@ -987,13 +989,15 @@ impl CudaBatch {
                         self.q.ptr, wk, wv, self.qkv.ptr)?;
                 }
                 att(li, kc, vc, 0)?;
-                launch!(dev, (dev.matmul_q8(narrow, &[&l.o.seg])) as "matmul_q8 (attn_output + residual)", Device::q8_grid(c.dim), 128;
+                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.o.seg]);
+                launch!(dev, (k) as "matmul_q8 (attn_output + residual)", grid, block;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
                     0u64, 0u64, 1i32)?;
                 norm(l.ffn_norm.ptr)?;
                 launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
-                launch!(dev, (dev.matmul_q8(narrow, &[&l.down.seg])) as "matmul_q8 (ffn_down + residual)", Device::q8_grid(c.dim), 128;
+                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.down.seg]);
+                launch!(dev, (k) as "matmul_q8 (ffn_down + residual)", grid, block;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
                     0u64, 0u64, 1i32)?;
                 norm(rest.ptr)?;
@@ -1005,7 +1009,8 @@ impl CudaBatch {
                 head.seg, Seg::NONE, Seg::NONE, d, self.x16.ptr, b, self.logits.ptr, v as i32, orow,
                 0u64, 0i32, part, counters)?;
         } else {
-            launch!(dev, (dev.matmul_q8(bp, &[&head.seg])) as "matmul_q8 (LM head)", Device::q8_grid(v), 128;
+            let (k, grid, block) = dev.matmul_q8(bp, bp, &[&head.seg]);
+            launch!(dev, (k) as "matmul_q8 (LM head)", grid, block;
                 head.seg, Seg::NONE, Seg::NONE, d, self.aq.ptr, self.ad.ptr, b, self.logits.ptr,
                 v as i32, orow, 0u64, 0i32)?;
         }

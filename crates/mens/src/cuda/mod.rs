@@ -34,6 +34,7 @@ const SRC: &str = concat!(
     include_str!("kernels/prefill.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/batch.cu"),
+    include_str!("kernels/mmq.cu"),
     include_str!("kernels/sample.cu"),
 );
 /// Keys per decode attention split (SPLIT in kernels/common.cuh).
@@ -139,6 +140,10 @@ kernels!(
     glu_q8_b_2_q6k,
     glu_q8_b_4_q6k,
     glu_q8_b_8_q6k,
+    matmul_mq_q4k,
+    matmul_mq_q6k,
+    glu_mq_q4k,
+    glu_mq_q6k,
     qkv_rope_b_1,
     qkv_rope_b_2,
     qkv_rope_b_4,
@@ -671,8 +676,52 @@ impl Device {
             _ => 0,
         }
     }
-    fn matmul_q8(&self, b: usize, segs: &[&Seg]) -> sys::CUfunction {
+    /// Whether `rows` activation rows go through the int8 tensor-core kernels (kernels/mmq.cu:
+    /// the dp4a kernels' bits, 8 rows a tile) for Q4_K and Q6_K matrices: from
+    /// `MENS_CUDA_MQ_FROM=N` rows; never by default (measured no faster than dp4a on the H200:
+    /// docs/benchmarks.md, session 26).
+    fn mq(rows: usize) -> bool {
+        static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        rows >= *FROM.get_or_init(|| {
+            std::env::var("MENS_CUDA_MQ_FROM")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n: &usize| n > 0)
+                .unwrap_or(usize::MAX)
+        })
+    }
+    /// The batch matmul for `rows` activation rows (`tile`: the dp4a tile it would use) over the
+    /// stacked matrices `segs`: the kernel, its grid and its block size.
+    fn matmul_q8(
+        &self,
+        tile: usize,
+        rows: usize,
+        segs: &[&Seg],
+    ) -> (sys::CUfunction, (u32, u32), u32) {
+        self.matmul_q8_with(tile, segs, Self::mq(rows))
+    }
+    /// The same with the int8 tensor-core kernels (`mq`, where the matrices allow) or not.
+    fn matmul_q8_with(
+        &self,
+        tile: usize,
+        segs: &[&Seg],
+        mq: bool,
+    ) -> (sys::CUfunction, (u32, u32), u32) {
         let f = &self.f;
+        let n: usize = segs.iter().map(|s| s.rows.max(0) as usize).sum();
+        let ty = Self::one_type(segs);
+        if ty > 0 && mq {
+            let k = [f.matmul_mq_q4k, f.matmul_mq_q6k][ty - 1];
+            // Tiles of 16 rows; four a block when there are many (the block's staged
+            // activations serve them all), else one (every SM busy).
+            let tiles = n.div_ceil(16);
+            let blocks = if tiles > 1056 {
+                tiles.div_ceil(4)
+            } else {
+                tiles
+            };
+            return (k, (blocks as u32, 1), 256);
+        }
         let k = [
             [f.matmul_q8_1, f.matmul_q8_2, f.matmul_q8_4, f.matmul_q8_8],
             [
@@ -688,10 +737,19 @@ impl Device {
                 f.matmul_q8_8_q6k,
             ],
         ];
-        k[Self::one_type(segs)][Self::dp4a_tile(b)]
+        (k[ty][Self::dp4a_tile(tile)], (n.div_ceil(8) as u32, 1), 128)
     }
+    /// The batch gate/up kernel for `b` activation rows (grid `f / 32`, 256 threads either way).
     fn glu_q8_b(&self, b: usize, gate: &Seg, up: &Seg) -> sys::CUfunction {
+        self.glu_q8_b_with(b, gate, up, Self::mq(b))
+    }
+    /// The same with the int8 tensor-core kernels (`mq`, where the matrices allow) or not.
+    fn glu_q8_b_with(&self, b: usize, gate: &Seg, up: &Seg, mq: bool) -> sys::CUfunction {
         let f = &self.f;
+        let ty = Self::one_type(&[gate, up]);
+        if ty > 0 && mq {
+            return [f.glu_mq_q4k, f.glu_mq_q6k][ty - 1];
+        }
         let k = [
             [f.glu_q8_b_1, f.glu_q8_b_2, f.glu_q8_b_4, f.glu_q8_b_8],
             [
@@ -707,7 +765,7 @@ impl Device {
                 f.glu_q8_b_8_q6k,
             ],
         ];
-        k[Self::one_type(&[gate, up])][Self::dp4a_tile(b)]
+        k[ty][Self::dp4a_tile(b)]
     }
     fn qkv_rope_b(&self, b: usize) -> sys::CUfunction {
         let f = &self.f;
@@ -718,11 +776,6 @@ impl Device {
             f.qkv_rope_b_8,
         ][Self::dp4a_tile(b)]
     }
-    /// Blocks of `matmul_q8_*` for `rows` weight rows (two a warp, four warps a block).
-    fn q8_grid(rows: usize) -> (u32, u32) {
-        (rows.div_ceil(8) as u32, 1)
-    }
-
     /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
     fn matmul_h16(&self, b: usize) -> sys::CUfunction {
         match b {

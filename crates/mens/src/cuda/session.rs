@@ -1111,7 +1111,8 @@ impl CudaSession {
             }
             let b = chunk.len();
             let orow = self.pos_many.at(4 * (orow_at + k * HEAD_ROWS));
-            launch!(dev, (dev.matmul_q8(b, &[&m.head().seg])) as "matmul_q8 (LM head)", Device::q8_grid(v), 128;
+            let (k, grid, block) = dev.matmul_q8(b, b, &[&m.head().seg]);
+            launch!(dev, (k) as "matmul_q8 (LM head)", grid, block;
                 m.head().seg, Seg::NONE, Seg::NONE, d as i32, self.aq.ptr, self.ad.ptr, b as i32,
                 out.0, v as i32, orow, 0u64, 0i32)?;
             for &(_, r) in chunk {

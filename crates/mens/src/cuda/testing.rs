@@ -30,6 +30,30 @@ impl Device {
         rows: usize,
         mma: Option<u32>,
     ) -> Result<Vec<f32>> {
+        self.test_matmul_q8(w, q, ds, rows, mma, false)
+    }
+
+    /// The same through the int8 tensor-core kernels (kernels/mmq.cu) where `w`'s type has
+    /// them (Q4_K, Q6_K), else dp4a.
+    pub fn test_matmul_mq(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
+        self.test_matmul_q8(w, q, ds, rows, None, true)
+    }
+
+    fn test_matmul_q8(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+        mma: Option<u32>,
+        mq: bool,
+    ) -> Result<Vec<f32>> {
         self.bind()?;
         let m = Mat::upload(self, w)?;
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
@@ -58,7 +82,8 @@ impl Device {
                 )));
             }
         } else {
-            launch!(self, (self.matmul_q8(rows, &[&m.seg])) as "matmul_q8", Device::q8_grid(w.rows), 128;
+            let (k, grid, block) = self.matmul_q8_with(rows, &[&m.seg], mq);
+            launch!(self, (k) as "matmul_q8", grid, block;
                 m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, rows as i32, out.ptr,
                 w.rows as i32, 0u64, 0u64, 0i32)?;
         }
@@ -158,6 +183,29 @@ impl Device {
         launch!(self, [f], ((rows / 32) as u32, 1), 32 * warps;
             g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr)?;
         self.dequant_q8(&hq, &hd, rows)
+    }
+
+    /// The batch gate/up kernel for `rows` activation rows (one after another in `q`, `ds`):
+    /// dp4a, or with `mq` the int8 tensor-core one where the types have it; [rows][gate rows],
+    /// dequantized.
+    pub fn test_glu_batch(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+        mq: bool,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let f = gate.rows;
+        let hq = self.upload(&vec![0i8; rows * f])?;
+        let hd = self.upload(&vec![[f32::NAN; 2]; rows * f / 32])?;
+        launch!(self, (self.glu_q8_b_with(rows, &g.seg, &u.seg, mq)) as "glu_q8_b", ((f / 32) as u32, 1), 256;
+            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, rows as i32, hq.ptr, hd.ptr)?;
+        self.dequant_q8(&hq, &hd, rows * f)
     }
 
     /// Q/K/V matvec + bias + RoPE at position `pos` + cache write by the fused kernel: returns
