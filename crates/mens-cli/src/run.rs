@@ -74,7 +74,10 @@ fn prefill_with_progress(
     {
         return Ok((0, t0.elapsed()));
     }
-    let head = &prompt[..prompt.len() - 1];
+    // The last token (at least: the last `uniform_pass` tokens, so that the final pass computes
+    // them as one pass over the whole prompt would) is left to generate, which takes its logits.
+    let u = sess.uniform_pass();
+    let head = &prompt[..mens::stream::uniform_keep(prompt.len() - 1, prompt.len(), u)];
     let bar = indicatif::ProgressBar::with_draw_target(
         Some(head.len() as u64),
         indicatif::ProgressDrawTarget::hidden(),
@@ -84,12 +87,13 @@ fn prefill_with_progress(
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut done = 0;
-    for c in head.chunks(PREFILL_CHUNK) {
+    while done < head.len() {
         if INTERRUPTED.load(Ordering::SeqCst) {
             break;
         }
-        sess.forward(c, mens::Logits::None)?;
-        done += c.len();
+        let n = mens::stream::next_pass(head.len() - done, PREFILL_CHUNK, u);
+        sess.forward(&head[done..done + n], mens::Logits::None)?;
+        done += n;
         if bar.is_hidden() && t0.elapsed().as_secs_f64() > 1.0 {
             // stderr only: hidden again by indicatif when stderr is not a terminal.
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -386,7 +390,7 @@ mod tests {
         let prompt: Vec<u32> = (0..1300u32).map(|i| (i * 37 + i / 5) % 250 + 3).collect();
         let mut a = Session::new(model.clone(), options.clone()).unwrap();
         let (pre, _) = prefill_with_progress(&mut a, &prompt, false).unwrap();
-        assert_eq!(pre, prompt.len() - 1);
+        assert_eq!(pre, prompt.len() - 64);
         a.forward(&prompt[pre..], mens::Logits::Last).unwrap();
         let mut b = Session::new(model.clone(), options.clone()).unwrap();
         b.forward(&prompt, mens::Logits::Last).unwrap();

@@ -45,6 +45,17 @@ impl Default for SessionOptions {
     }
 }
 
+/// Rows from which a pass computes each row the same way whatever its size: the tiled prompt
+/// attention's 64 on an f16 cache (unless every pass runs decode's arithmetic), else 1 (a quantized
+/// cache runs every pass the one way).
+fn uniform_rows(types: (KvType, KvType), exact: bool) -> usize {
+    if types == (KvType::F16, KvType::F16) && !exact && crate::kernels::tiled_prompt_attention() {
+        crate::kernels::TILED_ATTENTION_FROM
+    } else {
+        1
+    }
+}
+
 /// The K and V cache of every layer, [layer][kv head][position][head_dim], in f16 (llama.cpp's
 /// default cache type) or in Q8_0 / Q4_0 blocks (`SessionOptions::cache_k` / `cache_v`), one
 /// allocation each. Head-major, so that attention streams each head's rows contiguously (with
@@ -723,6 +734,11 @@ impl Session {
         self.run.exact_attention = on;
     }
 
+    /// [`Runner::uniform_pass`] for this session's cache and attention setting.
+    fn uniform_rows(&self) -> usize {
+        uniform_rows(self.seq.kv.types, self.run.exact_attention)
+    }
+
     pub fn pos(&self) -> usize {
         self.seq.tokens.len()
     }
@@ -760,9 +776,11 @@ impl Session {
     /// Run `tokens` through the model after what the cache already holds.
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.seq.check(tokens, self.model.config.vocab_size)?;
-        let b = self.options.batch;
+        let (b, uniform) = (self.options.batch, self.uniform_rows());
         let mut done = 0;
-        for chunk in tokens.chunks(b) {
+        while done < tokens.len() {
+            let n = crate::stream::next_pass(tokens.len() - done, b, uniform);
+            let chunk = &tokens[done..done + n];
             let last = done + chunk.len() == tokens.len();
             match logits.start() {
                 None if last && matches!(logits, Logits::Last) => {
@@ -1022,6 +1040,9 @@ impl Runner for Session {
             cache,
         )?))
     }
+    fn uniform_pass(&self) -> usize {
+        self.uniform_rows()
+    }
     fn max_step_tokens(&self) -> usize {
         self.options.ctx
     }
@@ -1083,6 +1104,9 @@ impl Runner for Batch {
     }
     fn ctx(&self) -> usize {
         self.slots[0].ctx
+    }
+    fn uniform_pass(&self) -> usize {
+        uniform_rows(self.cache(), self.run.exact_attention)
     }
     fn max_step_tokens(&self) -> usize {
         self.batch

@@ -100,6 +100,14 @@ pub trait Runner {
     fn slot_tokens(&self, slot: usize) -> &[u32];
     /// Drop a slot's cache entries after `n` tokens (no copy: the next step overwrites them).
     fn truncate_slot(&mut self, slot: usize, n: usize);
+    /// Rows from which a prompt pass computes each row the same way whatever the pass's size (1:
+    /// any size, or none is promised). The CPU runs passes of 64 rows and more with llama.cpp's tiled
+    /// attention and shorter ones with decode's: the scheduler keeps the passes of a prompt of 128
+    /// tokens or more at 64 rows or more, so a request that reuses a cached prefix gets a cold
+    /// request's bits.
+    fn uniform_pass(&self) -> usize {
+        1
+    }
     /// Whether [`Runner::shift_kv`] works (cache reuse across edits needs it).
     fn can_shift_kv(&self) -> bool {
         false

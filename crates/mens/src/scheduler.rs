@@ -14,7 +14,9 @@ use crate::model::{KvType, Model};
 use crate::runner::{Logits, Part, Runner};
 use crate::sample::{Sampler, SamplerConfig, TokenLogprobs};
 use crate::spec::SpecOptions;
-use crate::stream::{move_order, reusable_prefix, reuse_chunks, Chunk, TokenStream};
+use crate::stream::{
+    move_order, next_pass, reusable_prefix, reuse_chunks, uniform_keep, Chunk, TokenStream,
+};
 use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -436,8 +438,9 @@ impl Work {
 }
 
 /// Plan a step within `budget` tokens: every decoding slot feeds its one token (decoding streams
-/// never wait on a prompt), then prompts are fed in chunks, in slot order, in the room left.
-pub fn plan(slots: &[Option<SlotState>], budget: usize, out: &mut Vec<Work>) {
+/// never wait on a prompt), then prompts are fed in chunks, in slot order, in the room left, each
+/// chunk of at least `uniform` rows where the room allows ([`next_pass`]).
+pub fn plan(slots: &[Option<SlotState>], budget: usize, uniform: usize, out: &mut Vec<Work>) {
     out.clear();
     let mut room = budget;
     for (slot, s) in slots.iter().enumerate() {
@@ -452,7 +455,13 @@ pub fn plan(slots: &[Option<SlotState>], budget: usize, out: &mut Vec<Work>) {
     for (slot, s) in slots.iter().enumerate() {
         if let Some(s) = s {
             if !s.decoding && room > 0 && s.fed < s.prefill_end {
-                let len = (s.prefill_end - s.fed).min(room);
+                // Up to a reused chunk the rows are not a cold prefill's anyway.
+                let u = if s.prefill_end == s.prompt_len {
+                    uniform
+                } else {
+                    1
+                };
+                let len = next_pass(s.prefill_end - s.fed, room, u);
                 out.push(Work::Prefill {
                     slot,
                     start: s.fed,
@@ -605,7 +614,12 @@ fn run(
                 decode_len: f.len().max(1),
             });
         }
-        plan(&states, l.runner.max_step_tokens(), &mut work);
+        plan(
+            &states,
+            l.runner.max_step_tokens(),
+            l.runner.uniform_pass(),
+            &mut work,
+        );
         if work.is_empty() {
             continue;
         }
@@ -698,6 +712,10 @@ impl Loop<'_> {
                 if moved {
                     reuse.extend(chunks);
                 }
+            }
+            if reuse.is_empty() {
+                // The prompt's last pass as long as a cold request's would be: the same bits.
+                keep = uniform_keep(keep, job.req.prompt.len(), self.runner.uniform_pass());
             }
             self.runner.truncate_slot(slot, keep);
             self.owner[slot] = Some(job.req.tenant);
@@ -1205,7 +1223,7 @@ mod tests {
             None,
             busy(7, 7, true),
         ];
-        plan(&slots, 128, &mut w);
+        plan(&slots, 128, 1, &mut w);
         assert_eq!(
             w,
             vec![
@@ -1232,7 +1250,7 @@ mod tests {
     #[test]
     fn prompts_fill_the_room_in_chunks_and_finish() {
         let mut w = Vec::new();
-        plan(&[busy(300, 256, false), busy(50, 0, false)], 64, &mut w);
+        plan(&[busy(300, 256, false), busy(50, 0, false)], 64, 1, &mut w);
         assert_eq!(
             w,
             vec![
@@ -1250,15 +1268,50 @@ mod tests {
                 },
             ]
         );
-        plan(&[None, None], 64, &mut w);
+        plan(&[None, None], 64, 1, &mut w);
         assert!(w.is_empty());
         // More decoding slots than room: the budget holds.
         plan(
             &[busy(1, 1, true), busy(1, 1, true), busy(1, 1, true)],
             2,
+            1,
             &mut w,
         );
         assert_eq!(w.len(), 2);
+    }
+
+    /// With a runner whose passes of 64 rows and more compute every row alike, no prompt chunk
+    /// of a prompt of 128 tokens or more is shorter than 64 rows where the room allows.
+    #[test]
+    fn prompt_chunks_keep_the_uniform_pass_length() {
+        let mut w = Vec::new();
+        let lens = |w: &[Work]| -> Vec<usize> {
+            w.iter()
+                .map(|x| match x {
+                    Work::Prefill { len, .. } => *len,
+                    Work::Decode { len, .. } => *len,
+                })
+                .collect()
+        };
+        // 530 tokens in steps of 512: 466 then 64, not 512 then 18.
+        plan(&[busy(530, 0, false)], 512, 64, &mut w);
+        assert_eq!(lens(&w), vec![466]);
+        plan(&[busy(530, 466, false)], 512, 64, &mut w);
+        assert_eq!(lens(&w), vec![64]);
+        // Without the promise, the room decides.
+        plan(&[busy(530, 0, false)], 512, 1, &mut w);
+        assert_eq!(lens(&w), vec![512]);
+        // Room for less than 64 rows: the chunk waits for none (the prompt still advances).
+        plan(&[busy(1, 1, true), busy(300, 0, false)], 40, 64, &mut w);
+        assert_eq!(lens(&w), vec![1, 39]);
+        // A prompt below 128 tokens is split as the room falls.
+        plan(&[busy(100, 0, false)], 80, 64, &mut w);
+        assert_eq!(lens(&w), vec![80]);
+        // Up to a reused chunk (moved rows) the room decides too.
+        let mut s = busy(530, 0, false);
+        s.as_mut().unwrap().prefill_end = 520;
+        plan(&[s], 512, 64, &mut w);
+        assert_eq!(lens(&w), vec![512]);
     }
 
     #[test]

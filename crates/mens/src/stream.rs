@@ -114,6 +114,38 @@ impl TokenStream {
     }
 }
 
+/// The length of a prompt's next pass: `rem` tokens left, `room` in this step. With `uniform` > 1
+/// (the runner computes a row the same way in any pass of at least that many rows:
+/// [`crate::runner::Runner::uniform_pass`]) a prompt of `2 * uniform` tokens or more is split so
+/// that every pass has at least `uniform` rows, when the room allows: its rows then get the bits a
+/// cold prefill of the same text gives them, however it was chunked.
+pub fn next_pass(rem: usize, room: usize, uniform: usize) -> usize {
+    let len = rem.min(room);
+    if len == rem || uniform <= 1 || rem < 2 * uniform {
+        return len;
+    }
+    // Leave at least `uniform` rows for the next pass, and take at least `uniform`.
+    let len = len.min(rem - uniform);
+    if len >= uniform {
+        len
+    } else {
+        rem.min(room)
+    }
+}
+
+/// A reusable prefix `keep` of a `len`-token prompt, moved back so that the tokens left to run make
+/// one pass of at least `uniform` rows (see [`next_pass`]): with `uniform` > 1 the prompt's last
+/// rows, and so its logits, are then those of a cold prefill of the same text, bit for bit. Only
+/// for prompts of `2 * uniform` tokens and more: a shorter one keeps its whole prefix (running 64
+/// of its tokens again would cost more than half of its prefill).
+pub fn uniform_keep(keep: usize, len: usize, uniform: usize) -> usize {
+    if uniform > 1 && len >= 2 * uniform && len - keep < uniform {
+        len - uniform
+    } else {
+        keep
+    }
+}
+
 /// How much of a cache holding `cached` a new `prompt` can keep: the common prefix, leaving at least
 /// the prompt's last token to run (its logits start the answer).
 pub fn reusable_prefix(cached: &[u32], prompt: &[u32]) -> usize {
@@ -201,6 +233,34 @@ pub fn move_order(chunks: &[Chunk]) -> Vec<Chunk> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passes_and_kept_prefixes_respect_the_uniform_length() {
+        // Every split of n tokens in steps of `room` has passes of 64 rows or more.
+        for n in 128..1200 {
+            for room in [64usize, 100, 512] {
+                let (mut done, mut passes) = (0, Vec::new());
+                while done < n {
+                    let k = next_pass(n - done, room, 64);
+                    assert!(k > 0 && k <= room);
+                    passes.push(k);
+                    done += k;
+                }
+                assert_eq!(done, n);
+                if room >= 128 {
+                    assert!(passes.iter().all(|&k| k >= 64), "{n} in {room}: {passes:?}");
+                }
+            }
+        }
+        assert_eq!(next_pass(530, 512, 1), 512);
+        assert_eq!(next_pass(30, 512, 64), 30);
+        // A cached prefix leaves at least 64 tokens to run, when the prompt has them.
+        assert_eq!(uniform_keep(1000, 1010, 64), 946);
+        assert_eq!(uniform_keep(900, 1010, 64), 900);
+        assert_eq!(uniform_keep(40, 50, 64), 40);
+        assert_eq!(uniform_keep(70, 100, 64), 70);
+        assert_eq!(uniform_keep(1009, 1010, 1), 1009);
+    }
 
     /// Moving chunks in `move_order` within one array gives every chunk its rows at `dst`, for
     /// random edits (insertions, deletions, replacements) of a random token sequence.

@@ -8,7 +8,7 @@ mod common;
 use mens::cpu::{Session, SessionOptions};
 use mens::runner::{Logits, Runner};
 use mens::sample::argmax;
-use mens::stream::{move_order, reusable_prefix, reuse_chunks};
+use mens::stream::{move_order, reusable_prefix, reuse_chunks, uniform_keep};
 
 fn source(edit: bool) -> String {
     let mut s = String::new();
@@ -104,4 +104,55 @@ fn moved_cache_rows_give_logits_close_to_a_cold_prefill() {
         unmoved.0,
         moved.0
     );
+}
+
+/// Exact prefix reuse (no rows moved) gives a cold prefill's logits bit for bit when the tokens
+/// run again make passes of 64 rows or more: the CPU's tiled prompt attention computes a row alike
+/// in any such pass (the matmuls in any pass), so the scheduler keeps 64 tokens or more to run
+/// (`uniform_keep`) and splits prompts into passes of 64 or more (`next_pass`, which
+/// `Session::forward` uses too). An edit near the end of the file, whose common prefix would leave
+/// a few tokens to run, is the case: run as they are, those rows take decode's arithmetic.
+#[test]
+fn exact_prefix_reuse_gives_the_cold_logits_bit_for_bit() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let t = &l.tokenizer;
+    let base = source(false);
+    let edited = format!("{base}2(state, v)\n    return state\n");
+    let (before, after) = (
+        t.encode_text(&format!("{base}1(state, v)\n"), usize::MAX)
+            .unwrap(),
+        t.encode_text(&edited, usize::MAX).unwrap(),
+    );
+    let opts = SessionOptions {
+        ctx: 2048,
+        batch: 512,
+        logit_rows: 1,
+        ..Default::default()
+    };
+    let mut cold = Session::new(l.model.clone(), opts.clone()).unwrap();
+    cold.forward(&after, Logits::Last).unwrap();
+    let cold_logits = cold.logits().to_vec();
+    let uniform = cold.uniform_pass();
+    assert_eq!(uniform, 64, "f16 cache, tiled prompt attention");
+    let keep = reusable_prefix(&before, &after);
+    assert!(after.len() - keep < 64, "the edit is near the end");
+    for (k, want_bits) in [
+        (uniform_keep(keep, after.len(), uniform), true),
+        (keep, false),
+    ] {
+        let mut s = Session::new(l.model.clone(), opts.clone()).unwrap();
+        s.forward(&before, Logits::None).unwrap();
+        s.truncate(k);
+        s.forward(&after[k..], Logits::Last).unwrap();
+        let same = s.logits() == &cold_logits[..];
+        eprintln!(
+            "kept {k} of {} tokens (common prefix {keep}): {} tokens run, logits bit for bit as cold: {same}, rel. L2 {:.2e}",
+            after.len(),
+            after.len() - k,
+            rel_l2(s.logits(), &cold_logits)
+        );
+        if want_bits {
+            assert!(same, "kept {k}: not the cold logits");
+        }
+    }
 }
