@@ -50,6 +50,23 @@ fn warm(s: &mut Session, prompt: &[u32], moved: bool) -> (Vec<f32>, usize) {
     (s.logits().to_vec(), prefilled)
 }
 
+fn options() -> SessionOptions {
+    SessionOptions {
+        ctx: 2048,
+        batch: 512,
+        logit_rows: 1,
+        ..Default::default()
+    }
+}
+
+/// A fresh session that prefilled `prompt`, and its last logits.
+fn cold_run(l: &common::Loaded, prompt: &[u32]) -> (Session, Vec<f32>) {
+    let mut cold = Session::new(l.model.clone(), options()).unwrap();
+    cold.forward(prompt, Logits::Last).unwrap();
+    let logits = cold.logits().to_vec();
+    (cold, logits)
+}
+
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
@@ -64,15 +81,8 @@ fn moved_cache_rows_give_logits_close_to_a_cold_prefill() {
         t.encode_text(&source(false), usize::MAX).unwrap(),
         t.encode_text(&source(true), usize::MAX).unwrap(),
     );
-    let opts = SessionOptions {
-        ctx: 2048,
-        batch: 512,
-        logit_rows: 1,
-        ..Default::default()
-    };
-    let mut cold = Session::new(l.model.clone(), opts.clone()).unwrap();
-    cold.forward(&after, Logits::Last).unwrap();
-    let cold_logits = cold.logits().to_vec();
+    let opts = options();
+    let (_, cold_logits) = cold_run(&l, &after);
 
     let mut results = Vec::new();
     for moved in [true, false] {
@@ -123,15 +133,8 @@ fn exact_prefix_reuse_gives_the_cold_logits_bit_for_bit() {
             .unwrap(),
         t.encode_text(&edited, usize::MAX).unwrap(),
     );
-    let opts = SessionOptions {
-        ctx: 2048,
-        batch: 512,
-        logit_rows: 1,
-        ..Default::default()
-    };
-    let mut cold = Session::new(l.model.clone(), opts.clone()).unwrap();
-    cold.forward(&after, Logits::Last).unwrap();
-    let cold_logits = cold.logits().to_vec();
+    let opts = options();
+    let (cold, cold_logits) = cold_run(&l, &after);
     let uniform = cold.uniform_pass();
     assert_eq!(uniform, 64, "f16 cache, tiled prompt attention");
     let keep = reusable_prefix(&before, &after);
