@@ -734,11 +734,6 @@ impl Session {
         self.run.exact_attention = on;
     }
 
-    /// [`Runner::uniform_pass`] for this session's cache and attention setting.
-    fn uniform_rows(&self) -> usize {
-        uniform_rows(self.seq.kv.types, self.run.exact_attention)
-    }
-
     pub fn pos(&self) -> usize {
         self.seq.tokens.len()
     }
@@ -776,7 +771,7 @@ impl Session {
     /// Run `tokens` through the model after what the cache already holds.
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.seq.check(tokens, self.model.config.vocab_size)?;
-        let (b, uniform) = (self.options.batch, self.uniform_rows());
+        let (b, uniform) = (self.options.batch, Runner::uniform_pass(self));
         let mut done = 0;
         while done < tokens.len() {
             let n = crate::stream::next_pass(tokens.len() - done, b, uniform);
@@ -1041,7 +1036,7 @@ impl Runner for Session {
         )?))
     }
     fn uniform_pass(&self) -> usize {
-        self.uniform_rows()
+        uniform_rows(self.seq.kv.types, self.run.exact_attention)
     }
     fn max_step_tokens(&self) -> usize {
         self.options.ctx

@@ -1301,7 +1301,7 @@ mod tests {
         // Without the promise, the room decides.
         plan(&[busy(530, 0, false)], 512, 1, &mut w);
         assert_eq!(lens(&w), vec![512]);
-        // Room for less than 64 rows: the chunk waits for none (the prompt still advances).
+        // Room for less than 64 rows: the chunk takes the room (the prompt still advances).
         plan(&[busy(1, 1, true), busy(300, 0, false)], 40, 64, &mut w);
         assert_eq!(lens(&w), vec![1, 39]);
         // A prompt below 128 tokens is split as the room falls.

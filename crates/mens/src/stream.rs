@@ -116,8 +116,8 @@ impl TokenStream {
 
 /// The length of a prompt's next pass: `rem` tokens left, `room` in this step. With `uniform` > 1
 /// (the runner computes a row the same way in any pass of at least that many rows:
-/// [`crate::runner::Runner::uniform_pass`]) a prompt of `2 * uniform` tokens or more is split so
-/// that every pass has at least `uniform` rows, when the room allows: its rows then get the bits a
+/// [`crate::runner::Runner::uniform_pass`]), while `2 * uniform` tokens or more are left, the split
+/// leaves every pass at least `uniform` rows when the room allows: the rows then get the bits a
 /// cold prefill of the same text gives them, however it was chunked.
 pub fn next_pass(rem: usize, room: usize, uniform: usize) -> usize {
     let len = rem.min(room);

@@ -17,12 +17,9 @@ pub mod pool;
 pub mod profile;
 mod prompt_attention;
 /// Query rows from which a pass's attention runs the tiled f32 arithmetic.
-pub(crate) use prompt_attention::FROM as TILED_ATTENTION_FROM;
-
-/// Whether passes of [`TILED_ATTENTION_FROM`] rows or more may run the tiled prompt attention.
-pub(crate) fn tiled_prompt_attention() -> bool {
-    prompt_attention::allowed()
-}
+pub(crate) use prompt_attention::{
+    allowed as tiled_prompt_attention, FROM as TILED_ATTENTION_FROM,
+};
 mod simd;
 pub mod x8;
 
