@@ -25,6 +25,7 @@ pub mod model;
 pub mod models;
 pub mod pages;
 pub mod perplexity;
+pub mod repack;
 pub mod rope;
 pub mod runner;
 pub mod sample;

@@ -72,6 +72,32 @@ fn matvec_kernel_matches_reference_for_every_type() {
 }
 
 #[test]
+fn the_gpu_layout_gives_the_gguf_layouts_bits() {
+    let Some(dev) = device() else { return };
+    // 3584 columns: 14 superblocks, a Q6_K row of 2940 bytes padded to 2944 in the GPU layout.
+    for (i, t) in [TensorType::Q4K, TensorType::Q6K].into_iter().enumerate() {
+        for k in [768usize, 3584, 4608] {
+            let w = qtensor(t, 67, k, 40 + i as u64);
+            let (q, ds) = quantize_q8(&random(k, 77 + k as u64));
+            let gguf = dev.test_matvec_as(&w, &q, &ds, false).unwrap();
+            let gpu = dev.test_matvec_as(&w, &q, &ds, true).unwrap();
+            assert!(gguf.iter().all(|v| v.is_finite()), "{} {k}", t.name());
+            let same = gguf
+                .iter()
+                .zip(&gpu)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{} ({k} columns): {:?} vs {:?}",
+                t.name(),
+                &gguf[..4],
+                &gpu[..4]
+            );
+        }
+    }
+}
+
+#[test]
 fn batched_matmul_gives_the_matvec_bits_for_every_row_and_type() {
     let Some(dev) = device() else { return };
     // 768 columns: 24 chunks, fewer than a warp's 32 lanes; 4608: 144 chunks, four or five a

@@ -15,6 +15,7 @@
 use crate::error::{Error, Result};
 use crate::gguf::TensorType;
 use crate::model::{Config, KvType, Model};
+use crate::repack;
 use crate::rope::{RopeStyle, RopeTable};
 use crate::runner::Logits;
 use crate::sample::Sampler;
@@ -98,6 +99,8 @@ kernels!(
     matvec_glu_q8_q6k,
     matvec_glu_q8_q5_0,
     matvec_glu_q8_q8_0,
+    matvec_glu_q8_q4kr,
+    matvec_glu_q8_q6kr,
     rmsnorm_q8,
     add_rmsnorm_f16,
     dequant_f16,
@@ -140,6 +143,22 @@ kernels!(
     glu_q8_b_2_q6k,
     glu_q8_b_4_q6k,
     glu_q8_b_8_q6k,
+    matmul_q8_1_q4kr,
+    matmul_q8_2_q4kr,
+    matmul_q8_4_q4kr,
+    matmul_q8_8_q4kr,
+    glu_q8_b_1_q4kr,
+    glu_q8_b_2_q4kr,
+    glu_q8_b_4_q4kr,
+    glu_q8_b_8_q4kr,
+    matmul_q8_1_q6kr,
+    matmul_q8_2_q6kr,
+    matmul_q8_4_q6kr,
+    matmul_q8_8_q6kr,
+    glu_q8_b_1_q6kr,
+    glu_q8_b_2_q6kr,
+    glu_q8_b_4_q6kr,
+    glu_q8_b_8_q6kr,
     matmul_mq_q4k,
     matmul_mq_q6k,
     glu_mq_q4k,
@@ -582,13 +601,19 @@ impl Device {
     /// registers), or the kernel for any types.
     fn glu(&self, gate: &Seg, up: &Seg) -> (&'static str, sys::CUfunction) {
         let f = &self.f;
-        let same = gate.ty == up.ty;
-        match TensorType::from_id(gate.ty as u32) {
-            Some(TensorType::Q4K) if same => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
-            Some(TensorType::Q6K) if same => ("matvec_glu_q8_q6k", f.matvec_glu_q8_q6k),
-            Some(TensorType::Q5_0) if same => ("matvec_glu_q8_q5_0", f.matvec_glu_q8_q5_0),
-            Some(TensorType::Q8_0) if same => ("matvec_glu_q8_q8_0", f.matvec_glu_q8_q8_0),
-            _ => ("matvec_glu_q8", f.matvec_glu_q8),
+        if gate.ty != up.ty {
+            return ("matvec_glu_q8", f.matvec_glu_q8);
+        }
+        match gate.ty as u32 {
+            repack::Q4_KR => ("matvec_glu_q8_q4kr", f.matvec_glu_q8_q4kr),
+            repack::Q6_KR => ("matvec_glu_q8_q6kr", f.matvec_glu_q8_q6kr),
+            t => match TensorType::from_id(t) {
+                Some(TensorType::Q4K) => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
+                Some(TensorType::Q6K) => ("matvec_glu_q8_q6k", f.matvec_glu_q8_q6k),
+                Some(TensorType::Q5_0) => ("matvec_glu_q8_q5_0", f.matvec_glu_q8_q5_0),
+                Some(TensorType::Q8_0) => ("matvec_glu_q8_q8_0", f.matvec_glu_q8_q8_0),
+                _ => ("matvec_glu_q8", f.matvec_glu_q8),
+            },
         }
     }
 
@@ -661,19 +686,24 @@ impl Device {
         };
         t.min(cap)
     }
-    /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, else 0: a kernel of
-    /// one type has its own registers (the 7B's verify of 8 tokens 5.6 against 6.3 ms with the
-    /// kernel for any types; docs/benchmarks.md, session 25).
+    /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, 3 and 4 when they
+    /// are repacked ([`repack`]), else 0: a kernel of one type has its own registers (the 7B's
+    /// verify of 8 tokens 5.6 against 6.3 ms with the kernel for any types; docs/benchmarks.md,
+    /// session 25).
     fn one_type(segs: &[&Seg]) -> usize {
         let mut types = segs.iter().filter(|s| s.rows > 0).map(|s| s.ty as u32);
         let Some(t) = types.next() else { return 0 };
         if types.any(|u| u != t) {
             return 0;
         }
-        match TensorType::from_id(t) {
-            Some(TensorType::Q4K) => 1,
-            Some(TensorType::Q6K) => 2,
-            _ => 0,
+        match t {
+            repack::Q4_KR => 3,
+            repack::Q6_KR => 4,
+            t => match TensorType::from_id(t) {
+                Some(TensorType::Q4K) => 1,
+                Some(TensorType::Q6K) => 2,
+                _ => 0,
+            },
         }
     }
     /// Whether `rows` activation rows go through the int8 tensor-core kernels (kernels/mmq.cu:
@@ -710,7 +740,7 @@ impl Device {
         let f = &self.f;
         let n: usize = segs.iter().map(|s| s.rows.max(0) as usize).sum();
         let ty = Self::one_type(segs);
-        if ty > 0 && mq {
+        if (1..=2).contains(&ty) && mq {
             let k = [f.matmul_mq_q4k, f.matmul_mq_q6k][ty - 1];
             // Tiles of 16 rows; four a block when there are many (the block's staged
             // activations serve them all), else one (every SM busy).
@@ -736,6 +766,18 @@ impl Device {
                 f.matmul_q8_4_q6k,
                 f.matmul_q8_8_q6k,
             ],
+            [
+                f.matmul_q8_1_q4kr,
+                f.matmul_q8_2_q4kr,
+                f.matmul_q8_4_q4kr,
+                f.matmul_q8_8_q4kr,
+            ],
+            [
+                f.matmul_q8_1_q6kr,
+                f.matmul_q8_2_q6kr,
+                f.matmul_q8_4_q6kr,
+                f.matmul_q8_8_q6kr,
+            ],
         ];
         (k[ty][Self::dp4a_tile(tile)], (n.div_ceil(8) as u32, 1), 128)
     }
@@ -747,7 +789,7 @@ impl Device {
     fn glu_q8_b_with(&self, b: usize, gate: &Seg, up: &Seg, mq: bool) -> sys::CUfunction {
         let f = &self.f;
         let ty = Self::one_type(&[gate, up]);
-        if ty > 0 && mq {
+        if (1..=2).contains(&ty) && mq {
             return [f.glu_mq_q4k, f.glu_mq_q6k][ty - 1];
         }
         let k = [
@@ -763,6 +805,18 @@ impl Device {
                 f.glu_q8_b_2_q6k,
                 f.glu_q8_b_4_q6k,
                 f.glu_q8_b_8_q6k,
+            ],
+            [
+                f.glu_q8_b_1_q4kr,
+                f.glu_q8_b_2_q4kr,
+                f.glu_q8_b_4_q4kr,
+                f.glu_q8_b_8_q4kr,
+            ],
+            [
+                f.glu_q8_b_1_q6kr,
+                f.glu_q8_b_2_q6kr,
+                f.glu_q8_b_4_q6kr,
+                f.glu_q8_b_8_q6kr,
             ],
         ];
         k[ty][Self::dp4a_tile(b)]
@@ -1047,8 +1101,20 @@ pub struct Mat {
     pub cols: usize,
 }
 
+/// Whether Q4_K and Q6_K matrices are uploaded in the GPU layout of [`repack`] (default; same
+/// bits; `MENS_CUDA_REPACK=0` keeps the GGUF layout, for measurements).
+fn repack_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MENS_CUDA_REPACK").as_deref() != Ok("0"))
+}
+
 impl Mat {
     pub fn upload(dev: &Device, t: &QTensor) -> Result<Mat> {
+        Self::upload_as(dev, t, repack_on())
+    }
+
+    /// Upload `t`, in the GPU layout where it has one and `gpu_layout` asks for it.
+    pub fn upload_as(dev: &Device, t: &QTensor, gpu_layout: bool) -> Result<Mat> {
         if !SUPPORTED.contains(&t.ttype) {
             return Err(Error::Model(format!(
                 "tensor type {} is not supported by the CUDA backend",
@@ -1061,11 +1127,14 @@ impl Mat {
                 t.cols
             )));
         }
-        let buf = dev.upload(t.data())?;
+        let (buf, row_bytes, ty) = match gpu_layout.then(|| repack::repack(t)).flatten() {
+            Some(r) => (dev.upload(&r.data)?, r.row_bytes, r.ty),
+            None => (dev.upload(t.data())?, t.row_bytes(), t.ttype.id()),
+        };
         let seg = Seg {
             w: buf.ptr,
-            row_bytes: t.row_bytes() as u64,
-            ty: t.ttype.id() as i32,
+            row_bytes: row_bytes as u64,
+            ty: ty as i32,
             rows: t.rows as i32,
         };
         Ok(Mat {

@@ -7,8 +7,19 @@ use super::*;
 impl Device {
     /// y = W · a with the decode matvec kernel; `a` is q8 (see reference::quantize_q8).
     pub fn test_matvec(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
+        self.test_matvec_as(w, q, ds, repack_on())
+    }
+
+    /// The same with `w` uploaded in the GPU layout ([`repack`], where its type has one) or not.
+    pub fn test_matvec_as(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        gpu_layout: bool,
+    ) -> Result<Vec<f32>> {
         self.bind()?;
-        let m = Mat::upload(self, w)?;
+        let m = Mat::upload_as(self, w, gpu_layout)?;
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
         let out = self.upload(&vec![f32::NAN; w.rows])?;
         launch!(self, matvec, (w.rows.div_ceil(4) as u32, 1), 128;
@@ -55,7 +66,8 @@ impl Device {
         mq: bool,
     ) -> Result<Vec<f32>> {
         self.bind()?;
-        let m = Mat::upload(self, w)?;
+        // The int8 tensor-core kernels read the GGUF layout.
+        let m = Mat::upload_as(self, w, !mq && repack_on())?;
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
         let out = self.upload(&vec![f32::NAN; rows * w.rows])?;
         if let Some(splits) = mma {
@@ -198,7 +210,11 @@ impl Device {
         mq: bool,
     ) -> Result<Vec<f32>> {
         self.bind()?;
-        let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
+        let layout = !mq && repack_on();
+        let (g, u) = (
+            Mat::upload_as(self, gate, layout)?,
+            Mat::upload_as(self, up, layout)?,
+        );
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
         let f = gate.rows;
         let hq = self.upload(&vec![0i8; rows * f])?;

@@ -57,7 +57,7 @@ __device__ __forceinline__ void dot_tile(const u8* const (&rows)[R], int c, cons
   W32 w[R];
   bool ok = true;
 #pragma unroll
-  for (int i = 0; i < R; i++) ok = unpack32<T>(rows[i], c, w[i]);
+  for (int i = 0; i < R; i++) ok = unpack32<T>(rows[i], c, w[i], nchunks);
   if (ok) {
     dot_w<T, N, R>(w, c, aq, ad, cols, b0, B, acc);
   } else {  // float weights: one activation row at a time (unrolled, they took 168 registers)
@@ -72,7 +72,7 @@ __device__ __forceinline__ void dot_tile(const u8* const (&rows)[R], int c, cons
       float2 ds = ad[b * nchunks + c];
 #pragma unroll
       for (int i = 0; i < R; i++) {
-        float v = dot32<T>(rows[i], c, a, ds.x, ds.y);
+        float v = dot32<T>(rows[i], c, a, ds.x, ds.y, nchunks);
 #pragma unroll
         for (int k = 0; k < N; k++)  // acc[i][j] += v, with acc kept in registers
           if (k == j) acc[i][k] += v;
@@ -96,14 +96,14 @@ __device__ void tile_dots_t(const u8* const (&rows)[R], int cols, const i8* __re
     Raw<T> r[R];
     if (lane < nchunks)
 #pragma unroll
-      for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], lane);
+      for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], lane, nchunks);
     for (int c = lane; c < nchunks; c += 32) {
       W32 w[R];
 #pragma unroll
       for (int i = 0; i < R; i++) raw_unpack<T>(r[i], w[i]);
       if (c + 32 < nchunks)
 #pragma unroll
-        for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], c + 32);
+        for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], c + 32, nchunks);
       dot_w<T, N, R>(w, c, aq, ad, cols, b0, B, acc);
     }
   } else
@@ -132,6 +132,8 @@ __device__ void tile_dots(int type, const u8* const (&rows)[R], int cols, const 
   switch (type) {
     case T_Q4_K: tile_dots_t<T_Q4_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
     case T_Q6_K: tile_dots_t<T_Q6_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_KR: tile_dots_t<T_Q4_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q6_KR: tile_dots_t<T_Q6_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
     case T_Q5_0: tile_dots_t<T_Q5_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
     case T_Q8_0: tile_dots_t<T_Q8_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
     case T_Q4_0: tile_dots_t<T_Q4_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
@@ -360,6 +362,14 @@ DP4A_TYPED(1, q6k, T_Q6_K)
 DP4A_TYPED(2, q6k, T_Q6_K)
 DP4A_TYPED(4, q6k, T_Q6_K)
 DP4A_TYPED(8, q6k, T_Q6_K)
+DP4A_TYPED(1, q4kr, T_Q4_KR)
+DP4A_TYPED(2, q4kr, T_Q4_KR)
+DP4A_TYPED(4, q4kr, T_Q4_KR)
+DP4A_TYPED(8, q4kr, T_Q4_KR)
+DP4A_TYPED(1, q6kr, T_Q6_KR)
+DP4A_TYPED(2, q6kr, T_Q6_KR)
+DP4A_TYPED(4, q6kr, T_Q6_KR)
+DP4A_TYPED(8, q6kr, T_Q6_KR)
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
@@ -491,9 +501,22 @@ __device__ __forceinline__ void deq4_h(u32 x0, u32 x1, u32 off, u32 d, u32 m, u3
 // 2t+8, 2t+9 of the lower MMA hold values 8t..8t+3, those of the upper one 8t+4..8t+7); the
 // activations use the same permutation, so each thread reads 8 contiguous weights and 16
 // contiguous activation bytes.
-__device__ __forceinline__ void deq_frag(int type, const u8* row, int c, int t, u32* h) {
+__device__ __forceinline__ void deq_frag(int type, const u8* row, int c, int t, u32* h, int n) {
   float v[8];
   switch (type) {
+    case T_Q4_KR: {  // the Q4_K case's expressions, from the repacked chunk
+      W32 w;
+      unpack32<T_Q4_KR>(row, c, w, n);
+      deq4_h((u32)w.q[2 * t], (u32)w.q[2 * t + 1], 0x64006400u, dup_h(w.a * (float)w.s0), dup_h(-w.b * (float)w.s1), h);
+      return;
+    }
+    case T_Q6_KR: {  // the Q6_K case's: values back to 0..63 (unpack32 gives them less 32)
+      W32 w;
+      unpack32<T_Q6_KR>(row, c, w, n);
+      u32 x0 = __vadd4((u32)w.q[2 * t], 0x20202020u), x1 = __vadd4((u32)w.q[2 * t + 1], 0x20202020u);
+      deq4_h(x0, x1, 0x64206420u, dup_h(w.a * (float)((t >> 1) ? w.s1 : w.s0)), 0u, h);
+      return;
+    }
     case T_Q4_K:
     case T_Q5_K: {
       bool k5 = type == T_Q5_K;
@@ -623,8 +646,8 @@ __device__ __forceinline__ void mma_cols(RowRef ra, RowRef rb, int cols, const u
       int c = c0 + u * KW;
 #pragma unroll
       for (int p = 0; p < 4; p++) ha[u][p] = hb[u][p] = 0;
-      if (c < cb1 && ra.p) deq_frag(ra.type, ra.p, c, t, ha[u]);
-      if (c < cb1 && rb.p) deq_frag(rb.type, rb.p, c, t, hb[u]);
+      if (c < cb1 && ra.p) deq_frag(ra.type, ra.p, c, t, ha[u], cols / 32);
+      if (c < cb1 && rb.p) deq_frag(rb.type, rb.p, c, t, hb[u], cols / 32);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {

@@ -2,10 +2,10 @@
 // Dot product of the c-th 32-value chunk of a weight row with 32 q8 activations (aq, d8, s8).
 
 template <int T>
-__device__ __forceinline__ float dot32(const u8* row, int c, const int* a, float d8, float s8);
+__device__ __forceinline__ float dot32(const u8* row, int c, const int* a, float d8, float s8, int n);
 
 template <>
-__device__ __forceinline__ float dot32<T_Q8_0>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q8_0>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + c * 34;
   int s = 0;
 #pragma unroll
@@ -13,7 +13,7 @@ __device__ __forceinline__ float dot32<T_Q8_0>(const u8* row, int c, const int* 
   return h2f(*(const u16*)b) * d8 * (float)s;
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q4_0>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q4_0>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + c * 18;
   int s = 0;
 #pragma unroll
@@ -25,7 +25,7 @@ __device__ __forceinline__ float dot32<T_Q4_0>(const u8* row, int c, const int* 
   return h2f(*(const u16*)b) * (d8 * (float)s - 8.f * s8);
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q4_1>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q4_1>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + c * 20;
   int s = 0;
 #pragma unroll
@@ -40,7 +40,7 @@ __device__ __forceinline__ int spread4(u32 h) {  // 4 bits -> bit 4 of each byte
   return (int)(((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q5_0>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q5_0>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + c * 22;
   u32 qh = (u32)ld2(b + 2);
   int s = 0;
@@ -53,7 +53,7 @@ __device__ __forceinline__ float dot32<T_Q5_0>(const u8* row, int c, const int* 
   return h2f(*(const u16*)b) * (d8 * (float)s - 16.f * s8);
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q5_1>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q5_1>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + c * 24;
   u32 qh = (u32)ld4(b + 4);
   int s = 0;
@@ -66,7 +66,7 @@ __device__ __forceinline__ float dot32<T_Q5_1>(const u8* row, int c, const int* 
   return h2f(*(const u16*)b) * d8 * (float)s + h2f(*(const u16*)(b + 2)) * s8;
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q4_K>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q4_K>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + (c >> 3) * 144;  // blocks are 16-byte aligned (144 = 9 * 16)
   int sub = c & 7;
   const int4* q4 = (const int4*)(b + 16 + (sub >> 1) * 32);
@@ -82,7 +82,7 @@ __device__ __forceinline__ float dot32<T_Q4_K>(const u8* row, int c, const int* 
   return h2f((u16)(h.x & 0xffff)) * (float)sc * d8 * (float)s - h2f((u16)((u32)h.x >> 16)) * (float)m * s8;
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q5_K>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q5_K>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + (c >> 3) * 176;  // blocks are 16-byte aligned (176 = 11 * 16)
   int sub = c & 7;
   int4 h = *(const int4*)b;  // d, dmin, scales[12]
@@ -109,12 +109,12 @@ __device__ __forceinline__ void ld8_a2(const u8* p, int* out) {
   for (int i = 0; i < 8; i++) out[i] = (int)__funnelshift_r(x[i], x[i + 1], sh);
 }
 template <>
-__device__ __forceinline__ float dot32<T_Q6_K>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_Q6_K>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u8* b = row + (c >> 3) * 210;
-  int sub = c & 7, n = sub >> 2, g = sub & 3;
-  const u8* ql = b + n * 64 + (g & 1) * 32;
-  const u8* qh = b + 128 + n * 32;
-  const i8* sc = (const i8*)(b + 192) + n * 8 + 2 * g;
+  int sub = c & 7, hf = sub >> 2, g = sub & 3;
+  const u8* ql = b + hf * 64 + (g & 1) * 32;
+  const u8* qh = b + 128 + hf * 32;
+  const i8* sc = (const i8*)(b + 192) + hf * 8 + 2 * g;
   int lsh = (g >> 1) * 4, hsh = 2 * g;
   int l[8], h[8];
   ld8_a2(ql, l);
@@ -134,21 +134,21 @@ __device__ __forceinline__ float dot32<T_Q6_K>(const u8* row, int c, const int* 
 }
 __device__ __forceinline__ float a8(const int* a, int i) { return (float)((const i8*)a)[i]; }
 template <>
-__device__ __forceinline__ float dot32<T_F16>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_F16>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u16* w = (const u16*)row + c * 32;
   float s = 0.f;
   for (int i = 0; i < 32; i++) s += h2f(w[i]) * a8(a, i);
   return s * d8;
 }
 template <>
-__device__ __forceinline__ float dot32<T_BF16>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_BF16>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const u16* w = (const u16*)row + c * 32;
   float s = 0.f;
   for (int i = 0; i < 32; i++) s += __int_as_float((int)((u32)w[i] << 16)) * a8(a, i);
   return s * d8;
 }
 template <>
-__device__ __forceinline__ float dot32<T_F32>(const u8* row, int c, const int* a, float d8, float s8) {
+__device__ __forceinline__ float dot32<T_F32>(const u8* row, int c, const int* a, float d8, float s8, int n) {
   const float* w = (const float*)row + c * 32;
   float s = 0.f;
   for (int i = 0; i < 32; i++) s += w[i] * a8(a, i);
@@ -166,7 +166,7 @@ struct W32 {
 };
 
 template <int T>
-__device__ __forceinline__ bool unpack32(const u8* row, int c, W32& w) { return false; }
+__device__ __forceinline__ bool unpack32(const u8* row, int c, W32& w, int n) { return false; }
 template <int T>
 __device__ __forceinline__ float finish(const W32& w, int lo, int hi, float d8, float s8) { return 0.f; }
 
@@ -179,20 +179,21 @@ __device__ __forceinline__ float finish(const W32& w, int lo, int hi, float d8, 
 template <int T>
 struct Raw {
   const u8* row;
-  int c;
+  int c, n;
 };
 template <int T>
-__device__ __forceinline__ void raw_load(Raw<T>& r, const u8* row, int c) {
+__device__ __forceinline__ void raw_load(Raw<T>& r, const u8* row, int c, int n) {
   r.row = row;
   r.c = c;
+  r.n = n;
 }
 template <int T>
-__device__ __forceinline__ bool raw_unpack(const Raw<T>& r, W32& w) { return unpack32<T>(r.row, r.c, w); }
+__device__ __forceinline__ bool raw_unpack(const Raw<T>& r, W32& w) { return unpack32<T>(r.row, r.c, w, r.n); }
 #define RAW_UNPACK32(T)                                                     \
   template <>                                                               \
-  __device__ __forceinline__ bool unpack32<T>(const u8* row, int c, W32& w) { \
+  __device__ __forceinline__ bool unpack32<T>(const u8* row, int c, W32& w, int n) { \
     Raw<T> r;                                                               \
-    raw_load<T>(r, row, c);                                                 \
+    raw_load<T>(r, row, c, n);                                              \
     return raw_unpack<T>(r, w);                                             \
   }
 
@@ -202,7 +203,7 @@ struct Raw<T_Q8_0> {
   u16 d;
 };
 template <>
-__device__ __forceinline__ void raw_load<T_Q8_0>(Raw<T_Q8_0>& r, const u8* row, int c) {
+__device__ __forceinline__ void raw_load<T_Q8_0>(Raw<T_Q8_0>& r, const u8* row, int c, int n) {
   const u8* b = row + c * 34;
 #pragma unroll
   for (int i = 0; i < 8; i++) r.q[i] = ld2(b + 2 + 4 * i);
@@ -221,7 +222,7 @@ __device__ __forceinline__ float finish<T_Q8_0>(const W32& w, int lo, int hi, fl
   return w.a * d8 * (float)(lo + hi);
 }
 template <>
-__device__ __forceinline__ bool unpack32<T_Q4_0>(const u8* row, int c, W32& w) {
+__device__ __forceinline__ bool unpack32<T_Q4_0>(const u8* row, int c, W32& w, int n) {
   const u8* b = row + c * 18;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -237,7 +238,7 @@ __device__ __forceinline__ float finish<T_Q4_0>(const W32& w, int lo, int hi, fl
   return w.a * (d8 * (float)(lo + hi) - 8.f * s8);
 }
 template <>
-__device__ __forceinline__ bool unpack32<T_Q4_1>(const u8* row, int c, W32& w) {
+__device__ __forceinline__ bool unpack32<T_Q4_1>(const u8* row, int c, W32& w, int n) {
   const u8* b = row + c * 20;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -260,7 +261,7 @@ struct Raw<T_Q5_0> {
   u16 d;
 };
 template <>
-__device__ __forceinline__ void raw_load<T_Q5_0>(Raw<T_Q5_0>& r, const u8* row, int c) {
+__device__ __forceinline__ void raw_load<T_Q5_0>(Raw<T_Q5_0>& r, const u8* row, int c, int n) {
   const u8* b = row + c * 22;
   r.qh = (u32)ld2(b + 2);
 #pragma unroll
@@ -284,7 +285,7 @@ __device__ __forceinline__ float finish<T_Q5_0>(const W32& w, int lo, int hi, fl
   return w.a * (d8 * (float)(lo + hi) - 16.f * s8);
 }
 template <>
-__device__ __forceinline__ bool unpack32<T_Q5_1>(const u8* row, int c, W32& w) {
+__device__ __forceinline__ bool unpack32<T_Q5_1>(const u8* row, int c, W32& w, int n) {
   const u8* b = row + c * 24;
   u32 qh = (u32)ld4(b + 4);
 #pragma unroll
@@ -307,7 +308,7 @@ struct Raw<T_Q4_K> {
   int sub;
 };
 template <>
-__device__ __forceinline__ void raw_load<T_Q4_K>(Raw<T_Q4_K>& r, const u8* row, int c) {
+__device__ __forceinline__ void raw_load<T_Q4_K>(Raw<T_Q4_K>& r, const u8* row, int c, int n) {
   const u8* b = row + (c >> 3) * 144;
   r.sub = c & 7;
   const int4* q4 = (const int4*)(b + 16 + (r.sub >> 1) * 32);
@@ -332,7 +333,7 @@ __device__ __forceinline__ float finish<T_Q4_K>(const W32& w, int lo, int hi, fl
   return w.a * (float)w.s0 * d8 * (float)(lo + hi) - w.b * (float)w.s1 * s8;
 }
 template <>
-__device__ __forceinline__ bool unpack32<T_Q5_K>(const u8* row, int c, W32& w) {
+__device__ __forceinline__ bool unpack32<T_Q5_K>(const u8* row, int c, W32& w, int n) {
   const u8* b = row + (c >> 3) * 176;  // 16-byte aligned blocks
   int sub = c & 7;
   int4 h = *(const int4*)b;
@@ -361,11 +362,11 @@ struct Raw<T_Q6_K> {
   u16 sc, d;
 };
 template <>
-__device__ __forceinline__ void raw_load<T_Q6_K>(Raw<T_Q6_K>& r, const u8* row, int c) {
+__device__ __forceinline__ void raw_load<T_Q6_K>(Raw<T_Q6_K>& r, const u8* row, int c, int n) {
   const u8* b = row + (c >> 3) * 210;
-  int sub = c & 7, n = sub >> 2, g = sub & 3;
-  const u8* ql = b + n * 64 + (g & 1) * 32;
-  const u8* qh = b + 128 + n * 32;  // ql and qh: the same alignment as b
+  int sub = c & 7, hf = sub >> 2, g = sub & 3;
+  const u8* ql = b + hf * 64 + (g & 1) * 32;
+  const u8* qh = b + 128 + hf * 32;  // ql and qh: the same alignment as b
   const u32* wl = (const u32*)((u64)ql & ~(u64)3);
   const u32* wh = (const u32*)((u64)qh & ~(u64)3);
 #pragma unroll
@@ -375,7 +376,7 @@ __device__ __forceinline__ void raw_load<T_Q6_K>(Raw<T_Q6_K>& r, const u8* row, 
   }
   r.sh = ((u32)(u64)b & 3) * 8;
   r.sub = sub;
-  r.sc = *(const u16*)(b + 192 + n * 8 + 2 * g);
+  r.sc = *(const u16*)(b + 192 + hf * 8 + 2 * g);
   r.d = *(const u16*)(b + 208);
 }
 template <>
@@ -398,10 +399,90 @@ __device__ __forceinline__ float finish<T_Q6_K>(const W32& w, int lo, int hi, fl
   return w.a * d8 * (float)(w.s0 * lo + w.s1 * hi);
 }
 
+// The repacked layouts (cuda/repack.rs). A chunk's 32 values, 4 bits each, in 16 bytes: word i
+// holds values 4i..4i+3 in its low nibbles and 16+4i..16+4i+3 in its high ones (one 16-byte load
+// per lane, a warp's lanes reading consecutive chunks: 512 contiguous bytes, where the GGUF order
+// spreads a chunk over 32 bytes shared with its neighbour).
+// Q4_KR: superblocks of 144 bytes, the GGUF header (d, dmin, scales[12]) then chunks 0..7.
+// Q6_KR: a row of n chunks in four parts, each 16-byte aligned (the GGUF's 210-byte superblocks
+// are only 2-byte aligned, so its chunk took 18 four-byte loads): low nibbles (16 bytes a chunk),
+// high bits (8 bytes a chunk: word j's byte k holds, in bits 2m..2m+1, value 4(4j+m)+k's), the
+// chunk's two int8 scales, and each superblock's f16 d.
+template <>
+struct Raw<T_Q4_KR> {
+  int4 h, x;
+  int sub;
+};
+template <>
+__device__ __forceinline__ void raw_load<T_Q4_KR>(Raw<T_Q4_KR>& r, const u8* row, int c, int n) {
+  const u8* b = row + (c >> 3) * 144;
+  r.sub = c & 7;
+  r.h = *(const int4*)b;
+  r.x = *(const int4*)(b + 16 + 16 * r.sub);
+}
+template <>
+__device__ __forceinline__ bool raw_unpack<T_Q4_KR>(const Raw<T_Q4_KR>& r, W32& w) {
+  int x[4] = {r.x.x, r.x.y, r.x.z, r.x.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    w.q[i] = x[i] & 0x0F0F0F0F;
+    w.q[4 + i] = (x[i] >> 4) & 0x0F0F0F0F;
+  }
+  q4k_scale_min(r.h, r.sub, &w.s0, &w.s1);
+  w.a = h2f((u16)(r.h.x & 0xffff));
+  w.b = h2f((u16)((u32)r.h.x >> 16));
+  return true;
+}
+RAW_UNPACK32(T_Q4_KR)
+template <>
+__device__ __forceinline__ float finish<T_Q4_KR>(const W32& w, int lo, int hi, float d8, float s8) {
+  return finish<T_Q4_K>(w, lo, hi, d8, s8);
+}
+template <>
+struct Raw<T_Q6_KR> {
+  uint4 l;
+  uint2 h;
+  u16 sc, d;
+};
+template <>
+__device__ __forceinline__ void raw_load<T_Q6_KR>(Raw<T_Q6_KR>& r, const u8* row, int c, int n) {
+  r.l = *(const uint4*)(row + 16 * c);
+  r.h = *(const uint2*)(row + 16 * n + 8 * c);
+  r.sc = *(const u16*)(row + 24 * n + 2 * c);
+  r.d = *(const u16*)(row + 26 * n + 2 * (c >> 3));
+}
+template <>
+__device__ __forceinline__ bool raw_unpack<T_Q6_KR>(const Raw<T_Q6_KR>& r, W32& w) {
+  u32 l[4] = {r.l.x, r.l.y, r.l.z, r.l.w}, h[2] = {r.h.x, r.h.y};
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    w.q[i] = sub32((int)(((l[i & 3] >> (4 * (i >> 2))) & 0x0F0F0F0Fu) | (((h[i >> 2] >> (2 * (i & 3))) & 0x03030303u) << 4)));
+  w.a = h2f(r.d);
+  w.s0 = (int)(i8)(r.sc & 0xff);
+  w.s1 = (int)(i8)(r.sc >> 8);
+  return true;
+}
+RAW_UNPACK32(T_Q6_KR)
+template <>
+__device__ __forceinline__ float finish<T_Q6_KR>(const W32& w, int lo, int hi, float d8, float s8) {
+  return finish<T_Q6_K>(w, lo, hi, d8, s8);
+}
+// dot32 of a repacked chunk: its finish() of the two halves (the bits of the GGUF type's dot32).
+#define DOT32_UNPACKED(T)                                                                              \
+  template <>                                                                                         \
+  __device__ __forceinline__ float dot32<T>(const u8* row, int c, const int* a, float d8, float s8, int n) { \
+    W32 w;                                                                                            \
+    unpack32<T>(row, c, w, n);                                                                        \
+    int lo = dp4a(w.q[3], a[3], dp4a(w.q[2], a[2], dp4a(w.q[1], a[1], dp4a(w.q[0], a[0], 0))));      \
+    int hi = dp4a(w.q[7], a[7], dp4a(w.q[6], a[6], dp4a(w.q[5], a[5], dp4a(w.q[4], a[4], 0))));      \
+    return finish<T>(w, lo, hi, d8, s8);                                                               \
+  }
+DOT32_UNPACKED(T_Q4_KR)
+DOT32_UNPACKED(T_Q6_KR)
 
 __device__ __forceinline__ constexpr bool int_form(int t) {
   return t == T_Q4_K || t == T_Q6_K || t == T_Q5_0 || t == T_Q8_0 || t == T_Q4_0 || t == T_Q4_1 ||
-         t == T_Q5_1 || t == T_Q5_K;
+         t == T_Q5_1 || t == T_Q5_K || t == T_Q4_KR || t == T_Q6_KR;
 }
 // The two 16-value halves of a chunk's dot with activations a0 (values 0-15) and a1 (16-31).
 __device__ __forceinline__ int dot16(const int* q, int4 a) {
@@ -417,11 +498,11 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
 #ifndef NO_PF
   if (int_form(T)) {  // the weights loaded a chunk ahead; finish() gives dot32's bits
     Raw<T> r;
-    if (lane < nchunks) raw_load<T>(r, row, lane);
+    if (lane < nchunks) raw_load<T>(r, row, lane, nchunks);
     for (int c = lane; c < nchunks; c += 32) {
       W32 w;
       raw_unpack<T>(r, w);
-      if (c + 32 < nchunks) raw_load<T>(r, row, c + 32);
+      if (c + 32 < nchunks) raw_load<T>(r, row, c + 32, nchunks);
       const int4* ap = (const int4*)(aq + c * 32);
       int4 a0 = ap[0], a1 = ap[1];
       float2 ds = ad[c];
@@ -438,7 +519,7 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
     a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
     a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
     float2 ds = ad[c];
-    acc += dot32<T>(row, c, a, ds.x, ds.y);
+    acc += dot32<T>(row, c, a, ds.x, ds.y, nchunks);
   }
   return warp_sum(acc);
 }
@@ -446,6 +527,8 @@ __device__ float row_dot(int type, const u8* row, int nchunks, const i8* aq, con
   switch (type) {
     case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad);
     case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad);
+    case T_Q4_KR: return row_dot_t<T_Q4_KR>(row, nchunks, aq, ad);
+    case T_Q6_KR: return row_dot_t<T_Q6_KR>(row, nchunks, aq, ad);
     case T_Q5_0: return row_dot_t<T_Q5_0>(row, nchunks, aq, ad);
     case T_Q8_0: return row_dot_t<T_Q8_0>(row, nchunks, aq, ad);
     case T_Q4_0: return row_dot_t<T_Q4_0>(row, nchunks, aq, ad);
@@ -511,16 +594,16 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
   if (int_form(T)) {
     Raw<T> ca, cb;
     if (lane < nchunks) {
-      raw_load<T>(ca, ra, lane);
-      raw_load<T>(cb, rb, lane);
+      raw_load<T>(ca, ra, lane, nchunks);
+      raw_load<T>(cb, rb, lane, nchunks);
     }
     for (int c = lane; c < nchunks; c += 32) {
       W32 wa, wb;
       raw_unpack<T>(ca, wa);
       raw_unpack<T>(cb, wb);
       if (c + 32 < nchunks) {
-        raw_load<T>(ca, ra, c + 32);
-        raw_load<T>(cb, rb, c + 32);
+        raw_load<T>(ca, ra, c + 32, nchunks);
+        raw_load<T>(cb, rb, c + 32, nchunks);
       }
       const int4* ap = (const int4*)(aq + c * 32);
       int4 a0 = ap[0], a1 = ap[1];
@@ -539,8 +622,8 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
     a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
     a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
     float2 ds = ad[c];
-    x += dot32<T>(ra, c, a, ds.x, ds.y);
-    y += dot32<T>(rb, c, a, ds.x, ds.y);
+    x += dot32<T>(ra, c, a, ds.x, ds.y, nchunks);
+    y += dot32<T>(rb, c, a, ds.x, ds.y, nchunks);
   }
   return make_float2(warp_sum(x), warp_sum(y));
 }
@@ -549,6 +632,8 @@ __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchun
     switch (ta) {
       case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad);
       case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad);
+      case T_Q4_KR: return row_dot2_t<T_Q4_KR>(ra, rb, nchunks, aq, ad);
+      case T_Q6_KR: return row_dot2_t<T_Q6_KR>(ra, rb, nchunks, aq, ad);
       case T_Q5_0: return row_dot2_t<T_Q5_0>(ra, rb, nchunks, aq, ad);
       case T_Q8_0: return row_dot2_t<T_Q8_0>(ra, rb, nchunks, aq, ad);
       default: break;
@@ -581,14 +666,23 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
   __syncthreads();
   if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
 }
+// -DGLU_DEC_MINB=N (measurements): registers sized for N blocks of 256 threads an SM (then
+// MENS_CUDA_GLU_WARPS must stay at most 8).
+#ifdef GLU_DEC_MINB
+#define GLU_LB __launch_bounds__(256, GLU_DEC_MINB)
+#else
+#define GLU_LB __launch_bounds__(1024)
+#endif
 #define GLU_Q8(NAME, T)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(1024)                                                      \
+  extern "C" __global__ void GLU_LB                                                                       \
       NAME(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq, float2* hd) {              \
     glu_q8<T>(gate, up, cols, aq, ad, hq, hd);                                                             \
   }
 GLU_Q8(matvec_glu_q8, -1)
 GLU_Q8(matvec_glu_q8_q4k, T_Q4_K)
 GLU_Q8(matvec_glu_q8_q6k, T_Q6_K)
+GLU_Q8(matvec_glu_q8_q4kr, T_Q4_KR)
+GLU_Q8(matvec_glu_q8_q6kr, T_Q6_KR)
 GLU_Q8(matvec_glu_q8_q5_0, T_Q5_0)
 GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
 

@@ -97,8 +97,25 @@ __device__ void deq32<T_F32>(const u8* row, int c, float* y) {
   const float* w = (const float*)row + c * 32;
   for (int i = 0; i < 32; i++) y[i] = w[i];
 }
-__device__ void deq(int type, const u8* row, int c, float* y) {
+// The repacked types (n: the row's chunks), through unpack32: the GGUF types' expressions above.
+__device__ void deq32_q4kr(const u8* row, int c, float* y, int n) {
+  W32 w;
+  unpack32<T_Q4_KR>(row, c, w, n);
+  float d = w.a * (float)w.s0, mn = w.b * (float)w.s1;
+  for (int i = 0; i < 32; i++) y[i] = d * (float)((w.q[i >> 2] >> (8 * (i & 3))) & 0xF) - mn;
+}
+__device__ void deq32_q6kr(const u8* row, int c, float* y, int n) {
+  W32 w;
+  unpack32<T_Q6_KR>(row, c, w, n);
+  for (int i = 0; i < 32; i++) {
+    int q = (int)(i8)(w.q[i >> 2] >> (8 * (i & 3)));
+    y[i] = w.a * (float)(i < 16 ? w.s0 : w.s1) * (float)q;
+  }
+}
+__device__ void deq(int type, const u8* row, int c, float* y, int n) {
   switch (type) {
+    case T_Q4_KR: deq32_q4kr(row, c, y, n); break;
+    case T_Q6_KR: deq32_q6kr(row, c, y, n); break;
     case T_Q4_K: deq32<T_Q4_K>(row, c, y); break;
     case T_Q6_K: deq32<T_Q6_K>(row, c, y); break;
     case T_Q5_0: deq32<T_Q5_0>(row, c, y); break;
@@ -121,7 +138,7 @@ extern "C" __global__ void dequant_f16(Seg s, int cols, u16* out) {
   u64 r = i / per_row;
   int c = (int)(i % per_row);
   float y[32];
-  deq(s.type, s.w + r * s.row_bytes, c, y);
+  deq(s.type, s.w + r * s.row_bytes, c, y, per_row);
   uint4* o = (uint4*)(out + r * cols + c * 32);  // 64 bytes, 16-byte stores
 #pragma unroll
   for (int k = 0; k < 4; k++) {
@@ -143,7 +160,7 @@ extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
   const u8* row = s.w + (u64)toks[t] * s.row_bytes;
   float y[32];
   for (int c = threadIdx.x; c < cols / 32; c += blockDim.x) {
-    deq(s.type, row, c, y);
+    deq(s.type, row, c, y, cols / 32);
     for (int k = 0; k < 32; k++) x[(u64)t * cols + c * 32 + k] = y[k];
   }
 }
