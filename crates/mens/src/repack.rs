@@ -199,4 +199,33 @@ mod tests {
         );
         assert!(repack(&q).is_none());
     }
+
+    /// How fast the upload's repacking runs (a measurement, not a check): every Q4_K and Q6_K
+    /// matrix of `MODEL` (a GGUF path): `MODEL=… cargo test --release -p mens --lib repack_speed
+    /// -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn repack_speed() {
+        let Ok(path) = std::env::var("MODEL") else {
+            return;
+        };
+        let m = crate::model::Model::open(std::path::Path::new(&path)).unwrap();
+        let mut mats: Vec<&QTensor> = vec![&m.embedding, &m.output];
+        for l in &m.layers {
+            mats.extend([&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
+        }
+        let t = std::time::Instant::now();
+        let bytes: usize = mats
+            .iter()
+            .filter_map(|q| repack(q))
+            .map(|r| r.data.len())
+            .sum();
+        let s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "repacked {} MB in {:.3} s: {:.0} MB/s",
+            bytes >> 20,
+            s,
+            bytes as f64 / s / 1e6
+        );
+    }
 }
