@@ -29,6 +29,9 @@ pub struct Repacked {
 
 /// Bytes of one row of `cols` values of `t` in the GPU layout, where it has one.
 pub fn row_bytes(t: TensorType, cols: usize) -> Option<usize> {
+    if cols == 0 || cols % 256 != 0 {
+        return None; // whole superblocks a row only (the GGUF reader checks it too)
+    }
     match t {
         TensorType::Q4K => Some(cols / 256 * 144),
         TensorType::Q6K => Some((cols / 256 * 210).next_multiple_of(16)),
