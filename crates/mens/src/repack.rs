@@ -27,21 +27,25 @@ pub struct Repacked {
     pub ty: u32,
 }
 
-/// Bytes of one row of `cols` values of `t` in the GPU layout, where it has one.
-pub fn row_bytes(t: TensorType, cols: usize) -> Option<usize> {
-    if cols == 0 || cols % 256 != 0 {
-        return None; // whole superblocks a row only (the GGUF reader checks it too)
+/// Writes one GGUF row (first argument) in the GPU layout (second).
+type RowPacker = fn(&[u8], &mut [u8]);
+
+/// Row bytes, kernel type id and row repacker of `t`'s GPU layout for rows of `cols` values, where
+/// it has one (rows of whole superblocks only; the GGUF reader checks that too).
+fn layout(t: TensorType, cols: usize) -> Option<(usize, u32, RowPacker)> {
+    if cols == 0 || !cols.is_multiple_of(256) {
+        return None;
     }
     match t {
-        TensorType::Q4K => Some(cols / 256 * 144),
-        TensorType::Q6K => Some((cols / 256 * 210).next_multiple_of(16)),
+        TensorType::Q4K => Some((cols / 256 * 144, Q4_KR, q4k_row)),
+        TensorType::Q6K => Some(((cols / 256 * 210).next_multiple_of(16), Q6_KR, q6k_row)),
         _ => None,
     }
 }
 
 /// `t` in its GPU layout, or None where it keeps the GGUF one.
 pub fn repack(t: &QTensor) -> Option<Repacked> {
-    let (out_rb, ty) = (row_bytes(t.ttype, t.cols)?, gpu_type(t.ttype)?);
+    let (out_rb, ty, pack) = layout(t.ttype, t.cols)?;
     let (src, in_rb) = (t.data(), t.row_bytes());
     let mut data = vec![0u8; out_rb * t.rows];
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -51,11 +55,7 @@ pub fn repack(t: &QTensor) -> Option<Repacked> {
             let src = &src[i * per * in_rb..];
             s.spawn(move || {
                 for (r, o) in out.chunks_exact_mut(out_rb).enumerate() {
-                    let row = &src[r * in_rb..(r + 1) * in_rb];
-                    match ty {
-                        Q4_KR => q4k_row(row, o),
-                        _ => q6k_row(row, o),
-                    }
+                    pack(&src[r * in_rb..(r + 1) * in_rb], o);
                 }
             });
         }
@@ -65,14 +65,6 @@ pub fn repack(t: &QTensor) -> Option<Repacked> {
         row_bytes: out_rb,
         ty,
     })
-}
-
-fn gpu_type(t: TensorType) -> Option<u32> {
-    match t {
-        TensorType::Q4K => Some(Q4_KR),
-        TensorType::Q6K => Some(Q6_KR),
-        _ => None,
-    }
 }
 
 /// 32 four-bit values → 16 bytes (value b low, 16 + b high).
