@@ -40,6 +40,11 @@ for f in .device/*.xz; do
   chmod +x "$BIN/$(basename "$f" .xz)"
 done
 export MENS_CUDA_CACHE=/tmp/mens-cuda-cache
+# PTX compiled where the binaries were built (scripts/cuda-build.sh): no NVRTC compile here.
+mkdir -p "$MENS_CUDA_CACHE"
+for f in .device/ptx/*.ptx.xz; do
+  [ -f "$f" ] && python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"
+done
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 synth() {

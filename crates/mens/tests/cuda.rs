@@ -999,7 +999,14 @@ fn flash_prefill_kernel_matches_reference() {
 /// defines every kernel the backend loads.
 #[test]
 fn kernels_compile_with_nvrtc() {
-    let ptx = match mens::cuda::compile_ptx((9, 0)) {
+    // With MENS_CUDA_CACHE set, through the cache: the PTX is kept there under the key a GPU
+    // machine's `mens` looks for (scripts/cuda-build.sh fills one to carry).
+    let ptx = if std::env::var_os("MENS_CUDA_CACHE").is_some() {
+        mens::cuda::ptx_for((9, 0))
+    } else {
+        mens::cuda::compile_ptx((9, 0))
+    };
+    let ptx = match ptx {
         Ok(p) => String::from_utf8_lossy(&p).into_owned(),
         Err(e) if e.to_string().contains("could not be loaded") => {
             eprintln!("SKIP (not run, not passed): {e}");

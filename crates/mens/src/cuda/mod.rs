@@ -307,8 +307,10 @@ fn cache_dir() -> std::path::PathBuf {
     base.join("mens").join("cuda")
 }
 
-/// PTX for this GPU: from the disk cache (keyed by source hash and arch) or compiled by NVRTC.
-fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
+/// PTX for this GPU: from the disk cache (keyed by source hash, NVRTC defines and arch) or
+/// compiled by NVRTC and stored there. Public so that a cache can be filled on a machine without
+/// a GPU and carried to one (`scripts/cuda-build.sh`).
+pub fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     SRC.hash(&mut h);
@@ -448,14 +450,15 @@ impl Device {
     }
 
     /// Queue what `f` launches as the decode graph's kernels after the embedding: `MENS_CUDA_OMIT`
-    /// applies to them, and with `MENS_CUDA_PDL=1` (sm_90 and later) they use programmatic
-    /// dependent launch: each may start while the one before it drains, and waits for it at
-    /// `pdl_wait()` (kernels/common.cuh). Off by default: on the H200 it made decode 1–3% slower
-    /// (docs/benchmarks.md, session 23). Only for kernels that call `pdl_wait()`.
+    /// applies to them, and on sm_90 and later they use programmatic dependent launch (unless
+    /// `MENS_CUDA_PDL=0`): each kernel's blocks are placed while the one before it drains, and
+    /// wait for it at `pdl_wait()` (kernels/common.cuh). On the H200: decode +1.3–2.9% on the
+    /// 0.5B and 1.5B, +0.3% on the 7B (docs/benchmarks.md, session 28). Only for kernels that
+    /// call `pdl_wait()`.
     fn decode_graph<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         // Not while profiling: the events between the kernels would sit between them.
         let pdl = self.arch.0 >= 9
-            && std::env::var("MENS_CUDA_PDL").is_ok_and(|v| v == "1")
+            && std::env::var("MENS_CUDA_PDL").map_or(true, |v| v != "0")
             && self.prof.lock().unwrap().is_none();
         use std::sync::atomic::Ordering::Relaxed;
         self.in_graph.store(true, Relaxed);

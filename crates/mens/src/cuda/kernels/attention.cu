@@ -246,7 +246,6 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   extern "C" __global__ void NAME(const float* qkv, u8* kc, u8* vc, const int* pos, int n_head,                \
                                   int n_kv_head, float scale, float* part_o, float2* part_ml, u32* counters,  \
                                   i8* aq, float2* ad) {                                                       \
-    pdl_trigger();                                                                                           \
     pdl_wait();                                                                                              \
     attn_decode_t<HD, T>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,  \
                          blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD, 0, 0);                      \

@@ -49,21 +49,16 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
   asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
   return r;
 }
-// Programmatic dependent launch (sm_90+; no-ops elsewhere and when a kernel was launched without
-// it). With MENS_CUDA_PDL=1 the decode graph launches its kernels with it: a kernel may start
-// while the one before it drains, so it must `pdl_wait()` before it reads or writes anything an
-// earlier kernel touches, and it calls `pdl_wait()` on every path, so that its end implies the end
-// of the kernels before it. `pdl_trigger()` lets the next kernel start early. Measured on the
-// H200: 1-3% slower than plain launches, and with the weight rows prefetched into L2 before the
-// wait, the 7B's big matrices 4-10% slower; so it is off by default.
+// Programmatic dependent launch (sm_90+; a no-op elsewhere and when a kernel was launched without
+// it). The decode graph launches its kernels with it (MENS_CUDA_PDL=0 turns it off): a kernel's
+// blocks are placed while the one before it drains, so each kernel must `pdl_wait()` before it
+// reads or writes anything an earlier kernel touches, and on every path, so that its end implies
+// the end of the kernels before it. No kernel triggers its dependents early: they launch when it
+// completes (an early trigger made the 1.5B's decode 9% slower: their blocks took the SMs' places
+// from its own later blocks; docs/benchmarks.md, session 28).
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 // u32 from a 2-byte aligned address (blocks of 18, 22, 34, 210 bytes are only 2-aligned).

@@ -4,7 +4,6 @@
 // warp, a short latency chain for a decode step's vector).
 extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, float eps, int dim, i8* aq, float2* ad) {
   __shared__ float red[32];
-  pdl_trigger();
   pdl_wait();
   const float* xr = x + (u64)blockIdx.x * dim;
   float ss = 0.f;
@@ -72,7 +71,6 @@ extern "C" __global__ void swiglu_h16(const u16* gu, int f, int ntok, u16* h) {
 extern "C" __global__ void qk_norm(float* qkv, int row, int n_head, int hd, const float* wq, const float* wk,
                                    float eps) {
   __shared__ float red[32];
-  pdl_trigger();
   pdl_wait();
   float* v = qkv + (u64)blockIdx.x * row + (u64)blockIdx.y * hd;
   const float* w = (int)blockIdx.y < n_head ? wq : wk;

@@ -552,7 +552,6 @@ struct Seg {
 // One warp per row, 4 warps per block. mode 0 stores, 1 adds (the residual).
 extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                   float* out, const float* bias, int mode) {
-  pdl_trigger();
   pdl_wait();
   int r = blockIdx.x * 4 + (threadIdx.x >> 5);
   int total = s0.rows + s1.rows + s2.rows;
@@ -650,7 +649,6 @@ template <int T>
 __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq,
                                        float2* hd) {
   __shared__ float h[32];
-  pdl_trigger();
   pdl_wait();
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int j = w; j < 32; j += nw) {
@@ -694,7 +692,6 @@ GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
 extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                     const float* bias, const float* cosv, const float* sinv, const int* pos,
                                     int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc) {
-  pdl_trigger();
   pdl_wait();
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);

@@ -154,7 +154,6 @@ extern "C" __global__ void dequant_f16(Seg s, int cols, u16* out) {
 
 // x[t] = embedding row of toks[t] (f32). Grid: tokens; block: chunks of the row.
 extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
-  pdl_trigger();
   pdl_wait();
   int t = blockIdx.x;
   const u8* row = s.w + (u64)toks[t] * s.row_bytes;
@@ -175,7 +174,6 @@ extern "C" __global__ void embed(Seg s, int cols, const int* toks, float* x) {
 extern "C" __global__ void rope_store(float* qkv, const float* bias, const float* cosv, const float* sinv,
                                       const int* pos, int n_head, int n_kv_head, int hd, int neox,
                                       u16* kc, u16* vc, u16* qperm, int ntok, const int* rows) {
-  pdl_trigger();
   pdl_wait();
   int t = blockIdx.x;
   int p = rows ? rows[2 * t] : *pos + t;

@@ -6,7 +6,6 @@ extern "C" __global__ void argmax(const float* x, int n, float2* partial, u32* c
   __shared__ float bv[32];
   __shared__ int bi[32];
   __shared__ bool last;
-  pdl_trigger();
   pdl_wait();
   float v = NEG_INF * 10.f;
   int idx = 0x7fffffff;
