@@ -867,6 +867,41 @@ pub(super) unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::_
     _mm256_blendv_ps(y, _mm256_setzero_ps(), under)
 }
 
+/// `expf` on 16 lanes (AVX-512: two halves of 8 doubles, the table read by a gather): [`expf8`]'s
+/// arithmetic lane by lane, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn expf16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let half = |xd: __m512d| -> __m256 {
+        let k = _mm512_fmadd_pd(_mm512_set1_pd(INV_LN2_N), xd, _mm512_set1_pd(SHIFT));
+        let ki = _mm512_castpd_si512(k);
+        let kd = _mm512_sub_pd(k, _mm512_set1_pd(SHIFT));
+        let r = _mm512_fmadd_pd(
+            _mm512_set1_pd(INV_LN2_N),
+            xd,
+            _mm512_sub_pd(_mm512_setzero_pd(), kd),
+        );
+        let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+        let t = _mm512_i64gather_epi64::<8>(idx, EXP2_TAB.as_ptr() as *const i64);
+        let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+        let z = _mm512_fmadd_pd(_mm512_set1_pd(C0), r, _mm512_set1_pd(C1));
+        let y = _mm512_fmadd_pd(_mm512_set1_pd(C2), r, _mm512_set1_pd(1.0));
+        _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_fmadd_pd(z, _mm512_mul_pd(r, r), y), s))
+    };
+    let lo = half(_mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+    let hi = half(_mm512_cvtps_pd(_mm256_castpd_ps(
+        _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)),
+    )));
+    let y = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castps_pd(_mm512_castps256_ps512(lo)),
+        _mm256_castps_pd(hi),
+    ));
+    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_MIN));
+    _mm512_mask_blend_ps(under, y, _mm512_setzero_ps())
+}
+
 /// `run_ref` on 256-bit vectors for head dimension `8 * L` (L a multiple of 8): Q·K of 8 keys at
 /// a time, each key's 16-lane vectors of ggml's order as two 8-lane halves, the 8 lane-reductions
 /// done together in the same order (a transposing tree), `expf` on 8 lanes, then the sequential

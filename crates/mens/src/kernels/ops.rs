@@ -247,21 +247,35 @@ fn glu_in_place(
 /// its first t × ffn values. Each value is `g / (1 + expf(-g)) * u` with glibc's expf (8 at a
 /// time on AVX2, with the same bits: `attention::expf8`).
 pub fn swiglu(gate_up: &mut [f32], t: usize, ffn: usize) {
+    // 512-bit vectors in prompt passes only: their matmuls are 512-bit too, where a decode step's
+    // 512-bit op between 256-bit matmuls would pay the core's wide-vector warm-up (see
+    // `attention::attend_avx2`).
+    let wide = t >= WIDE_FROM;
     glu_in_place(gate_up, t, ffn, &|g, u, o, n| {
         // SAFETY: `glu_in_place` passes n readable values at g and u and n writable at o.
-        unsafe { silu_row(g, u, o, n) }
+        unsafe { silu_row(g, u, o, n, wide) }
     });
 }
 
-/// silu(g) · u for n values (out may be g itself).
+/// Rows of a pass from which SwiGLU runs on 16 lanes where the CPU has AVX-512.
+const WIDE_FROM: usize = 16;
+
+/// silu(g) · u for n values (out may be g itself), on 16 lanes where `wide` and the CPU has
+/// AVX-512, then 8 (AVX2), then one at a time: the same bits each way.
 ///
 /// # Safety
 /// n values readable at g and u and writable at out; out is g or disjoint from both.
-unsafe fn silu_row(g: *const f32, u: *const f32, out: *mut f32, n: usize) {
+unsafe fn silu_row(g: *const f32, u: *const f32, out: *mut f32, n: usize, wide: bool) {
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
-    if super::simd::level() != super::simd::Level::None {
-        i = silu_avx2(g, u, out, n);
+    {
+        use super::simd::{level, Level};
+        if wide && level() == Level::Vnni {
+            i = silu_avx512(g, u, out, n);
+        }
+        if level() != Level::None {
+            i += silu_avx2(g.add(i), u.add(i), out.add(i), n - i);
+        }
     }
     while i < n {
         let (gv, uv) = (*g.add(i), *u.add(i));
@@ -288,6 +302,27 @@ unsafe fn silu_avx2(g: *const f32, u: *const f32, out: *mut f32, n: usize) -> us
         let s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
         _mm256_storeu_ps(out.add(i), _mm256_mul_ps(s, uv));
         i += 8;
+    }
+    i
+}
+
+/// [`silu_avx2`] on 16 lanes ([`super::attention::expf16`]); returns how many it did.
+///
+/// # Safety
+/// As [`silu_row`], and AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn silu_avx512(g: *const f32, u: *const f32, out: *mut f32, n: usize) -> usize {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i + 16 <= n {
+        let gv = _mm512_loadu_ps(g.add(i));
+        let uv = _mm512_loadu_ps(u.add(i));
+        let neg = _mm512_sub_ps(_mm512_setzero_ps(), gv);
+        let e = super::attention::expf16(_mm512_min_ps(neg, _mm512_set1_ps(100.0)));
+        let s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+        _mm512_storeu_ps(out.add(i), _mm512_mul_ps(s, uv));
+        i += 16;
     }
     i
 }
@@ -487,15 +522,17 @@ mod tests {
         let u: Vec<f32> = (0..g.len())
             .map(|i| ((i * 31 % 17) as f32 - 8.0) / 3.0)
             .collect();
-        let mut out = vec![0f32; g.len()];
-        // SAFETY: three buffers of g.len() values.
-        unsafe { silu_row(g.as_ptr(), u.as_ptr(), out.as_mut_ptr(), g.len()) };
         let mut differ = 0;
-        for ((&g, &u), &o) in g.iter().zip(&u).zip(&out) {
-            let want = g / (1.0 + (-g).exp()) * u;
-            if !(want.to_bits() == o.to_bits() || (want.is_nan() && o.is_nan())) {
-                differ += 1;
-                eprintln!("silu({g}) * {u}: {o} against {want}");
+        for wide in [false, true] {
+            let mut out = vec![0f32; g.len()];
+            // SAFETY: three buffers of g.len() values.
+            unsafe { silu_row(g.as_ptr(), u.as_ptr(), out.as_mut_ptr(), g.len(), wide) };
+            for ((&g, &u), &o) in g.iter().zip(&u).zip(&out) {
+                let want = g / (1.0 + (-g).exp()) * u;
+                if !(want.to_bits() == o.to_bits() || (want.is_nan() && o.is_nan())) {
+                    differ += 1;
+                    eprintln!("silu({g}) * {u}: {o} against {want}");
+                }
             }
         }
         assert_eq!(differ, 0, "of {} values", g.len());
