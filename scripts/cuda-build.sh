@@ -26,5 +26,6 @@ for defs in "${defsets[@]}"; do
   LD_LIBRARY_PATH="$nvrtc:${LD_LIBRARY_PATH:-}" MENS_CUDA_CACHE=$PWD/.device/ptx MENS_CUDA_DEFINES="$defs" \
     "$test_bin" kernels_compile_with_nvrtc --exact --quiet 2>&1 | grep -E "test result|SKIP|panicked" | sed "s/^/PTX '$defs': /"
 done
-xz -9 -f .device/ptx/*.ptx
+# Nothing to pack where NVRTC is missing here (the test says SKIP): the device then compiles.
+if compgen -G ".device/ptx/*.ptx" >/dev/null; then xz -9 -f .device/ptx/*.ptx; fi
 ls -la .device

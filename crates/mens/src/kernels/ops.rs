@@ -245,7 +245,8 @@ fn glu_in_place(
 
 /// SwiGLU in place: silu(gate) * up of each [gate | up] row of `gate_up`, the [t, ffn] result in
 /// its first t × ffn values. Each value is `g / (1 + expf(-g)) * u` with glibc's expf (8 at a
-/// time on AVX2, with the same bits: `attention::expf8`).
+/// time on AVX2, 16 in passes of 16 rows or more on AVX-512, with the same bits:
+/// `attention::expf8`, `attention::expf16`).
 pub fn swiglu(gate_up: &mut [f32], t: usize, ffn: usize) {
     // 512-bit vectors in prompt passes only: their matmuls are 512-bit too, where a decode step's
     // 512-bit op between 256-bit matmuls would pay the core's wide-vector warm-up (see
