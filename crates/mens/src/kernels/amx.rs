@@ -175,7 +175,11 @@ impl Drop for Tiles {
 /// One 64-byte line; the scratch is made of them so that every tile starts on a line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+pub struct Line([u8; 64]);
+
+impl Line {
+    pub const ZERO: Line = Line([0; 64]);
+}
 
 /// Bytes of one unpacked Q4_K block of 16 rows: four steps of 64 values, each two 1 KiB tiles
 /// (a·q, b·q), then the mins as four registers of 16 rows × two sub-blocks (i16).
@@ -225,6 +229,8 @@ pub struct Unpacked {
     /// The running sums, row tile by row tile, 16 per token: contiguous, where the output's rows
     /// are a page or more apart.
     sums: Vec<Line>,
+    /// The current block's activation values, tile by tile ([`pack`]).
+    acts: Vec<Line>,
 }
 
 impl Unpacked {
@@ -234,6 +240,7 @@ impl Unpacked {
             d: Vec::new(),
             neg_dmin: Vec::new(),
             sums: Vec::new(),
+            acts: Vec::new(),
         }
     }
 
@@ -417,12 +424,14 @@ unsafe fn unpack_q6k(b0: *const u8, b1: *const u8, u: &mut Unpacked, k: usize) {
 }
 
 /// One block of row tile `k` of `u` against `n` tiles of `tiles.rows()` Q8_K activation rows
-/// each, `act` pointing at the block in the first row (rows `arb` bytes apart): token t's 16 sums
-/// carried from `from + 16t` (from +0 when null) to `out + t * stride`. Each (row, token) pair's
-/// arithmetic is `k8::dot`'s (`k8::dot_q6k`'s with `Q6`).
+/// each, `act` pointing at the block in the first row (rows `arb` bytes apart: the scales and
+/// sums) and `packed` at its values in tile order ([`pack`]): token t's 16 sums carried from
+/// `from + 16t` (from +0 when null) to `out + t * stride`. Each (row, token) pair's arithmetic is
+/// `k8::dot`'s (`k8::dot_q6k`'s with `Q6`).
 ///
 /// # Safety
-/// AVX-512F and tiles configured; `act` holds `n · tiles.rows()` rows; `out` has room.
+/// AVX-512F and tiles configured; `act` and `packed` hold `n · tiles.rows()` rows; `out` has
+/// room.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 #[allow(clippy::too_many_arguments)]
@@ -433,6 +442,7 @@ unsafe fn dot<const Q6: bool>(
     from: *const f32,
     act: *const u8,
     arb: usize,
+    packed: *const u8,
     n: usize,
     out: *mut f32,
     stride: usize,
@@ -470,7 +480,7 @@ unsafe fn dot<const Q6: bool>(
     };
     if Q6 {
         for tt in 0..n {
-            let a = act.add(tt * m * arb + 4);
+            let a = packed.add(tt * KQ_TILE_BYTES);
             asm!(
                 "tilezero tmm4",
                 "tilezero tmm5",
@@ -489,8 +499,8 @@ unsafe fn dot<const Q6: bool>(
                     "tileloadd tmm1, [{b} + {sb}*1 + 3072]",
                     "tdpbssd tmm6, tmm0, tmm3",
                     "tdpbssd tmm7, tmm0, tmm1",
-                    a = in(reg) a.add(64 * s),
-                    sa = in(reg) arb,
+                    a = in(reg) a.add(s * 1024),
+                    sa = in(reg) 64usize,
                     b = in(reg) tp.add(s * 4 * 1024),
                     sb = in(reg) 64usize,
                     options(nostack, readonly)
@@ -569,8 +579,8 @@ unsafe fn dot<const Q6: bool>(
                     "tileloadd tmm3, [{b} + {sb}*1 + 1024]",
                     concat!("tdpbssd ", $s0, ", tmm0, tmm2"),
                     concat!("tdpbssd ", $s1, ", tmm0, tmm3"),
-                    a = in(reg) $a.add(64 * s),
-                    sa = in(reg) arb,
+                    a = in(reg) $a.add(s * 1024),
+                    sa = in(reg) 64usize,
                     b = in(reg) tp.add(s * 2 * 1024),
                     sb = in(reg) 64usize,
                     options(nostack, readonly)
@@ -579,7 +589,7 @@ unsafe fn dot<const Q6: bool>(
         };
     }
     for tt in 0..n {
-        let a = act.add(tt * m * arb + 4);
+        let a = packed.add(tt * KQ_TILE_BYTES);
         if tt % 2 == 0 {
             if tt > 0 {
                 store2!("tmm6", "tmm7");
@@ -662,8 +672,7 @@ unsafe fn dot_x8(
     u: &Unpacked,
     k: usize,
     from: *const f32,
-    act: *const u8,
-    arb: usize,
+    packed: *const u8,
     dy: *const f32,
     nb: usize,
     n: usize,
@@ -679,7 +688,7 @@ unsafe fn dot_x8(
     let dx: [__m512; 4] =
         std::array::from_fn(|b| _mm512_loadu_ps(u.d.as_ptr().add(64 * k + 16 * b)));
     for tt in 0..n {
-        let a = act.add(tt * m * arb + 2);
+        let a = packed.add(tt * X8_TILE_BYTES);
         asm!(
             "tilezero tmm4",
             "tilezero tmm5",
@@ -688,13 +697,13 @@ unsafe fn dot_x8(
             "tileloadd tmm0, [{a} + {sa}*1]",
             "tileloadd tmm1, [{b} + {sb}*1]",
             "tdpbssd tmm4, tmm0, tmm1",
-            "tileloadd tmm0, [{a} + {sa}*1 + 34]",
+            "tileloadd tmm0, [{a1} + {sa}*1]",
             "tileloadd tmm1, [{b} + {sb}*1 + 512]",
             "tdpbssd tmm5, tmm0, tmm1",
-            "tileloadd tmm0, [{a} + {sa}*1 + 68]",
+            "tileloadd tmm0, [{a2} + {sa}*1]",
             "tileloadd tmm1, [{b} + {sb}*1 + 1024]",
             "tdpbssd tmm6, tmm0, tmm1",
-            "tileloadd tmm0, [{a} + {sa}*1 + 102]",
+            "tileloadd tmm0, [{a3} + {sa}*1]",
             "tileloadd tmm1, [{b} + {sb}*1 + 1536]",
             "tdpbssd tmm7, tmm0, tmm1",
             "tilestored [{c} + {sb}*1], tmm4",
@@ -702,7 +711,10 @@ unsafe fn dot_x8(
             "tilestored [{c} + {sb}*1 + 2048], tmm6",
             "tilestored [{c} + {sb}*1 + 3072], tmm7",
             a = in(reg) a,
-            sa = in(reg) arb,
+            a1 = in(reg) a.add(512),
+            a2 = in(reg) a.add(1024),
+            a3 = in(reg) a.add(1536),
+            sa = in(reg) 32usize,
             b = in(reg) tp,
             sb = in(reg) 64usize,
             c = in(reg) c.as_mut_ptr(),
@@ -722,6 +734,81 @@ unsafe fn dot_x8(
             }
             _mm512_storeu_ps(out.add(tok * stride), acc);
         }
+    }
+}
+
+/// Bytes of a K-quant block's 16-token activation tile group in the packed layout: four parts
+/// of 64 values, each 16 rows of 64 bytes.
+pub const KQ_TILE_BYTES: usize = 4096;
+/// The same for four blocks of the 32-value formats: four parts of 16 rows of 32 bytes.
+const X8_TILE_BYTES: usize = 2048;
+
+/// The activation values of one unpacked block of `count` rows (`act`, `arb` bytes apart) into
+/// `dst`, in the order the tiles load them ([`pack_row`]'s layout): an activation tile is then
+/// whole, aligned lines, where the rows themselves load it from as many pairs of lines, two to
+/// three times slower out of L2 (measured, `amx_raw`).
+///
+/// # Safety
+/// AVX-512F; `count` rows readable at `act`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack(
+    act: *const u8,
+    arb: usize,
+    count: usize,
+    offs: [usize; 4],
+    w: usize,
+    dst: &mut Vec<Line>,
+) {
+    // A tile group is four parts of 16 rows of w bytes: w lines.
+    let lines = count.div_ceil(16) * w;
+    if dst.len() < lines {
+        dst.resize(lines, Line([0; 64]));
+    }
+    let d = dst.as_mut_ptr() as *mut u8;
+    for tok in 0..count {
+        let to = d.add(tok / 16 * 64 * w + tok % 16 * w);
+        pack_parts(act.add(tok * arb), offs, w, to);
+    }
+}
+
+/// One row's four `w`-byte parts (at `offs` in the row) to `to`, part p at `to + 16 · w · p`.
+///
+/// # Safety
+/// AVX-512F; the parts readable, their places writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_parts(row: *const u8, offs: [usize; 4], w: usize, to: *mut u8) {
+    use std::arch::x86_64::*;
+    for (p, off) in offs.iter().enumerate() {
+        let (from, to) = (row.add(*off), to.add(16 * w * p));
+        if w == 64 {
+            _mm512_storeu_si512(
+                to as *mut __m512i,
+                _mm512_loadu_si512(from as *const __m512i),
+            );
+        } else {
+            _mm256_storeu_si256(
+                to as *mut __m256i,
+                _mm256_loadu_si256(from as *const __m256i),
+            );
+        }
+    }
+}
+
+/// Token `tok`'s Q8_K row (`row`, `nb` blocks) into a packed copy `dst` of a matrix of at most
+/// `tiles` × 16 rows: block i's values of token tile tt at `(i · tiles + tt) · KQ_TILE_BYTES`,
+/// laid out as [`pack`] lays a tile out. Written once when the activations are quantized, it
+/// serves every row tile and thread of every matrix that reads them.
+///
+/// # Safety
+/// AVX-512F; `row` holds `nb` blocks; `dst` has room for `nb · tiles` tile groups.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn pack_row(row: *const u8, nb: usize, tok: usize, tiles: usize, dst: *mut u8) {
+    for i in 0..nb {
+        let to = dst.add((i * tiles + tok / 16) * KQ_TILE_BYTES + tok % 16 * 64);
+        pack_parts(row.add(i * 292), [4, 68, 132, 196], 64, to);
     }
 }
 
@@ -748,6 +835,7 @@ pub unsafe fn matmul(
     r1: usize,
     acts: *const u8,
     arb: usize,
+    packed: Option<(*const u8, usize)>,
     dys: *const f32,
     t: usize,
     out: *mut f32,
@@ -770,6 +858,7 @@ pub unsafe fn matmul(
             r0 + 256,
             acts,
             arb,
+            packed,
             dys,
             t,
             out,
@@ -805,6 +894,19 @@ pub unsafe fn matmul(
                     Format::Q8_0 => unpack_x8::<true>(b0, b1, u, k),
                 }
             }
+            // The block's activation tiles: the copy made with the activations, or one made here.
+            let p = match packed {
+                Some((base, tiles)) => base.add((i * tiles + t0 / 16) * KQ_TILE_BYTES),
+                None => {
+                    let (offs, w) = if f.kquant() {
+                        ([4, 68, 132, 196], 64)
+                    } else {
+                        ([2, 36, 70, 104], 32)
+                    };
+                    pack(acts.add(i * ab), arb, n * m, offs, w, &mut u.acts);
+                    u.acts.as_ptr() as *const u8
+                }
+            };
             for k in 0..rts {
                 let a = acts.add(i * ab);
                 let s = sums.add(16 * (k * t + t0));
@@ -820,11 +922,11 @@ pub unsafe fn matmul(
                     (s, 16)
                 };
                 match f {
-                    Format::Q4K => dot::<false>(&tiles, u, k, from, a, arb, n, o, os),
-                    Format::Q6K => dot::<true>(&tiles, u, k, from, a, arb, n, o, os),
+                    Format::Q4K => dot::<false>(&tiles, u, k, from, a, arb, p, n, o, os),
+                    Format::Q6K => dot::<true>(&tiles, u, k, from, a, arb, p, n, o, os),
                     Format::Q5_0 | Format::Q8_0 => {
                         let dy = dys.add(t0 * nb + 4 * i);
-                        dot_x8(&tiles, u, k, from, a, arb, dy, nb, n, o, os)
+                        dot_x8(&tiles, u, k, from, p, dy, nb, n, o, os)
                     }
                 }
             }
@@ -921,8 +1023,21 @@ mod tests {
             }
             let gb = nb * gbytes;
             let mut u = Unpacked::new();
-            // Every tile height alone, runs of full tiles, full tiles and a rest; rows from 16.
-            for (t, r0) in (1..=16).map(|t| (t, 0)).chain([(32, 0), (40, 16), (33, 0)]) {
+            // The activations' tile copy, as `QuantizedInput` makes it.
+            let groups = tokens.div_ceil(16);
+            let mut copy = vec![Line::ZERO; groups * nb * KQ_TILE_BYTES / 64];
+            for tok in 0..tokens {
+                // SAFETY: AMX CPUs have AVX-512F; sizes as made above.
+                unsafe {
+                    let to = copy.as_mut_ptr() as *mut u8;
+                    pack_row(acts[tok * arb..].as_ptr(), nb, tok, groups, to)
+                }
+            }
+            // Every tile height alone, runs of full tiles, full tiles and a rest; rows from 16;
+            // the tiles from a copy made here and from the activations' copy.
+            let heights = (1..=16).map(|t| (t, 0)).chain([(32, 0), (40, 16), (33, 0)]);
+            for ((t, r0), whole) in heights.flat_map(|h| [(h, false), (h, true)]) {
+                let packed = whole.then(|| (copy.as_ptr() as *const u8, groups));
                 let stride = rows + 5;
                 let mut out = vec![f32::NAN; t * stride];
                 // SAFETY: AMX checked by `available`; sizes as made above.
@@ -936,6 +1051,7 @@ mod tests {
                         rows,
                         acts.as_ptr(),
                         arb,
+                        packed,
                         std::ptr::null(),
                         t,
                         out.as_mut_ptr(),
@@ -943,7 +1059,7 @@ mod tests {
                         &mut u,
                     )
                 };
-                let label = format!("{ttype:?} t {t}");
+                let label = format!("{ttype:?} t {t} copy {whole}");
                 same_bits(&out, stride, t, r0 / 8..rows / 8, &label, |tok, grp| {
                     let mut want = [[0f32; 8]; 1];
                     let ys = [acts[tok * arb..].as_ptr()];
@@ -1042,6 +1158,7 @@ mod x8_tests {
                         rows,
                         acts.as_ptr(),
                         arb,
+                        None,
                         ds.as_ptr(),
                         t,
                         out.as_mut_ptr(),
@@ -1079,7 +1196,7 @@ mod speed {
     use super::*;
 
     /// Nanoseconds per (16 tokens × 16 rows × 256 values) for the two formats, 512 tokens, 128
-    /// rows, NB blocks a row (default 6): `NB=35 cargo test --release -p mens --lib amx_speed --
+    /// rows, NB blocks a row (default 6), REPS passes (default 20): `NB=35 cargo test --release -p mens --lib amx_speed --
     /// --ignored --nocapture`.
     #[test]
     #[ignore]
@@ -1098,6 +1215,16 @@ mod speed {
         let (rows, arb) = (128, nb * 292 + 36);
         let acts = vec![1u8; tokens * arb];
         let mut out = vec![0f32; tokens * rows];
+        // The activations' tile copy, as a prompt pass has it.
+        let groups = tokens.div_ceil(16);
+        let mut copy = vec![Line::ZERO; groups * nb * KQ_TILE_BYTES / 64];
+        for tok in 0..tokens {
+            // SAFETY: AMX CPUs have AVX-512F; sizes as made above.
+            unsafe {
+                let to = copy.as_mut_ptr() as *mut u8;
+                pack_row(acts[tok * arb..].as_ptr(), nb, tok, groups, to)
+            }
+        }
         for q6 in [false, true] {
             let mut u = Unpacked::new();
             let gb = nb
@@ -1107,7 +1234,10 @@ mod speed {
                     super::super::k8::GROUP_BYTES
                 };
             let g = vec![0u8; rows / 8 * gb];
-            let reps = 20;
+            let reps: usize = std::env::var("REPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(20);
             let t = std::time::Instant::now();
             for _ in 0..reps {
                 // SAFETY: AMX checked; sizes as made above.
@@ -1121,6 +1251,7 @@ mod speed {
                         rows,
                         acts.as_ptr(),
                         arb,
+                        Some((copy.as_ptr() as *const u8, groups)),
                         std::ptr::null(),
                         tokens,
                         out.as_mut_ptr(),
@@ -1199,6 +1330,26 @@ mod speed {
                 "load+dp (3 chains): {:.2} ns a pair",
                 t.elapsed().as_nanos() as f64 / (3 * n) as f64
             );
+            // Activation tiles out of L2 (512 tokens): rows of a Q8_K matrix (strided, off the
+            // line: 22 ns on this VM) against `pack`'s layout (whole lines: 10–11 ns).
+            let big = vec![Line([1; 64]); 512 * 1792 / 64 + 64];
+            for (stride, off, tstep) in [(1788usize, 4usize, 16 * 1788usize), (64, 0, 4096)] {
+                let t = std::time::Instant::now();
+                for i in 0..n {
+                    let b = (big.as_ptr() as *const u8).add(off + tstep * (i % 32));
+                    std::arch::asm!(
+                        "tileloadd tmm0, [{b} + {s}*1]",
+                        "tdpbssd tmm4, tmm0, tmm1",
+                        "tdpbssd tmm5, tmm0, tmm2",
+                        b = in(reg) b, s = in(reg) stride,
+                        options(nostack, readonly)
+                    );
+                }
+                eprintln!(
+                    "activation tile (stride {stride}) + 2 dp: {:.2} ns",
+                    t.elapsed().as_nanos() as f64 / n as f64
+                );
+            }
             let mut c = vec![Line([0; 64]); 64];
             let t = std::time::Instant::now();
             for _ in 0..n {

@@ -89,6 +89,11 @@ pub struct QuantizedInput {
     q8_0_s: Vec<i32>,
     q8_1_d: Vec<f32>,
     q8_1_s: Vec<f32>,
+    /// The Q8_K rows' values once more, in the AMX tiles' order (`amx::pack_row`), when this CPU
+    /// runs them and the input can hold a prompt pass; empty otherwise.
+    tiles: Vec<amx::Line>,
+    /// Token tiles of 16 that `tiles` has room for.
+    tile_groups: usize,
 }
 
 impl QuantizedInput {
@@ -117,6 +122,14 @@ impl QuantizedInput {
                 0
             }
         };
+        #[cfg(target_arch = "x86_64")]
+        let tiled = types.contains(&ActType::Q8K)
+            && amx::tokens(max_rows) > 0
+            && cols.is_multiple_of(256)
+            && amx::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let tiled = false;
+        let tile_groups = if tiled { max_rows.div_ceil(16) } else { 0 };
         QuantizedInput {
             cols,
             rows: 0,
@@ -125,12 +138,15 @@ impl QuantizedInput {
             q8_0_s: vec![0i32; blocks(ActType::Q8_0)],
             q8_1_d: vec![0f32; blocks(ActType::Q8_1)],
             q8_1_s: vec![0f32; blocks(ActType::Q8_1)],
+            tiles: vec![amx::Line::ZERO; tile_groups * cols / 256 * amx::KQ_TILE_BYTES / 64],
+            tile_groups,
         }
     }
 
     pub fn bytes(&self) -> usize {
         self.bufs.iter().map(|b| b.1.len() * 4).sum::<usize>()
             + 4 * (self.q8_0_d.len() + self.q8_0_s.len() + self.q8_1_d.len() + self.q8_1_s.len())
+            + 64 * self.tiles.len()
     }
 
     /// Activation rows as the SIMD kernels take them.
@@ -161,6 +177,22 @@ impl QuantizedInput {
             let bytes: &mut [u8] = bytemuck_mut(buf);
             let bytes = &mut bytes[rb * first..rb * (first + rows)];
             let a = *a;
+            // The tiles' copy of the Q8_K rows, written beside them.
+            let tiles = (a == ActType::Q8K && !self.tiles.is_empty())
+                .then(|| OutPtr(self.tiles.as_mut_ptr() as *mut f32));
+            let (groups, nb) = (self.tile_groups, cols / 256);
+            let pack = |r: usize, row: &[u8]| {
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = tiles {
+                    // SAFETY: `tiles` exists only where AMX (so AVX-512F) runs; it has room for
+                    // `groups` × 16 rows of `nb` blocks, and each row writes its own bytes.
+                    unsafe {
+                        amx::pack_row(row.as_ptr(), nb, first + r, groups, t.ptr() as *mut u8)
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (r, row, tiles, groups, nb);
+            };
             let quantize = |(dst, src): (&mut [u8], &[f32])| {
                 fn q<T: GgmlType>(src: &[f32], dst: &mut [u8]) {
                     let n = dst.len() / std::mem::size_of::<T>();
@@ -179,7 +211,10 @@ impl QuantizedInput {
                 }
             };
             if rows < 8 {
-                bytes.chunks_mut(rb).zip(x.chunks(cols)).for_each(quantize);
+                for (r, pair) in bytes.chunks_mut(rb).zip(x.chunks(cols)).enumerate() {
+                    quantize((&mut *pair.0, pair.1));
+                    pack(r, pair.0);
+                }
             } else {
                 let dst = OutPtr(bytes.as_mut_ptr() as *mut f32);
                 pool::pool().run(rows, &|r| {
@@ -187,7 +222,8 @@ impl QuantizedInput {
                     let d = unsafe {
                         std::slice::from_raw_parts_mut((dst.ptr() as *mut u8).add(r * rb), rb)
                     };
-                    quantize((d, &x[r * cols..(r + 1) * cols]));
+                    quantize((&mut *d, &x[r * cols..(r + 1) * cols]));
+                    pack(r, d);
                 });
             }
             *valid = true;
@@ -214,6 +250,13 @@ impl QuantizedInput {
                 }
             }
         }
+    }
+
+    /// The tiles' copy of the Q8_K rows and its token tiles of 16 (see `amx::pack_row`), where
+    /// there is one.
+    #[cfg(target_arch = "x86_64")]
+    fn tiles(&self) -> Option<(*const u8, usize)> {
+        (!self.tiles.is_empty()).then(|| (self.tiles.as_ptr() as *const u8, self.tile_groups))
     }
 
     fn get(&self, a: ActType) -> (&[u8], usize) {
@@ -599,6 +642,7 @@ fn rows_x8(
         nb * gb,
         acts,
         arb,
+        None,
         dys,
         out,
         stride,
@@ -628,7 +672,10 @@ fn rows_kquant(
     if r0 % 8 == 0 && r1 % 8 == 0 {
         // Some for Q4_K and Q6_K only.
         if let Some((g, p)) = repacked(simd::level(), w) {
-            return rows_k8(g, p, acts, arb, input.rows, nb, out, stride, off, r0, r1);
+            let packed = input.tiles();
+            return rows_k8(
+                g, p, acts, arb, packed, input.rows, nb, out, stride, off, r0, r1,
+            );
         }
     }
     let rb = w.row_bytes();
@@ -735,6 +782,7 @@ fn with_tiles(
     gb: usize,
     acts: &[u8],
     arb: usize,
+    packed: Option<(*const u8, usize)>,
     dys: *const f32,
     out: OutPtr,
     stride: usize,
@@ -754,7 +802,22 @@ fn with_tiles(
         // `matmul`).
         unsafe {
             let (a, o) = (acts.as_ptr(), out.0.add(off));
-            amx::matmul(f, g.as_ptr(), nb, gb, r0, ra, a, arb, dys, ta, o, stride, u)
+            amx::matmul(
+                f,
+                g.as_ptr(),
+                nb,
+                gb,
+                r0,
+                ra,
+                a,
+                arb,
+                packed,
+                dys,
+                ta,
+                o,
+                stride,
+                u,
+            )
         }
     });
     if ta < t {
@@ -774,6 +837,7 @@ fn rows_k8(
     p: x8::Packed,
     acts: &[u8],
     arb: usize,
+    packed: Option<(*const u8, usize)>,
     t: usize,
     nb: usize,
     out: OutPtr,
@@ -819,6 +883,7 @@ fn rows_k8(
         gb,
         acts,
         arb,
+        packed,
         std::ptr::null(),
         out,
         stride,
