@@ -30,6 +30,11 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
 }
 
+/// Whether `a` and `b` hold the same bits, value by value (over the shorter).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 fn qtensor(t: TensorType, rows: usize, cols: usize, seed: u64) -> QTensor {
     let bytes = quantize(t, &random(rows * cols, seed));
     let len = bytes.len();
@@ -82,10 +87,7 @@ fn the_gpu_layout_gives_the_gguf_layouts_bits() {
             let gguf = dev.test_matvec_as(&w, &q, &ds, false).unwrap();
             let gpu = dev.test_matvec_as(&w, &q, &ds, true).unwrap();
             assert!(gguf.iter().all(|v| v.is_finite()), "{} {k}", t.name());
-            let same = gguf
-                .iter()
-                .zip(&gpu)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = same_bits(&gguf, &gpu);
             assert!(
                 same,
                 "{} ({k} columns): {:?} vs {:?}",
@@ -139,10 +141,7 @@ fn batched_matmul_gives_the_matvec_bits_for_every_row_and_type() {
                     .test_matvec(&w, &q[b * k..(b + 1) * k], &ds[b * nc..(b + 1) * nc])
                     .unwrap();
                 let got = &y[b * 67..(b + 1) * 67];
-                let same = got
-                    .iter()
-                    .zip(&one)
-                    .all(|(a, c)| a.to_bits() == c.to_bits());
+                let same = same_bits(got, &one);
                 assert!(
                     same,
                     "{} ({k} columns, int8 MMA: {mq}) row {b} of {rows}: batched {:?} vs matvec {:?}",
@@ -198,9 +197,7 @@ fn tensor_core_matmul_matches_reference_for_every_type_and_batch() {
                         .test_matmul(w, last, &ds[69 * k / 32..], 1, Some(sp))
                         .unwrap();
                     assert!(
-                        one.iter()
-                            .zip(&y[69 * n..])
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&one, &y[69 * n..]),
                         "{}: row 69 alone differs from row 69 of 70 ({sp} splits)",
                         w.ttype.name()
                     );
@@ -763,9 +760,7 @@ fn batched_glu_gives_the_decode_bits() {
                     .unwrap();
                 let got = &y[b * 96..(b + 1) * 96];
                 assert!(
-                    got.iter()
-                        .zip(&one)
-                        .all(|(a, c)| a.to_bits() == c.to_bits()),
+                    same_bits(got, &one),
                     "{} (int8 MMA: {mq}) row {b} of {rows}: batch {:?} vs decode {:?}",
                     t.name(),
                     &got[..4],

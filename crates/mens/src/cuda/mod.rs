@@ -237,6 +237,33 @@ const BLAS_WORKSPACE: usize = 32 << 20;
 /// A profiled launch: kernel name, the event recorded after it, the bytes it moves.
 type Marked = (&'static str, sys::CUevent, u64);
 
+/// The weight formats with decode kernels of their own: the GGUF types by id, and the GPU
+/// layouts of [`repack`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Q4K,
+    Q6K,
+    Q4KR,
+    Q6KR,
+    Q5_0,
+    Q8_0,
+    Other,
+}
+
+fn kind(ty: u32) -> Kind {
+    match ty {
+        repack::Q4_KR => Kind::Q4KR,
+        repack::Q6_KR => Kind::Q6KR,
+        t => match TensorType::from_id(t) {
+            Some(TensorType::Q4K) => Kind::Q4K,
+            Some(TensorType::Q6K) => Kind::Q6K,
+            Some(TensorType::Q5_0) => Kind::Q5_0,
+            Some(TensorType::Q8_0) => Kind::Q8_0,
+            _ => Kind::Other,
+        },
+    }
+}
+
 /// One GPU: context, stream, kernels and cuBLAS handle.
 pub struct Device {
     ctx: Arc<CudaContext>,
@@ -607,16 +634,14 @@ impl Device {
         if gate.ty != up.ty {
             return ("matvec_glu_q8", f.matvec_glu_q8);
         }
-        match gate.ty as u32 {
-            repack::Q4_KR => ("matvec_glu_q8_q4kr", f.matvec_glu_q8_q4kr),
-            repack::Q6_KR => ("matvec_glu_q8_q6kr", f.matvec_glu_q8_q6kr),
-            t => match TensorType::from_id(t) {
-                Some(TensorType::Q4K) => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
-                Some(TensorType::Q6K) => ("matvec_glu_q8_q6k", f.matvec_glu_q8_q6k),
-                Some(TensorType::Q5_0) => ("matvec_glu_q8_q5_0", f.matvec_glu_q8_q5_0),
-                Some(TensorType::Q8_0) => ("matvec_glu_q8_q8_0", f.matvec_glu_q8_q8_0),
-                _ => ("matvec_glu_q8", f.matvec_glu_q8),
-            },
+        match kind(gate.ty as u32) {
+            Kind::Q4KR => ("matvec_glu_q8_q4kr", f.matvec_glu_q8_q4kr),
+            Kind::Q6KR => ("matvec_glu_q8_q6kr", f.matvec_glu_q8_q6kr),
+            Kind::Q4K => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
+            Kind::Q6K => ("matvec_glu_q8_q6k", f.matvec_glu_q8_q6k),
+            Kind::Q5_0 => ("matvec_glu_q8_q5_0", f.matvec_glu_q8_q5_0),
+            Kind::Q8_0 => ("matvec_glu_q8_q8_0", f.matvec_glu_q8_q8_0),
+            Kind::Other => ("matvec_glu_q8", f.matvec_glu_q8),
         }
     }
 
@@ -699,14 +724,12 @@ impl Device {
         if types.any(|u| u != t) {
             return 0;
         }
-        match t {
-            repack::Q4_KR => 3,
-            repack::Q6_KR => 4,
-            t => match TensorType::from_id(t) {
-                Some(TensorType::Q4K) => 1,
-                Some(TensorType::Q6K) => 2,
-                _ => 0,
-            },
+        match kind(t) {
+            Kind::Q4K => 1,
+            Kind::Q6K => 2,
+            Kind::Q4KR => 3,
+            Kind::Q6KR => 4,
+            _ => 0,
         }
     }
     /// Whether `rows` activation rows go through the int8 tensor-core kernels (kernels/mmq.cu:

@@ -1037,7 +1037,7 @@ mod tests {
             // the tiles from a copy made here and from the activations' copy.
             let heights = (1..=16).map(|t| (t, 0)).chain([(32, 0), (40, 16), (33, 0)]);
             for ((t, r0), whole) in heights.flat_map(|h| [(h, false), (h, true)]) {
-                let packed = whole.then(|| (copy.as_ptr() as *const u8, groups));
+                let packed = whole.then_some((copy.as_ptr() as *const u8, groups));
                 let stride = rows + 5;
                 let mut out = vec![f32::NAN; t * stride];
                 // SAFETY: AMX checked by `available`; sizes as made above.

@@ -302,6 +302,12 @@ template <>
 __device__ __forceinline__ float finish<T_Q5_1>(const W32& w, int lo, int hi, float d8, float s8) {
   return w.a * d8 * (float)(lo + hi) + w.b * s8;
 }
+// A Q4_K block's header (d, dmin, the 6-bit scales) for sub-block `sub`: both layouts share it.
+__device__ __forceinline__ void q4k_header(int4 h, int sub, W32& w) {
+  q4k_scale_min(h, sub, &w.s0, &w.s1);
+  w.a = h2f((u16)(h.x & 0xffff));
+  w.b = h2f((u16)((u32)h.x >> 16));
+}
 template <>
 struct Raw<T_Q4_K> {
   int4 h, x0, x1;  // d, dmin, scales[12]; the 32 bytes holding the chunk's nibbles
@@ -322,9 +328,7 @@ __device__ __forceinline__ bool raw_unpack<T_Q4_K>(const Raw<T_Q4_K>& r, W32& w)
   int shift = (r.sub & 1) * 4;
 #pragma unroll
   for (int i = 0; i < 8; i++) w.q[i] = (qs[i] >> shift) & 0x0F0F0F0F;
-  q4k_scale_min(r.h, r.sub, &w.s0, &w.s1);
-  w.a = h2f((u16)(r.h.x & 0xffff));
-  w.b = h2f((u16)((u32)r.h.x >> 16));
+  q4k_header(r.h, r.sub, w);
   return true;
 }
 RAW_UNPACK32(T_Q4_K)
@@ -428,9 +432,7 @@ __device__ __forceinline__ bool raw_unpack<T_Q4_KR>(const Raw<T_Q4_KR>& r, W32& 
     w.q[i] = x[i] & 0x0F0F0F0F;
     w.q[4 + i] = (x[i] >> 4) & 0x0F0F0F0F;
   }
-  q4k_scale_min(r.h, r.sub, &w.s0, &w.s1);
-  w.a = h2f((u16)(r.h.x & 0xffff));
-  w.b = h2f((u16)((u32)r.h.x >> 16));
+  q4k_header(r.h, r.sub, w);
   return true;
 }
 RAW_UNPACK32(T_Q4_KR)
