@@ -710,6 +710,16 @@ fn glu_kernel_matches_reference() {
                 tu.name()
             );
         }
+        // Q4_K in the GPU layout: the kernel with registers for five blocks an SM (the 7B's
+        // gate/up) has the same bits.
+        if (t, tu) == (TensorType::Q4K, TensorType::Q4K)
+            && std::env::var("MENS_CUDA_REPACK").as_deref() != Ok("0")
+        {
+            let five = dev
+                .test_glu_named(&gate, &up, &q, &ds, "matvec_glu_q8_q4kr_5", 8)
+                .unwrap();
+            assert!(same_bits(&gpu, &five) && gpu.len() == five.len(), "q4kr_5");
+        }
         let (g, u) = (matvec(&gate, &q, &ds), matvec(&up, &q, &ds));
         let cpu: Vec<f32> = g
             .iter()

@@ -100,6 +100,7 @@ kernels!(
     matvec_glu_q8_q5_0,
     matvec_glu_q8_q8_0,
     matvec_glu_q8_q4kr,
+    matvec_glu_q8_q4kr_5,
     matvec_glu_q8_q6kr,
     rmsnorm_q8,
     add_rmsnorm_f16,
@@ -627,14 +628,17 @@ impl Device {
         Ok(totals)
     }
 
-    /// The decode gate/up kernel for these matrices: one kernel per common type (its own
-    /// registers), or the kernel for any types.
-    fn glu(&self, gate: &Seg, up: &Seg) -> (&'static str, sys::CUfunction) {
+    /// The decode gate/up kernel for these matrices in blocks of `threads`: one kernel per common
+    /// type (its own registers), or the kernel for any types.
+    fn glu(&self, gate: &Seg, up: &Seg, threads: u32) -> (&'static str, sys::CUfunction) {
         let f = &self.f;
         if gate.ty != up.ty {
             return ("matvec_glu_q8", f.matvec_glu_q8);
         }
         match kind(gate.ty as u32) {
+            Kind::Q4KR if five_glu_blocks(gate.rows as usize / 32, threads, self.sms) => {
+                ("matvec_glu_q8_q4kr_5", f.matvec_glu_q8_q4kr_5)
+            }
             Kind::Q4KR => ("matvec_glu_q8_q4kr", f.matvec_glu_q8_q4kr),
             Kind::Q6KR => ("matvec_glu_q8_q6kr", f.matvec_glu_q8_q6kr),
             Kind::Q4K => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
@@ -1092,6 +1096,12 @@ fn omitted(name: &str) -> bool {
 /// 16 or 32), each taking 32 / warps row pairs; the same arithmetic for every choice. Default 8:
 /// four blocks share an SM, so one block's tail overlaps the others' loads (7B decode +6% over
 /// 32 warps on the H200; 4 warps: −17%).
+/// Whether a decode gate/up grid of `blocks` blocks of `threads` takes the kernel with registers
+/// for five blocks an SM: where four an SM would leave a second, partial wave.
+fn five_glu_blocks(blocks: usize, threads: u32, sms: usize) -> bool {
+    threads == 256 && blocks > 4 * sms && blocks <= 5 * sms
+}
+
 fn glu_threads() -> u32 {
     let w = std::env::var("MENS_CUDA_GLU_WARPS")
         .ok()
@@ -1183,3 +1193,21 @@ pub use batch::{
 };
 pub use model::GpuModel;
 pub use session::{session_bytes, CudaSession, DeviceSampling};
+
+#[cfg(test)]
+mod tests {
+    use super::five_glu_blocks;
+
+    /// The five-blocks gate/up kernel goes only where four blocks an SM leave a partial second
+    /// wave and five do not, in blocks of 256 threads (its launch bound).
+    #[test]
+    fn five_glu_blocks_only_where_it_saves_a_wave() {
+        let sms = 132;
+        assert!(five_glu_blocks(18944 / 32, 256, sms)); // the 7B: 592 blocks
+        assert!(!five_glu_blocks(8960 / 32, 256, sms)); // the 1.5B: 280
+        assert!(!five_glu_blocks(4864 / 32, 256, sms)); // the 0.5B
+        assert!(!five_glu_blocks(18944 / 32, 1024, sms)); // over its launch bound
+        assert!(!five_glu_blocks(27648 / 32, 256, sms)); // several waves either way
+        assert!(!five_glu_blocks(4 * sms, 256, sms) && five_glu_blocks(4 * sms + 1, 256, sms));
+    }
+}

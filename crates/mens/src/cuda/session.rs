@@ -599,7 +599,7 @@ impl CudaSession {
             dev.moves(
                 l.gate.seg.bytes() + l.up.seg.bytes() + q8_bytes(c.dim) + q8_bytes(c.ffn_dim),
             );
-            launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg)], ((c.ffn_dim / 32) as u32, 1), glu_block;
+            launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg, glu_block)], ((c.ffn_dim / 32) as u32, 1), glu_block;
                 l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
             launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;

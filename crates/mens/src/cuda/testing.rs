@@ -169,7 +169,9 @@ impl Device {
             .collect())
     }
 
-    /// silu(gate · a) * (up · a) by the fused kernel, quantized to q8 and read back dequantized.
+    /// silu(gate · a) * (up · a) by the decode gate/up kernel in blocks of `warps` warps (the one
+    /// decode runs for these types, or with `any` the kernel for any types), quantized to q8 and
+    /// read back dequantized.
     pub fn test_glu(
         &self,
         gate: &QTensor,
@@ -179,19 +181,54 @@ impl Device {
         any: bool,
         warps: u32,
     ) -> Result<Vec<f32>> {
+        self.run_glu(gate, up, q, ds, warps, |g, u| {
+            Ok(if any {
+                ("matvec_glu_q8", self.f.matvec_glu_q8)
+            } else {
+                self.glu(g, u, 32 * warps)
+            })
+        })
+    }
+
+    /// The decode gate/up kernel `name` (a name in the kernel table) on `gate`, `up`, in blocks
+    /// of `warps` warps.
+    pub fn test_glu_named(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        name: &str,
+        warps: u32,
+    ) -> Result<Vec<f32>> {
+        self.run_glu(gate, up, q, ds, warps, |_, _| {
+            self.f
+                .list()
+                .into_iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| Error::Backend(format!("no kernel {name}")))
+        })
+    }
+
+    /// `gate`, `up` and the activations uploaded, the kernel `pick` chooses for the uploaded
+    /// matrices run on them, its output dequantized.
+    #[allow(clippy::type_complexity)]
+    fn run_glu(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        warps: u32,
+        pick: impl Fn(&Seg, &Seg) -> Result<(&'static str, sys::CUfunction)>,
+    ) -> Result<Vec<f32>> {
         self.bind()?;
         let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
         let rows = gate.rows;
         let hq = self.upload(&vec![0i8; rows])?;
         let hd = self.upload(&vec![[f32::NAN; 2]; rows / 32])?;
-        // The kernel decode runs for these types (`any`: the kernel for any types), in blocks of
-        // `warps` warps.
-        let f = if any {
-            ("matvec_glu_q8", self.f.matvec_glu_q8)
-        } else {
-            self.glu(&g.seg, &u.seg)
-        };
+        let f = pick(&g.seg, &u.seg)?;
         launch!(self, [f], ((rows / 32) as u32, 1), 32 * warps;
             g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr)?;
         self.dequant_q8(&hq, &hd, rows)

@@ -934,6 +934,23 @@ pub unsafe fn matmul(
     }
 }
 
+/// The tile copy of `tokens` Q8_K rows of `nb` blocks (`arb` bytes apart), as `QuantizedInput`
+/// makes it for a prompt pass, and its token tiles of 16.
+#[cfg(all(test, target_arch = "x86_64"))]
+fn tile_copy(acts: &[u8], arb: usize, nb: usize, tokens: usize) -> (Vec<Line>, usize) {
+    assert!(available() && acts.len() >= (tokens - 1) * arb + nb * 292);
+    let groups = tokens.div_ceil(16);
+    let mut copy = vec![Line::ZERO; groups * nb * KQ_TILE_BYTES / 64];
+    for tok in 0..tokens {
+        // SAFETY: AMX CPUs have AVX-512F; the rows and the copy's room asserted and made above.
+        unsafe {
+            let to = copy.as_mut_ptr() as *mut u8;
+            pack_row(acts[tok * arb..].as_ptr(), nb, tok, groups, to)
+        }
+    }
+    (copy, groups)
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -1023,16 +1040,7 @@ mod tests {
             }
             let gb = nb * gbytes;
             let mut u = Unpacked::new();
-            // The activations' tile copy, as `QuantizedInput` makes it.
-            let groups = tokens.div_ceil(16);
-            let mut copy = vec![Line::ZERO; groups * nb * KQ_TILE_BYTES / 64];
-            for tok in 0..tokens {
-                // SAFETY: AMX CPUs have AVX-512F; sizes as made above.
-                unsafe {
-                    let to = copy.as_mut_ptr() as *mut u8;
-                    pack_row(acts[tok * arb..].as_ptr(), nb, tok, groups, to)
-                }
-            }
+            let (copy, groups) = tile_copy(&acts, arb, nb, tokens);
             // Every tile height alone, runs of full tiles, full tiles and a rest; rows from 16;
             // the tiles from a copy made here and from the activations' copy.
             let heights = (1..=16).map(|t| (t, 0)).chain([(32, 0), (40, 16), (33, 0)]);
@@ -1215,16 +1223,7 @@ mod speed {
         let (rows, arb) = (128, nb * 292 + 36);
         let acts = vec![1u8; tokens * arb];
         let mut out = vec![0f32; tokens * rows];
-        // The activations' tile copy, as a prompt pass has it.
-        let groups = tokens.div_ceil(16);
-        let mut copy = vec![Line::ZERO; groups * nb * KQ_TILE_BYTES / 64];
-        for tok in 0..tokens {
-            // SAFETY: AMX CPUs have AVX-512F; sizes as made above.
-            unsafe {
-                let to = copy.as_mut_ptr() as *mut u8;
-                pack_row(acts[tok * arb..].as_ptr(), nb, tok, groups, to)
-            }
-        }
+        let (copy, groups) = tile_copy(&acts, arb, nb, tokens);
         for q6 in [false, true] {
             let mut u = Unpacked::new();
             let gb = nb
