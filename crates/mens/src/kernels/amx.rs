@@ -172,14 +172,7 @@ impl Drop for Tiles {
     }
 }
 
-/// One 64-byte line; the scratch is made of them so that every tile starts on a line.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub struct Line([u8; 64]);
-
-impl Line {
-    pub const ZERO: Line = Line([0; 64]);
-}
+use super::Line;
 
 /// Bytes of one unpacked Q4_K block of 16 rows: four steps of 64 values, each two 1 KiB tiles
 /// (a·q, b·q), then the mins as four registers of 16 rows × two sub-blocks (i16).

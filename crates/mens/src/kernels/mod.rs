@@ -76,6 +76,16 @@ fn act_row_bytes(a: ActType, cols: usize) -> usize {
     }
 }
 
+/// One 64-byte line: the AMX scratch and the activations' tile copy are made of them, so that every
+/// tile starts on a line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Line(pub(crate) [u8; 64]);
+
+impl Line {
+    pub const ZERO: Line = Line([0; 64]);
+}
+
 /// Preallocated buffers holding `rows` activation vectors quantized for the dot products.
 /// One per matmul input (the normed hidden state, the attention output, the FFN hidden state).
 pub struct QuantizedInput {
@@ -91,7 +101,7 @@ pub struct QuantizedInput {
     q8_1_s: Vec<f32>,
     /// The Q8_K rows' values once more, in the AMX tiles' order (`amx::pack_row`), when this CPU
     /// runs them and the input can hold a prompt pass; empty otherwise.
-    tiles: Vec<amx::Line>,
+    tiles: Vec<Line>,
     /// Token tiles of 16 that `tiles` has room for.
     tile_groups: usize,
 }
@@ -130,6 +140,10 @@ impl QuantizedInput {
         #[cfg(not(target_arch = "x86_64"))]
         let tiled = false;
         let tile_groups = if tiled { max_rows.div_ceil(16) } else { 0 };
+        #[cfg(target_arch = "x86_64")]
+        let tile_lines = tile_groups * cols / 256 * amx::KQ_TILE_BYTES / 64;
+        #[cfg(not(target_arch = "x86_64"))]
+        let tile_lines = 0;
         QuantizedInput {
             cols,
             rows: 0,
@@ -138,7 +152,7 @@ impl QuantizedInput {
             q8_0_s: vec![0i32; blocks(ActType::Q8_0)],
             q8_1_d: vec![0f32; blocks(ActType::Q8_1)],
             q8_1_s: vec![0f32; blocks(ActType::Q8_1)],
-            tiles: vec![amx::Line::ZERO; tile_groups * cols / 256 * amx::KQ_TILE_BYTES / 64],
+            tiles: vec![Line::ZERO; tile_lines],
             tile_groups,
         }
     }

@@ -268,6 +268,8 @@ const WIDE_FROM: usize = 16;
 /// n values readable at g and u and writable at out; out is g or disjoint from both.
 unsafe fn silu_row(g: *const f32, u: *const f32, out: *mut f32, n: usize, wide: bool) {
     let mut i = 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = wide;
     #[cfg(target_arch = "x86_64")]
     {
         use super::simd::{level, Level};
