@@ -1097,7 +1097,7 @@ fn omitted(name: &str) -> bool {
 /// four blocks share an SM, so one block's tail overlaps the others' loads (7B decode +6% over
 /// 32 warps on the H200; 4 warps: −17%).
 /// Whether a decode gate/up grid of `blocks` blocks of `threads` takes the kernel with registers
-/// for five blocks an SM: where four an SM would leave a second, partial wave.
+/// for five blocks an SM: where four an SM would leave a second, partial wave and five would not.
 fn five_glu_blocks(blocks: usize, threads: u32, sms: usize) -> bool {
     threads == 256 && blocks > 4 * sms && blocks <= 5 * sms
 }

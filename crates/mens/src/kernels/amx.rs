@@ -735,6 +735,10 @@ unsafe fn dot_x8(
 pub const KQ_TILE_BYTES: usize = 4096;
 /// The same for four blocks of the 32-value formats: four parts of 16 rows of 32 bytes.
 const X8_TILE_BYTES: usize = 2048;
+/// Where the four parts of an activation tile start in a row's block: a Q8_K block's 64-value
+/// quarters (after its f32 scale), and four Q8_0 blocks' 32 values (after each f16 scale).
+const KQ_PARTS: [usize; 4] = [4, 68, 132, 196];
+const X8_PARTS: [usize; 4] = [2, 36, 70, 104];
 
 /// The activation values of one unpacked block of `count` rows (`act`, `arb` bytes apart) into
 /// `dst`, in the order the tiles load them ([`pack_row`]'s layout): an activation tile is then
@@ -801,7 +805,7 @@ unsafe fn pack_parts(row: *const u8, offs: [usize; 4], w: usize, to: *mut u8) {
 pub unsafe fn pack_row(row: *const u8, nb: usize, tok: usize, tiles: usize, dst: *mut u8) {
     for i in 0..nb {
         let to = dst.add((i * tiles + tok / 16) * KQ_TILE_BYTES + tok % 16 * 64);
-        pack_parts(row.add(i * 292), [4, 68, 132, 196], 64, to);
+        pack_parts(row.add(i * 292), KQ_PARTS, 64, to);
     }
 }
 
@@ -892,9 +896,9 @@ pub unsafe fn matmul(
                 Some((base, tiles)) => base.add((i * tiles + t0 / 16) * KQ_TILE_BYTES),
                 None => {
                     let (offs, w) = if f.kquant() {
-                        ([4, 68, 132, 196], 64)
+                        (KQ_PARTS, 64)
                     } else {
-                        ([2, 36, 70, 104], 32)
+                        (X8_PARTS, 32)
                     };
                     pack(acts.add(i * ab), arb, n * m, offs, w, &mut u.acts);
                     u.acts.as_ptr() as *const u8

@@ -672,7 +672,7 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
     glu_q8<T>(gate, up, cols, aq, ad, hq, hd);                                                             \
   }
 #define GLU_Q8(NAME, T) GLU_Q8_LB(NAME, T, __launch_bounds__(1024))
-// Registers for five blocks of 256 threads an SM (48; the kernel above takes 64, four blocks): a
+// Registers for five blocks of 256 threads an SM (48; the kernel above takes 56, four blocks): a
 // grid of more than four blocks an SM (the 7B's 592) then runs in one wave, not two (7B decode
 // +5%; the 1.5B's 280 blocks lose 1% with it, so they keep the kernel above).
 GLU_Q8_LB(matvec_glu_q8_q4kr_5, T_Q4_KR, __launch_bounds__(256, 5))
