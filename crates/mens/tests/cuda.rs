@@ -864,6 +864,63 @@ fn qkv_rope_kernel_matches_reference() {
     }
 }
 
+/// Decode's Q/K/V and gate/up kernels normalising the residual themselves give the bits they give
+/// fed by `rmsnorm_q8` (the batch kernels' input), at the real models' widths (0.5B 896 over
+/// 4 virtual warps a warp, 1.5B 1536, 7B 3584: several values a virtual thread) and with a
+/// large value in x (the scale's sum of squares, the chunks' max).
+#[test]
+fn kernels_that_normalise_their_input_give_rmsnorm_q8s_bits() {
+    use mens::rope::RopeTable;
+    let Some(dev) = device() else { return };
+    for (d, t, seed) in [
+        (896usize, TensorType::Q5_0, 1u64),
+        (1536, TensorType::Q4K, 2),
+        (3584, TensorType::Q4K, 3),
+        (3584, TensorType::Q6K, 4),
+    ] {
+        let mut x: Vec<f32> = random(d, seed).iter().map(|v| v * 3.0).collect();
+        x[d / 3] = 40.0;
+        let w: Vec<f32> = random(d, seed + 1).iter().map(|v| 1.0 + v).collect();
+        let (gate, up) = (qtensor(t, 64, d, seed + 2), qtensor(t, 64, d, seed + 3));
+        let (nh, nkv, hd) = (4, 2, 64);
+        let qkv = [
+            qtensor(t, nh * hd, d, seed + 4),
+            qtensor(t, nkv * hd, d, seed + 5),
+            qtensor(t, nkv * hd, d, seed + 6),
+        ];
+        let rope = RopeTable::new(8, hd, 1e6, None);
+        let ((g0, g1), (r0, r1)) = dev
+            .test_fused_norm(
+                &x,
+                &w,
+                1e-6,
+                (&gate, &up),
+                [&qkv[0], &qkv[1], &qkv[2]],
+                (nh, nkv, hd),
+                &rope,
+            )
+            .unwrap();
+        assert!(g0.iter().any(|&b| b != 0), "{d}: gate/up wrote nothing");
+        assert_eq!(g0, g1, "{d} {}: gate/up bits", t.name());
+        assert_eq!(r0, r1, "{d} {}: Q/K/V bits", t.name());
+        // And both follow the CPU's norm and matvec.
+        let (q, ds) = quantize_q8(&rmsnorm(&x, &w, 1e-6));
+        let cpu: Vec<f32> = matvec(&gate, &q, &ds)
+            .iter()
+            .zip(matvec(&up, &q, &ds))
+            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        let h: Vec<f32> = (0..64)
+            .map(|i| {
+                g1[i] as i8 as f32
+                    * f32::from_le_bytes(g1[64 + 8 * (i / 32)..][..4].try_into().unwrap())
+            })
+            .collect();
+        let e = rel_l2(&h, &cpu);
+        assert!(e < 2e-2, "{d}: gate/up against the CPU, rel L2 {e}");
+    }
+}
+
 /// A [position][kv head][head_dim] cache (the GPU's layout) as the CPU's [kv head][position][head_dim].
 /// An f16 cache as the attention kernel's rows.
 fn f16_rows(x: &[half::f16], hd: usize) -> mens::kernels::kv::KvRows<'_> {

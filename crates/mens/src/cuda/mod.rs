@@ -5,8 +5,10 @@
 //!   toolkit and starts on a machine without a GPU ([`Device::open`] then says so).
 //! - Weights are uploaded once in their GGUF block formats; the KV cache (f16) and every buffer are
 //!   allocated once per session.
-//! - Decode: one CUDA graph per token (embedding, 7 kernels per layer, LM head, argmax, the 4-byte
-//!   copy of the sampled id), captured once and replayed; the position lives in device memory.
+//! - Decode: one CUDA graph per token (embedding, 5 kernels per layer, and on models over 1024 wide
+//!   an RMSNorm before the Q/K/V and the gate/up kernels, which make it themselves on narrower ones;
+//!   the final norm, LM head, argmax, the 4-byte copy of the sampled id), captured once and
+//!   replayed; the position lives in device memory.
 //! - Prefill: weights dequantized to f16 per layer and multiplied with cuBLAS (tensor cores);
 //!   attention as two batched cuBLAS GEMMs around a causal softmax kernel.
 //! - Sampling on the device: greedy (argmax) and top-k ≤ 64 / top-p / min-p / temperature; repetition
@@ -1081,6 +1083,30 @@ fn norm_grid(rows: usize, dim: usize) -> (u32, u32) {
     (rows as u32, (dim / 32).div_ceil(32).max(1) as u32)
 }
 
+/// Dims up to which a decode kernel can normalise its own input (NORM_MAXD in kernels/matvec.cu).
+const NORM_MAXD: usize = 4096;
+/// Dims up to which it does by default. On the H200 the fused norm paid on the 0.5B (896: +1.2%
+/// over the norm kernels) and cost on the 1.5B (1536: −1%) and the 7B (3584: −6.5%, each of its
+/// ~600 blocks copying 28 KB and normalising before its first weight load); docs/benchmarks.md,
+/// session 30.
+const NORM_FUSE_DEFAULT_MAX: usize = 1024;
+
+/// Whether decode's Q/K/V and gate/up kernels normalise the residual themselves (norm_q8_block
+/// in kernels/matvec.cu: rmsnorm_q8's bits, so two kernels a layer fewer): for dims that are
+/// multiples of 128 (its chunks by groups of 8 threads in whole warps), up to
+/// NORM_FUSE_DEFAULT_MAX; `MENS_CUDA_NORM_FUSE=1` up to NORM_MAXD, `=0` never.
+fn fused_norm(dim: usize) -> bool {
+    fused_norm_with(dim, std::env::var("MENS_CUDA_NORM_FUSE").ok().as_deref())
+}
+fn fused_norm_with(dim: usize, setting: Option<&str>) -> bool {
+    let max = match setting {
+        Some("0") => 0,
+        Some("1") => NORM_MAXD,
+        _ => NORM_FUSE_DEFAULT_MAX,
+    };
+    dim <= max && dim % 128 == 0
+}
+
 /// For measuring only: whether `MENS_CUDA_OMIT` (comma-separated parts of kernel names, e.g.
 /// `rmsnorm,attn_decode`) leaves this kernel out of the decode graph. The step's output is then
 /// wrong; its time, against the whole step's, is what the left-out kernels cost inside the graph.
@@ -1196,7 +1222,18 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 
 #[cfg(test)]
 mod tests {
-    use super::five_glu_blocks;
+    use super::{five_glu_blocks, fused_norm_with};
+
+    /// The decode kernels normalise their own input by default on the 0.5B's width only, on
+    /// request up to what their shared memory holds, never on a width their warps do not tile.
+    #[test]
+    fn fused_norm_by_width_and_setting() {
+        assert!(fused_norm_with(896, None) && fused_norm_with(640, Some("")));
+        assert!(!fused_norm_with(1536, None) && !fused_norm_with(3584, None));
+        assert!(fused_norm_with(1536, Some("1")) && fused_norm_with(4096, Some("1")));
+        assert!(!fused_norm_with(5120, Some("1")) && !fused_norm_with(896, Some("0")));
+        assert!(!fused_norm_with(960, None) && !fused_norm_with(2880, Some("1")));
+    }
 
     /// The five-blocks gate/up kernel goes only where four blocks an SM leave a partial second
     /// wave and five do not, in blocks of 256 threads (its launch bound).

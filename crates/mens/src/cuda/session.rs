@@ -544,17 +544,27 @@ impl CudaSession {
         let norm_bytes = 8 * du + q8_bytes(c.dim);
         let cache_bytes =
             2 * (self.tokens.len() as u64 + 1) * kv_row_bytes(self.kv, kv) as u64 + 4 * qu;
-        dev.moves(norm_bytes);
-        launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-            self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-        n += 1;
+        // The Q/K/V and gate/up kernels normalise x themselves where they can (norm_q8_block in
+        // kernels/matvec.cu: rmsnorm_q8's bits), so the norms between the layers' matvecs go.
+        let fuse = fused_norm(c.dim) && m.layers.iter().all(|l| l.qk_norm.is_none());
+        let (nx, fused_bytes) = if fuse { (self.x.ptr, 8 * du) } else { (0, 0) };
+        if !fuse {
+            dev.moves(norm_bytes);
+            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
+                self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+            n += 1;
+        }
         let quantized = self.kv != KvType::F16;
         for (li, l) in m.layers.iter().enumerate() {
+            // Q/K/V, attention, O, gate/up, down; the norms between them where not fused.
+            n += 5;
             let (kc, vc) = self.layer_cache(li);
             // A quantized cache: the writers leave K and V in qkv, the attention kernel stores them.
             let (wk, wv) = if quantized { (0, 0) } else { (kc, vc) };
             let bias = l.bias.as_ref().map_or(0, |b| b.ptr);
-            dev.moves(l.q.seg.bytes() + l.k.seg.bytes() + l.v.seg.bytes() + q8_bytes(c.dim));
+            dev.moves(
+                l.q.seg.bytes() + l.k.seg.bytes() + l.v.seg.bytes() + q8_bytes(c.dim) + fused_bytes,
+            );
             if let Some((wq, wk_norm)) = &l.qk_norm {
                 // Qwen3: the norm needs whole heads between the matmul and RoPE, so the three
                 // steps the fused kernel does run apart.
@@ -570,7 +580,7 @@ impl CudaSession {
                 launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
                     l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
                     self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
-                    c.head_dim as i32, neox, self.qkv.ptr, wk, wv)?;
+                    c.head_dim as i32, neox, self.qkv.ptr, wk, wv, nx, l.attn_norm.ptr, eps)?;
             }
             let args = (
                 self.qkv.ptr,
@@ -593,25 +603,33 @@ impl CudaSession {
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
             launch!(dev, matvec as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
-            dev.moves(norm_bytes);
-            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-                self.x.ptr, l.ffn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+            if !fuse {
+                dev.moves(norm_bytes);
+                launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
+                    self.x.ptr, l.ffn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+                n += 1;
+            }
             dev.moves(
-                l.gate.seg.bytes() + l.up.seg.bytes() + q8_bytes(c.dim) + q8_bytes(c.ffn_dim),
+                l.gate.seg.bytes()
+                    + l.up.seg.bytes()
+                    + q8_bytes(c.dim)
+                    + q8_bytes(c.ffn_dim)
+                    + fused_bytes,
             );
             launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg, glu_block)], ((c.ffn_dim / 32) as u32, 1), glu_block;
-                l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr)?;
+                l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr, nx,
+                l.ffn_norm.ptr, eps)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
             launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
-            let norm = m
-                .layers
-                .get(li + 1)
-                .map_or(&m.output_norm, |n| &n.attn_norm);
-            dev.moves(norm_bytes);
-            launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-                self.x.ptr, norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-            n += 7;
+            let next = m.layers.get(li + 1);
+            if !fuse || next.is_none() {
+                let norm = next.map_or(&m.output_norm, |n| &n.attn_norm);
+                dev.moves(norm_bytes);
+                launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
+                    self.x.ptr, norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+                n += 1;
+            }
         }
         self.head(1)?;
         Ok(n + unfused + 2)

@@ -230,8 +230,67 @@ impl Device {
         let hd = self.upload(&vec![[f32::NAN; 2]; rows / 32])?;
         let f = pick(&g.seg, &u.seg)?;
         launch!(self, [f], ((rows / 32) as u32, 1), 32 * warps;
-            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr)?;
+            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr, 0u64, 0u64, 0f32)?;
         self.dequant_q8(&hq, &hd, rows)
+    }
+
+    /// The decode gate/up and Q/K/V kernels (the ones decode takes for these matrices) on
+    /// rmsnorm(x) · w: fed by `rmsnorm_q8`'s output, then normalising x themselves (decode's
+    /// fused form). Their raw output bytes, (fed, fused) for gate/up and for Q/K/V.
+    #[allow(clippy::type_complexity)]
+    pub fn test_fused_norm(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        (gate, up): (&QTensor, &QTensor),
+        qkv: [&QTensor; 3],
+        (n_head, n_kv_head, head_dim): (usize, usize, usize),
+        rope: &RopeTable,
+    ) -> Result<((Vec<u8>, Vec<u8>), (Vec<u8>, Vec<u8>))> {
+        self.bind()?;
+        let d = x.len();
+        let (xb, wb) = (self.upload(x)?, self.upload(w)?);
+        let aq = self.upload(&vec![0i8; d])?;
+        let ad = self.upload(&vec![[f32::NAN; 2]; d / 32])?;
+        let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
+        let m: Vec<Mat> = qkv
+            .iter()
+            .map(|t| Mat::upload(self, t))
+            .collect::<Result<_>>()?;
+        let (cos, sin) = (self.upload(&rope.cos)?, self.upload(&rope.sin)?);
+        let p = self.upload(&[3i32])?;
+        let f = gate.rows;
+        let out = (n_head + 2 * n_kv_head) * head_dim;
+        let read = |b: &Buf| -> Result<Vec<u8>> {
+            let mut v = vec![0u8; b.bytes];
+            self.read(b, 0, &mut v)?;
+            Ok(v)
+        };
+        let mut glu = Vec::new();
+        let mut rope_out = Vec::new();
+        for fused in [false, true] {
+            if !fused {
+                launch!(self, rmsnorm_q8, norm_grid(1, d), 1024; xb.ptr, wb.ptr, eps, d as i32, aq.ptr, ad.ptr)?;
+            }
+            let nx = if fused { xb.ptr } else { 0 };
+            let hq = self.upload(&vec![0i8; f])?;
+            let hd = self.upload(&vec![[f32::NAN; 2]; f / 32])?;
+            launch!(self, [self.glu(&g.seg, &u.seg, 256)], ((f / 32) as u32, 1), 256;
+                g.seg, u.seg, d as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr, nx, wb.ptr, eps)?;
+            let mut bytes = read(&hq)?;
+            bytes.extend(read(&hd)?);
+            glu.push(bytes);
+            let o = self.upload(&vec![f32::NAN; out])?;
+            launch!(self, qkv_rope, ((out / 2).div_ceil(4) as u32, 1), 128;
+                m[0].seg, m[1].seg, m[2].seg, d as i32, aq.ptr, ad.ptr, 0u64, cos.ptr, sin.ptr,
+                p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, 1i32, o.ptr, 0u64, 0u64,
+                nx, wb.ptr, eps)?;
+            rope_out.push(read(&o)?);
+        }
+        let (g1, g0) = (glu.pop().unwrap(), glu.pop().unwrap());
+        let (r1, r0) = (rope_out.pop().unwrap(), rope_out.pop().unwrap());
+        Ok(((g0, g1), (r0, r1)))
     }
 
     /// The batch gate/up kernel for `rows` activation rows (one after another in `q`, `ds`):
@@ -291,7 +350,7 @@ impl Device {
         launch!(self, qkv_rope, (pairs.div_ceil(4) as u32, 1), 128;
             m[0].seg, m[1].seg, m[2].seg, w[0].cols as i32, aq.ptr, ad.ptr, b.as_ref().map_or(0, |b| b.ptr),
             cos.ptr, sin.ptr, p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, neox as i32,
-            qkv.ptr, kc.ptr, vc.ptr)?;
+            qkv.ptr, kc.ptr, vc.ptr, 0u64, 0u64, 0f32)?;
         let mut q = vec![0f32; qd];
         self.read(&qkv, 0, &mut q)?;
         let row = |c: &Buf| -> Result<Vec<f32>> {

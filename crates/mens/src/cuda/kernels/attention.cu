@@ -1,7 +1,8 @@
 // Decode attention, split over the sequence (flash decoding): block (kv head, split) scores the
 // split's keys against the g query heads of that KV head (GQA without copies) and writes an
 // unnormalised partial output with its max and sum; the last split block of a KV head to finish
-// combines the splits and quantizes the g heads' outputs to q8 for the O matvec. Block: 256
+// combines the splits and quantizes the g heads' outputs to q8 for the O matvec (a sequence of
+// one split finishes in its block: no partial results, no counter). Block: 256
 // threads. HD (head dim) is a template parameter so that the K row loads unroll.
 // A block (kv head `kvh`, worker `worker` of `workers`) takes splits worker, worker + workers, ...
 // of a sequence of `len` keys.
@@ -11,6 +12,16 @@
 // len - 1 before reading it (no other block reads that row).
 // pt: the sequence's page table (a batch's paged pool: split s lives in page pt[s], page_bytes
 // apart, SPLIT rows a page), or null for a contiguous cache.
+// Value i of the attention's output (a warp holds 32 consecutive values): rotated back from the
+// V blocks' rotation (quantized caches), then to f16 (o16: the batch's tensor-core matmul) or q8.
+template <int T>
+__device__ __forceinline__ void attn_out(float o, int i, int lane, u16* o16, i8* aq, float2* ad) {
+  if (T != T_F16) o = hadamard32(o, lane);
+  if (o16)
+    o16[i] = f2h(o);
+  else
+    quant_lane(o, aq + (i & ~31), ad + i / 32);
+}
 template <int HD, int T>
 __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
                               int n_head, int n_kv_head, float scale, float* part_o, float2* part_ml,
@@ -23,6 +34,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   __shared__ float qs[MAXG * QS];
   __shared__ float sc[MAXG * SPLIT];
   __shared__ float red[GROUPS * MAXG * HD];
+  __shared__ float den1[MAXG];
   __shared__ bool last;
   int tid = threadIdx.x;
   int g = n_head / n_kv_head, kvd = n_kv_head * HD, rb = kv_row_bytes(T, kvd);
@@ -152,7 +164,10 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
       l += e;
     }
     l = warp_sum(l);
-    if (lane == 0) part_ml[split * n_head + kvh * g + h] = make_float2(m, l);
+    if (lane == 0) {
+      part_ml[split * n_head + kvh * g + h] = make_float2(m, l);
+      den1[h] = l;
+    }
   }
   __syncthreads();
   // P.V: thread = (4 dimensions, key group); the groups are summed through shared memory.
@@ -190,8 +205,14 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     float v = 0.f;
 #pragma unroll
     for (int j = 0; j < GROUPS; j++) v += red[(j * MAXG + h) * HD + d];
-    part_o[((u64)split * n_head + kvh * g + h) * HD + d] = v;
+    // One split (up to SPLIT keys): no other block to wait for, so its output is final here,
+    // with the combine's bits (its max is the split's: expf(0) = 1, den = l, num = v).
+    if (ns == 1)
+      attn_out<T>(v / den1[h], kvh * g * HD + i, lane, o16, aq, ad);
+    else
+      part_o[((u64)split * n_head + kvh * g + h) * HD + d] = v;
   }
+  if (ns == 1) return;
   __syncthreads();  // sc and red are reused by the next split
   }
   // The last block of this KV head combines the splits (threadfence reduction): every thread
@@ -232,13 +253,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
       acc8[0] += __ldcg(&part_o[((u64)s * n_head + h) * HD + d]) * expf(ml.x - m);
     }
     float num = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) + ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]));
-    int i = h * HD + d;
-    float o = num / den;
-    if (T != T_F16) o = hadamard32(o, lane);  // back from the V blocks' rotation
-    if (o16)
-      o16[i] = f2h(o);  // f16 for the batch's tensor-core matmul
-    else
-      quant_lane(o, aq + (i & ~31), ad + i / 32);
+    attn_out<T>(num / den, h * HD + d, lane, o16, aq, ad);
   }
   if (tid == 0) counters[kvh] = 0;
 }

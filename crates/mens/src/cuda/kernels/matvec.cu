@@ -554,10 +554,8 @@ struct Seg {
 // One warp per row, 4 warps per block. mode 0 stores, 1 adds (the residual).
 extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                   float* out, const float* bias, int mode) {
-  pdl_wait();
   int r = blockIdx.x * 4 + (threadIdx.x >> 5);
   int total = s0.rows + s1.rows + s2.rows;
-  if (r >= total) return;
   Seg s = s0;
   int rr = r;
   if (rr >= s0.rows) {
@@ -568,6 +566,8 @@ extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq
       s = s2;
     }
   }
+  pdl_wait();
+  if (r >= total) return;
   float v = row_dot(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad);
   if ((threadIdx.x & 31) == 0) {
     if (bias) v += bias[r];
@@ -583,6 +583,101 @@ __device__ __forceinline__ void quant_lane(float v, i8* qs, float2* ds) {
   qs[threadIdx.x & 31] = (i8)q;
   float sq = warp_sum((float)q);
   if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * sq);
+}
+
+// Decode kernels that normalise their own input (`nx` non-null: the residual x, its RMSNorm
+// weight `ng` and eps) instead of reading rmsnorm_q8's output: one kernel fewer between the layers'
+// matvecs (two a layer). Each block makes the whole q8 vector in shared memory, with
+// rmsnorm_q8's bits: the sum of squares in the order of its 1024 threads (each warp here stands
+// for 32 / warps of them, each with its own butterfly), then each chunk quantized as quant_lane
+// does (by 8 threads here: a chunk's max and its integer sum do not depend on the order). x and
+// the weight are copied in first, all of a block's loads in flight together (the weight before
+// pdl_wait(): no kernel writes it). Dims up to NORM_MAXD, multiples of 128.
+#define NORM_MAXD 4096
+struct NormQ8 {
+  float4 x[NORM_MAXD / 4], w[NORM_MAXD / 4];
+  int q[NORM_MAXD / 4];  // int8 values, 16-byte aligned for the chunk loads
+  float2 d[NORM_MAXD / 32];
+  float red[32];
+};
+// 16 bytes global -> shared without a register (sm_80+; a plain copy before).
+__device__ __forceinline__ void copy16(float4* dst, const float4* src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#else
+  *dst = *src;
+#endif
+}
+__device__ __forceinline__ void copy_in(float4* dst, const float* src, int dim) {
+  for (int t = threadIdx.x; t < dim / 4; t += blockDim.x) copy16(dst + t, (const float4*)src + t);
+}
+// Before pdl_wait(): the norm weight's copy.
+__device__ __forceinline__ void norm_q8_start(const float* ng, int dim, NormQ8& s) { copy_in(s.w, ng, dim); }
+// After pdl_wait(): x's copy, then the vector; ends with __syncthreads().
+__device__ __forceinline__ void norm_q8_block(const float* x, float eps, int dim, NormQ8& s) {
+  copy_in(s.x, x, dim);
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+  __syncthreads();
+  const float* xs = (const float*)s.x;
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int base = 0; base < 32; base += 8 * nw) {
+    float ss[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      int vw = base + w + k * nw;
+      ss[k] = 0.f;
+#pragma unroll
+      for (int j = 0; j < NORM_MAXD / 1024; j++) {
+        int i = vw * 32 + lane + 1024 * j;
+        if (vw < 32 && i < dim) ss[k] += xs[i] * xs[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss[k] = warp_sum(ss[k]);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      int vw = base + w + k * nw;
+      if (lane == 0 && vw < 32) s.red[vw] = ss[k];
+    }
+  }
+  __syncthreads();
+  float scale = rsqrtf(warp_sum(s.red[lane]) / dim + eps);
+  // Chunk b's values 4 g .. 4 g + 3 by thread 8 b + g.
+  for (int t = threadIdx.x; t < dim / 4; t += blockDim.x) {
+    float4 a = s.x[t], c = s.w[t];
+    float v[4] = {a.x * scale * c.x, a.y * scale * c.y, a.z * scale * c.z, a.w * scale * c.w};
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+    float d = amax / 127.f;
+    int sum = 0;
+    u32 packed = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      int q = d > 0.f ? __float2int_rn(v[k] / d) : 0;
+      sum += q;
+      packed |= (u32)(u8)(i8)q << (8 * k);
+    }
+    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    s.q[t] = (int)packed;
+    if ((t & 7) == 0) s.d[t >> 3] = make_float2(d, d * (float)sum);
+  }
+  __syncthreads();
+}
+
+// A decode kernel's start: pdl_wait(), and with nx its input made from x (aq, ad then point into
+// shared memory).
+__device__ __forceinline__ void norm_input(const float* nx, const float* ng, float eps, int dim, NormQ8& s,
+                                           const i8*& aq, const float2*& ad) {
+  if (nx) norm_q8_start(ng, dim, s);
+  pdl_wait();
+  if (nx) {
+    norm_q8_block(nx, eps, dim, s);
+    aq = (const i8*)s.q;
+    ad = s.d;
+  }
 }
 
 // Two rows of one type against the same activations, loads interleaved (gate and up).
@@ -649,9 +744,10 @@ __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchun
 // that each gets its own registers: the kernel for any types spills), or -1.
 template <int T>
 __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq,
-                                       float2* hd) {
+                                       float2* hd, const float* nx, const float* ng, float eps) {
   __shared__ float h[32];
-  pdl_wait();
+  __shared__ __align__(16) NormQ8 ns;
+  norm_input(nx, ng, eps, cols, ns, aq, ad);
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int j = w; j < 32; j += nw) {
     int r = blockIdx.x * 32 + j;
@@ -668,8 +764,9 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
 }
 #define GLU_Q8_LB(NAME, T, LB)                                                                            \
   extern "C" __global__ void LB                                                                           \
-      NAME(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq, float2* hd) {              \
-    glu_q8<T>(gate, up, cols, aq, ad, hq, hd);                                                             \
+      NAME(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq, float2* hd, const float* nx,  \
+           const float* ng, float eps) {                                                                   \
+    glu_q8<T>(gate, up, cols, aq, ad, hq, hd, nx, ng, eps);                                                \
   }
 #define GLU_Q8(NAME, T) GLU_Q8_LB(NAME, T, __launch_bounds__(1024))
 // Registers for five blocks of 256 threads an SM (48; the kernel above takes 56, four blocks): a
@@ -691,12 +788,12 @@ GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
 // paired the same way, unrotated.
 extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                     const float* bias, const float* cosv, const float* sinv, const int* pos,
-                                    int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc) {
-  pdl_wait();
+                                    int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,
+                                    const float* nx, const float* ng, float eps) {
+  __shared__ __align__(16) NormQ8 ns;
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
-  if (p >= heads * half) return;
   int h = p / half, k = p % half;
   int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
   Seg s = s0;
@@ -709,6 +806,8 @@ extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* 
       s = s2;
     }
   }
+  norm_input(nx, ng, eps, cols, ns, aq, ad);
+  if (p >= heads * half) return;
   float2 v = row_dot2(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
                       cols / 32, aq, ad);
   if ((threadIdx.x & 31) != 0) return;
