@@ -237,7 +237,7 @@ impl Device {
     /// The decode gate/up and Q/K/V kernels (the ones decode takes for these matrices) on
     /// rmsnorm(x) · w: fed by `rmsnorm_q8`'s output, then normalising x themselves (decode's
     /// fused form). Their raw output bytes, (fed, fused) for gate/up and for Q/K/V.
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     pub fn test_fused_norm(
         &self,
         x: &[f32],
