@@ -1118,16 +1118,16 @@ fn omitted(name: &str) -> bool {
     })
 }
 
-/// Threads of a decode gate/up block (32 rows a block): `MENS_CUDA_GLU_WARPS` warps (1, 2, 4, 8,
-/// 16 or 32), each taking 32 / warps row pairs; the same arithmetic for every choice. Default 8:
-/// four blocks share an SM, so one block's tail overlaps the others' loads (7B decode +6% over
-/// 32 warps on the H200; 4 warps: −17%).
 /// Whether a decode gate/up grid of `blocks` blocks of `threads` takes the kernel with registers
 /// for five blocks an SM: where four an SM would leave a second, partial wave and five would not.
 fn five_glu_blocks(blocks: usize, threads: u32, sms: usize) -> bool {
     threads == 256 && blocks > 4 * sms && blocks <= 5 * sms
 }
 
+/// Threads of a decode gate/up block (32 rows a block): `MENS_CUDA_GLU_WARPS` warps (1, 2, 4, 8,
+/// 16 or 32), each taking 32 / warps row pairs; the same arithmetic for every choice. Default 8:
+/// four blocks share an SM, so one block's tail overlaps the others' loads (7B decode +6% over
+/// 32 warps on the H200; 4 warps: −17%; on the 0.5B and 1.5B 16 warps level, 32 −2 to −11%).
 fn glu_threads() -> u32 {
     let w = std::env::var("MENS_CUDA_GLU_WARPS")
         .ok()

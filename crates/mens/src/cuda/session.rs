@@ -548,11 +548,15 @@ impl CudaSession {
         // kernels/matvec.cu: rmsnorm_q8's bits), so the norms between the layers' matvecs go.
         let fuse = fused_norm(c.dim) && m.layers.iter().all(|l| l.qk_norm.is_none());
         let (nx, fused_bytes) = if fuse { (self.x.ptr, 8 * du) } else { (0, 0) };
-        if !fuse {
+        // rmsnorm(x) · w into aq/ad for the next matvec: one kernel.
+        let norm = |w: &Buf| -> Result<usize> {
             dev.moves(norm_bytes);
             launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-                self.x.ptr, m.layers[0].attn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-            n += 1;
+                self.x.ptr, w.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
+            Ok(1)
+        };
+        if !fuse {
+            n += norm(&m.layers[0].attn_norm)?;
         }
         let quantized = self.kv != KvType::F16;
         for (li, l) in m.layers.iter().enumerate() {
@@ -604,10 +608,7 @@ impl CudaSession {
             launch!(dev, matvec as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
             if !fuse {
-                dev.moves(norm_bytes);
-                launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-                    self.x.ptr, l.ffn_norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-                n += 1;
+                n += norm(&l.ffn_norm)?;
             }
             dev.moves(
                 l.gate.seg.bytes()
@@ -624,11 +625,7 @@ impl CudaSession {
                 l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
             let next = m.layers.get(li + 1);
             if !fuse || next.is_none() {
-                let norm = next.map_or(&m.output_norm, |n| &n.attn_norm);
-                dev.moves(norm_bytes);
-                launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
-                    self.x.ptr, norm.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
-                n += 1;
+                n += norm(next.map_or(&m.output_norm, |n| &n.attn_norm))?;
             }
         }
         self.head(1)?;
