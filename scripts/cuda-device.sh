@@ -2,13 +2,15 @@
 # Runs on a machine with an NVIDIA GPU, from the repository root: unpacks the carried CUDA build
 # (.device/*.xz, made by scripts/cuda-build.sh), runs the CUDA tests, writes random-weight Q4_K_M
 # models with `mens synth` and benchmarks them with `mens bench --backend cuda`.
-# Usage: scripts/cuda-device.sh [cpu|ab|defab|envab|ncu|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
+# Usage: scripts/cuda-device.sh [cpu|ab|defab|envab|ncu|probe|decode|omit|llamaserver|ttft|small64|test|serve|coding|batch|serving|serving64|preempt|pool|poolbudget|prefix|penalties|specdraft|concurrency|families|copy|http|tune|kv|verify|bench|all] [SHAPES (default: 0.5b,1.5b,7b)]
 # `decode`: issue 20's side by side (llama-bench, this binary with and without PDL, mens-old).
 # `omit`: what each kernel family costs inside the 7B decode graph (MENS_CUDA_OMIT).
 # `llamaserver`: issue 15's llama-server against mens serve, same load, same call.
 # `defab`: the binary under several sets of NVRTC defines (DEFS): decode and the verify pass.
 # `envab`: the same under several sets of environment settings (ENVS).
 # `ncu`: Nsight Compute's counters for the decode kernels (NCU_KERNELS, NCU_SKIP, NCU_COUNT).
+# `probe`: read bandwidth of a stream-only kernel at the decode kernels' sizes, and of the decode
+# matvec's access pattern alone (scripts/bw-probe.cu, built here with nvcc): their ceilings.
 # `verify`: speculative decoding's verify pass of K = 1, 2, 4, 8, 16 tokens against one decode step.
 # `kv`: decode at depth 8192 on synth 7b with f16, q8_0 and q4_0 caches, the memory plans, the
 # batched runner and perplexity on a q8_0 cache.
@@ -639,6 +641,12 @@ if [ "$MODE" = ncu ]; then
     "$BIN/mens" bench -m "$m" --backend cuda --prompt 16 --steps 64 --paired 0 --reps 1 -q > "$OUT/ncu.txt" 2>&1
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
     "$OUT/ncu.txt" | head -200
+fi
+
+if [ "$MODE" = probe ]; then
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  "$NVCC" -O3 -arch=sm_90 scripts/bw-probe.cu -o /tmp/bw-probe && /tmp/bw-probe | tee "$OUT/bw-probe.txt" && \
+    /tmp/bw-probe rows | tee "$OUT/bw-probe-rows.txt"
 fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then

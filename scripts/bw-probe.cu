@@ -1,0 +1,142 @@
+// Read bandwidth at the sizes of the decode kernels' weights: what a kernel that only streams its
+// bytes reaches, launched back to back over 28 buffers (a layer's worth each, together far beyond
+// L2), as the decode graph launches a layer's kernels. The ceiling a matvec of that size can hope
+// for, to put beside `mens bench --profile`'s GB/s.
+// `bw-probe rows`: instead, the decode matvec's access pattern (a warp a row) row-major and with a
+// block's rows interleaved, one or four loads in flight a lane.
+// Build and run on the GPU machine: nvcc -O3 -arch=sm_90 scripts/bw-probe.cu -o /tmp/bw-probe && /tmp/bw-probe [rows]
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                \
+  do {                                                                          \
+    cudaError_t e = (x);                                                        \
+    if (e != cudaSuccess) {                                                     \
+      fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e));                  \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+// Each thread keeps U 16-byte loads in flight; the xor keeps the loads live.
+template <int U>
+__global__ void read_all(const int4* __restrict__ p, size_t n, int* out) {
+  int acc = 0;
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + (U - 1) * stride < n; i += U * stride) {
+    int4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    int4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) out[0] = acc;
+}
+
+// The decode matvec's pattern: a warp a row, 4 warps a block, each warp reading its row 512 bytes
+// (16 a lane) an iteration with PF iterations' loads in flight; with `inter`, the block's 4 rows
+// stored interleaved (iteration i of rows 0..3 side by side), so a block's 4 warps read 2 KB
+// contiguous where row-major they read 4 pieces a row apart.
+template <int PF>
+__global__ void rows_read(const int4* __restrict__ base, int rows, int row16, int inter, int* out) {
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.x * 4 + w;
+  if (r >= rows) return;
+  int iters = row16 / 32;
+  const int4* p = inter ? base + (size_t)blockIdx.x * 4 * row16 + w * 32 + lane : base + (size_t)r * row16 + lane;
+  int step = inter ? 128 : 32;
+  int acc = 0;
+  int4 v[PF];
+#pragma unroll
+  for (int k = 0; k < PF; k++) v[k] = k < iters ? __ldcs(p + k * step) : make_int4(0, 0, 0, 0);
+  for (int i = 0; i < iters; i += PF) {
+#pragma unroll
+    for (int k = 0; k < PF; k++) {
+      acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+      if (i + PF + k < iters) v[k] = __ldcs(p + (i + PF + k) * step);
+    }
+  }
+  if (acc == 0x7fffffff) out[0] = acc;
+}
+
+static void rows_probe(int* out, cudaEvent_t a, cudaEvent_t b) {
+  const int layers = 28, reps = 20;
+  struct { const char* what; int rows, row_bytes; } shapes[] = {
+      {"7B down (Q4_K rows)", 3584, 10752}, {"7B o", 3584, 2048}, {"1.5B down", 1536, 5120}};
+  for (auto& sh : shapes) {
+    size_t bytes = (size_t)sh.rows * sh.row_bytes;
+    int4* buf[layers];
+    for (int l = 0; l < layers; l++) {
+      CHECK(cudaMalloc(&buf[l], bytes));
+      CHECK(cudaMemset(buf[l], l, bytes));
+    }
+    for (int rep = 0; rep < 2; rep++)
+      for (int v = 0; v < 4; v++) {
+        int inter = v & 1, pf = v & 2 ? 4 : 1;
+        auto go = [&](int l) {
+          if (pf == 1) rows_read<1><<<sh.rows / 4, 128>>>(buf[l], sh.rows, sh.row_bytes / 16, inter, out);
+          else rows_read<4><<<sh.rows / 4, 128>>>(buf[l], sh.rows, sh.row_bytes / 16, inter, out);
+        };
+        for (int l = 0; l < layers; l++) go(l);
+        CHECK(cudaEventRecord(a));
+        for (int r = 0; r < reps; r++)
+          for (int l = 0; l < layers; l++) go(l);
+        CHECK(cudaEventRecord(b));
+        CHECK(cudaEventSynchronize(b));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        double us = ms * 1e3 / (reps * layers);
+        printf("%-20s %7.2f MB  %-11s %d ahead  %7.2f us/kernel  %6.0f GB/s\n", sh.what, bytes / 1e6,
+               inter ? "interleaved" : "row-major", pf, us, bytes / (us * 1e3));
+      }
+    for (int l = 0; l < layers; l++) CHECK(cudaFree(buf[l]));
+  }
+}
+
+int main(int argc, char** argv) {
+  const int layers = 28, reps = 20;
+  // bytes a layer: 7B gate+up, down, Q/K/V, O; 1.5B gate+up, down; 0.5B gate+up
+  const double mb[] = {76.4, 38.2, 9.29, 7.22, 15.5, 7.74, 4.9};
+  const char* what[] = {"7B gate+up", "7B down", "7B qkv", "7B o", "1.5B gate+up", "1.5B down", "0.5B gate+up"};
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int* out;
+  CHECK(cudaMalloc(&out, 4));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  if (argc > 1) {  // `rows`: the row patterns only
+    rows_probe(out, a, b);
+    return 0;
+  }
+  for (int k = 0; k < 7; k++) {
+    size_t bytes = (size_t)(mb[k] * 1e6) / 16 * 16, n = bytes / 16;
+    int4* buf[layers];
+    for (int l = 0; l < layers; l++) {
+      CHECK(cudaMalloc(&buf[l], bytes));
+      CHECK(cudaMemset(buf[l], l, bytes));
+    }
+    for (int bps = 4; bps <= 16; bps *= 2) {
+      for (int rep = 0; rep < 2; rep++) {
+        int grid = sms * bps;
+        for (int l = 0; l < layers; l++) read_all<4><<<grid, 256>>>(buf[l], n, out);  // warm
+        CHECK(cudaEventRecord(a));
+        for (int r = 0; r < reps; r++)
+          for (int l = 0; l < layers; l++) read_all<4><<<grid, 256>>>(buf[l], n, out);
+        CHECK(cudaEventRecord(b));
+        CHECK(cudaEventSynchronize(b));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        double us = ms * 1e3 / (reps * layers);
+        printf("%-14s %7.2f MB  %2d blocks/SM  %7.2f us/kernel  %6.0f GB/s\n", what[k], bytes / 1e6, bps, us,
+               bytes / (us * 1e3));
+      }
+    }
+    for (int l = 0; l < layers; l++) CHECK(cudaFree(buf[l]));
+  }
+  return 0;
+}
