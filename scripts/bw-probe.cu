@@ -5,6 +5,7 @@
 // `bw-probe rows`: instead, the decode matvec's access pattern (a warp a row) row-major and with a
 // block's rows interleaved, one or four loads in flight a lane.
 // Build and run on the GPU machine: nvcc -O3 -arch=sm_90 scripts/bw-probe.cu -o /tmp/bw-probe && /tmp/bw-probe [rows]
+// (it also compiles without a GPU with scripts/cuda-toolkit.sh's nvcc).
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
@@ -63,42 +64,57 @@ __global__ void rows_read(const int4* __restrict__ base, int rows, int row16, in
   if (acc == 0x7fffffff) out[0] = acc;
 }
 
+const int LAYERS = 28, REPS = 20;
+
+// LAYERS buffers of `bytes` each, filled (their pages touched).
+static void alloc_layers(int4** buf, size_t bytes) {
+  for (int l = 0; l < LAYERS; l++) {
+    CHECK(cudaMalloc(&buf[l], bytes));
+    CHECK(cudaMemset(buf[l], l, bytes));
+  }
+}
+static void free_layers(int4** buf) {
+  for (int l = 0; l < LAYERS; l++) CHECK(cudaFree(buf[l]));
+}
+// Microseconds a launch: `go(l)` launches the kernel on buffer l; one warm pass over the buffers,
+// then REPS timed ones, back to back.
+template <class F>
+static double us_per_launch(F go, cudaEvent_t a, cudaEvent_t b) {
+  for (int l = 0; l < LAYERS; l++) go(l);
+  CHECK(cudaEventRecord(a));
+  for (int r = 0; r < REPS; r++)
+    for (int l = 0; l < LAYERS; l++) go(l);
+  CHECK(cudaEventRecord(b));
+  CHECK(cudaEventSynchronize(b));
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms * 1e3 / (REPS * LAYERS);
+}
+
 static void rows_probe(int* out, cudaEvent_t a, cudaEvent_t b) {
-  const int layers = 28, reps = 20;
   struct { const char* what; int rows, row_bytes; } shapes[] = {
       {"7B down (Q4_K rows)", 3584, 10752}, {"7B o", 3584, 2048}, {"1.5B down", 1536, 5120}};
   for (auto& sh : shapes) {
     size_t bytes = (size_t)sh.rows * sh.row_bytes;
-    int4* buf[layers];
-    for (int l = 0; l < layers; l++) {
-      CHECK(cudaMalloc(&buf[l], bytes));
-      CHECK(cudaMemset(buf[l], l, bytes));
-    }
+    int4* buf[LAYERS];
+    alloc_layers(buf, bytes);
     for (int rep = 0; rep < 2; rep++)
       for (int v = 0; v < 4; v++) {
         int inter = v & 1, pf = v & 2 ? 4 : 1;
-        auto go = [&](int l) {
-          if (pf == 1) rows_read<1><<<sh.rows / 4, 128>>>(buf[l], sh.rows, sh.row_bytes / 16, inter, out);
-          else rows_read<4><<<sh.rows / 4, 128>>>(buf[l], sh.rows, sh.row_bytes / 16, inter, out);
-        };
-        for (int l = 0; l < layers; l++) go(l);
-        CHECK(cudaEventRecord(a));
-        for (int r = 0; r < reps; r++)
-          for (int l = 0; l < layers; l++) go(l);
-        CHECK(cudaEventRecord(b));
-        CHECK(cudaEventSynchronize(b));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, a, b));
-        double us = ms * 1e3 / (reps * layers);
+        double us = us_per_launch(
+            [&](int l) {
+              if (pf == 1) rows_read<1><<<sh.rows / 4, 128>>>(buf[l], sh.rows, sh.row_bytes / 16, inter, out);
+              else rows_read<4><<<sh.rows / 4, 128>>>(buf[l], sh.rows, sh.row_bytes / 16, inter, out);
+            },
+            a, b);
         printf("%-20s %7.2f MB  %-11s %d ahead  %7.2f us/kernel  %6.0f GB/s\n", sh.what, bytes / 1e6,
                inter ? "interleaved" : "row-major", pf, us, bytes / (us * 1e3));
       }
-    for (int l = 0; l < layers; l++) CHECK(cudaFree(buf[l]));
+    free_layers(buf);
   }
 }
 
 int main(int argc, char** argv) {
-  const int layers = 28, reps = 20;
   // bytes a layer: 7B gate+up, down, Q/K/V, O; 1.5B gate+up, down; 0.5B gate+up
   const double mb[] = {76.4, 38.2, 9.29, 7.22, 15.5, 7.74, 4.9};
   const char* what[] = {"7B gate+up", "7B down", "7B qkv", "7B o", "1.5B gate+up", "1.5B down", "0.5B gate+up"};
@@ -115,28 +131,16 @@ int main(int argc, char** argv) {
   }
   for (int k = 0; k < 7; k++) {
     size_t bytes = (size_t)(mb[k] * 1e6) / 16 * 16, n = bytes / 16;
-    int4* buf[layers];
-    for (int l = 0; l < layers; l++) {
-      CHECK(cudaMalloc(&buf[l], bytes));
-      CHECK(cudaMemset(buf[l], l, bytes));
-    }
-    for (int bps = 4; bps <= 16; bps *= 2) {
+    int4* buf[LAYERS];
+    alloc_layers(buf, bytes);
+    for (int bps = 4; bps <= 16; bps *= 2)
       for (int rep = 0; rep < 2; rep++) {
         int grid = sms * bps;
-        for (int l = 0; l < layers; l++) read_all<4><<<grid, 256>>>(buf[l], n, out);  // warm
-        CHECK(cudaEventRecord(a));
-        for (int r = 0; r < reps; r++)
-          for (int l = 0; l < layers; l++) read_all<4><<<grid, 256>>>(buf[l], n, out);
-        CHECK(cudaEventRecord(b));
-        CHECK(cudaEventSynchronize(b));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, a, b));
-        double us = ms * 1e3 / (reps * layers);
+        double us = us_per_launch([&](int l) { read_all<4><<<grid, 256>>>(buf[l], n, out); }, a, b);
         printf("%-14s %7.2f MB  %2d blocks/SM  %7.2f us/kernel  %6.0f GB/s\n", what[k], bytes / 1e6, bps, us,
                bytes / (us * 1e3));
       }
-    }
-    for (int l = 0; l < layers; l++) CHECK(cudaFree(buf[l]));
+    free_layers(buf);
   }
   return 0;
 }
