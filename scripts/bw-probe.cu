@@ -115,9 +115,10 @@ static void rows_probe(int* out, cudaEvent_t a, cudaEvent_t b) {
 }
 
 int main(int argc, char** argv) {
-  // bytes a layer: 7B gate+up, down, Q/K/V, O; 1.5B gate+up, down; 0.5B gate+up
-  const double mb[] = {76.4, 38.2, 9.29, 7.22, 15.5, 7.74, 4.9};
-  const char* what[] = {"7B gate+up", "7B down", "7B qkv", "7B o", "1.5B gate+up", "1.5B down", "0.5B gate+up"};
+  // a layer's bytes of each decode matvec
+  struct { const char* what; double mb; } sizes[] = {
+      {"7B gate+up", 76.4}, {"7B down", 38.2}, {"7B qkv", 9.29}, {"7B o", 7.22},
+      {"1.5B gate+up", 15.5}, {"1.5B down", 7.74}, {"0.5B gate+up", 4.9}};
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   int* out;
@@ -129,15 +130,15 @@ int main(int argc, char** argv) {
     rows_probe(out, a, b);
     return 0;
   }
-  for (int k = 0; k < 7; k++) {
-    size_t bytes = (size_t)(mb[k] * 1e6) / 16 * 16, n = bytes / 16;
+  for (auto& sz : sizes) {
+    size_t bytes = (size_t)(sz.mb * 1e6) / 16 * 16, n = bytes / 16;
     int4* buf[LAYERS];
     alloc_layers(buf, bytes);
     for (int bps = 4; bps <= 16; bps *= 2)
       for (int rep = 0; rep < 2; rep++) {
         int grid = sms * bps;
         double us = us_per_launch([&](int l) { read_all<4><<<grid, 256>>>(buf[l], n, out); }, a, b);
-        printf("%-14s %7.2f MB  %2d blocks/SM  %7.2f us/kernel  %6.0f GB/s\n", what[k], bytes / 1e6, bps, us,
+        printf("%-14s %7.2f MB  %2d blocks/SM  %7.2f us/kernel  %6.0f GB/s\n", sz.what, bytes / 1e6, bps, us,
                bytes / (us * 1e3));
       }
     free_layers(buf);
