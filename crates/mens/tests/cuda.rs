@@ -1057,39 +1057,63 @@ fn flash_prefill_kernel_matches_reference() {
     }
 }
 
-/// The CUDA C source compiles with NVRTC (needs libnvrtc, not a GPU: .ci/run installs it) and
-/// defines every kernel the backend loads.
+/// The CUDA C source compiles with NVRTC (needs libnvrtc, not a GPU: .ci/run installs it), each
+/// module defines every kernel the backend loads from it, and the batch module none of the main
+/// module's (they are compiled once, in the main module).
 #[test]
 fn kernels_compile_with_nvrtc() {
-    // With MENS_CUDA_CACHE set, through the cache: the PTX is kept there under the key a GPU
-    // machine's `mens` looks for (scripts/cuda-build.sh fills one to carry).
-    let ptx = if std::env::var_os("MENS_CUDA_CACHE").is_some() {
-        mens::cuda::ptx_for((9, 0))
-    } else {
-        mens::cuda::compile_ptx((9, 0))
-    };
-    let ptx = match ptx {
-        Ok(p) => String::from_utf8_lossy(&p).into_owned(),
-        Err(e) if e.to_string().contains("could not be loaded") => {
-            eprintln!("SKIP (not run, not passed): {e}");
-            return;
+    use mens::cuda::Module;
+    // The two modules compile on two threads (NVRTC's programs are independent).
+    let compile = |m: Module| {
+        // With MENS_CUDA_CACHE set, through the cache: the PTX is kept there under the key a GPU
+        // machine's `mens` looks for (scripts/cuda-build.sh fills one to carry).
+        if std::env::var_os("MENS_CUDA_CACHE").is_some() {
+            mens::cuda::ptx_for((9, 0), m)
+        } else {
+            mens::cuda::compile_ptx((9, 0), m)
         }
-        Err(e) => panic!("{e}"),
     };
-    // MENS_PTX_OUT=FILE keeps the PTX (for `ptxas -v`: registers and spills per kernel).
-    if let Some(f) = std::env::var_os("MENS_PTX_OUT") {
-        std::fs::write(f, ptx.trim_end_matches('\0')).unwrap();
-    }
-    for name in mens::cuda::kernel_names() {
-        assert!(
-            ptx.contains(&format!(".entry {name}(")),
-            "kernel {name} is missing from the PTX"
+    let (main, batch) = std::thread::scope(|s| {
+        let b = s.spawn(|| compile(Module::Batch));
+        (compile(Module::Main), b.join().unwrap())
+    });
+    for (m, ptx) in [(Module::Main, main), (Module::Batch, batch)] {
+        let ptx = match ptx {
+            Ok(p) => String::from_utf8_lossy(&p).into_owned(),
+            Err(e) if e.to_string().contains("could not be loaded") => {
+                eprintln!("SKIP (not run, not passed): {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        // MENS_PTX_OUT=FILE keeps the PTX (FILE and FILE.batch; for `ptxas -v`: registers and
+        // spills per kernel).
+        if let Some(f) = std::env::var_os("MENS_PTX_OUT") {
+            let mut f = std::path::PathBuf::from(f);
+            if m == Module::Batch {
+                f.as_mut_os_string().push(".batch");
+            }
+            std::fs::write(f, ptx.trim_end_matches('\0')).unwrap();
+        }
+        for name in mens::cuda::kernel_names(m) {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "kernel {name} is missing from the {m:?} module's PTX"
+            );
+        }
+        if m == Module::Batch {
+            for name in mens::cuda::kernel_names(Module::Main) {
+                assert!(
+                    !ptx.contains(&format!(".entry {name}(")),
+                    "kernel {name} of the main module is compiled into the batch module too"
+                );
+            }
+        }
+        eprintln!(
+            "the CUDA kernels (cuda/kernels/), {m:?} module, compiled by NVRTC for sm_90: {} bytes of PTX",
+            ptx.len()
         );
     }
-    eprintln!(
-        "the CUDA kernels (cuda/kernels/) compiled by NVRTC for sm_90: {} bytes of PTX",
-        ptx.len()
-    );
 }
 
 /// Greedy tokens of request `i` (its own prompt) decoded in `b` with the requests `with`

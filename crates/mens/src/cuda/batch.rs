@@ -468,6 +468,8 @@ impl CudaBatch {
         let (ectx, ubatch) = engine_shape(slots, ctx, ubatch);
         let need = batch_bytes(&c, slots, ctx, ubatch, kv, pages);
         let dev = model.dev.clone();
+        // The batch kernels' module now, not inside a graph capture (its first load compiles).
+        dev.fb()?;
         let (free, _) = dev.mem_info()?;
         if need + (256 << 20) > free {
             return Err(Error::Memory(format!(
@@ -755,7 +757,7 @@ impl CudaBatch {
         }
         let dev = &self.model.dev;
         let pt = self.table.at(4 * slot * self.max_pages);
-        launch!(dev, kv_pages_copy, (n as u32, self.model.config.n_layer as u32), 128;
+        launch!(dev, (dev.fb()?.kv_pages_copy) as "kv_pages_copy", (n as u32, self.model.config.n_layer as u32), 128;
             self.kc.ptr, self.vc.ptr, self.stage_k.ptr, self.stage_v.ptr, pt, self.page_stride(),
             self.row_bytes() as i32, self.ectx as i32, at as i32, from as i32, to_pool as i32)
     }
@@ -853,7 +855,7 @@ impl CudaBatch {
                 o16,
             );
             let _ = li;
-            launch!(dev, [dev.attn_decode(c.head_dim, self.kv, true)], grid, 256;
+            launch!(dev, [dev.attn_decode_b(c.head_dim, self.kv)?], grid, 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11, args.12, args.13, args.14, args.15, args.16, args.17,
                 self.qkv.ptr)
@@ -905,7 +907,7 @@ impl CudaBatch {
                     }
                     let seg = |i: usize| mats.get(i).map_or(Seg::NONE, |m| m.seg);
                     let rows = mats.iter().map(|m| m.seg.rows as usize).sum();
-                    launch!(dev, [(name, dev.matmul_h16(bp))], dev.h16_grid(rows, mats[0].cols), 256;
+                    launch!(dev, [(name, dev.matmul_h16(bp)?)], dev.h16_grid(rows, mats[0].cols), 256;
                         seg(0), seg(1), seg(2), mats[0].cols as i32, x, b, out, ldo as i32, 0u64,
                         bias, add as i32, part, counters)?;
                     Ok(1)
@@ -930,7 +932,7 @@ impl CudaBatch {
                         self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
                     n += 1;
                 }
-                launch!(dev, rope_store_b, (bp as u32, 1), 256;
+                launch!(dev, (dev.fb()?.rope_store_b) as "rope_store_b", (bp as u32, 1), 256;
                     self.qkv.ptr, rope_bias, cos, sin, pos, slot, pages, maxp, pb, c.n_head as i32,
                     c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                 att(li, kc, vc, x16)?;
@@ -972,31 +974,31 @@ impl CudaBatch {
                 if let Some((wq, wkn)) = &l.qk_norm {
                     // Qwen3: matmul, per-head norm, then RoPE and the cache write (see the session).
                     let (k, grid, block) =
-                        dev.matmul_q8(narrow, bp, &[&l.q.seg, &l.k.seg, &l.v.seg]);
+                        dev.matmul_q8(narrow, bp, &[&l.q.seg, &l.k.seg, &l.v.seg])?;
                     launch!(dev, (k) as "matmul_q8 (qkv)", grid, block;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, self.qkv.ptr,
                         row as i32, 0u64, bias, 0i32)?;
                     launch!(dev, qk_norm, (bp as u32, (c.n_head + c.n_kv_head) as u32), 128;
                         self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wkn.ptr, eps)?;
-                    launch!(dev, rope_store_b, (bp as u32, 1), 256;
+                    launch!(dev, (dev.fb()?.rope_store_b) as "rope_store_b", (bp as u32, 1), 256;
                         self.qkv.ptr, 0u64, cos, sin, pos, slot, pages, maxp, pb, c.n_head as i32,
                         c.n_kv_head as i32, c.head_dim as i32, neox, self.q.ptr, wk, wv)?;
                     n += 2;
                 } else {
-                    launch!(dev, (dev.qkv_rope_b(narrow)) as "qkv_rope_b", ((row / 2).div_ceil(4) as u32, 1), 128;
+                    launch!(dev, (dev.qkv_rope_b(narrow)?) as "qkv_rope_b", ((row / 2).div_ceil(4) as u32, 1), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
                         slot, pages, maxp, pb, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
                         self.q.ptr, wk, wv, self.qkv.ptr)?;
                 }
                 att(li, kc, vc, 0)?;
-                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.o.seg]);
+                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.o.seg])?;
                 launch!(dev, (k) as "matmul_q8 (attn_output + residual)", grid, block;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
                     0u64, 0u64, 1i32)?;
                 norm(l.ffn_norm.ptr)?;
-                launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)) as "glu_q8_b", ((f / 32) as u32, 1), 256;
+                launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
-                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.down.seg]);
+                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.down.seg])?;
                 launch!(dev, (k) as "matmul_q8 (ffn_down + residual)", grid, block;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
                     0u64, 0u64, 1i32)?;
@@ -1005,16 +1007,16 @@ impl CudaBatch {
             }
         }
         if mma {
-            launch!(dev, (dev.matmul_h16(bp)) as "matmul_h16 (LM head)", dev.h16_grid(v, c.dim), 256;
+            launch!(dev, (dev.matmul_h16(bp)?) as "matmul_h16 (LM head)", dev.h16_grid(v, c.dim), 256;
                 head.seg, Seg::NONE, Seg::NONE, d, self.x16.ptr, b, self.logits.ptr, v as i32, orow,
                 0u64, 0i32, part, counters)?;
         } else {
-            let (k, grid, block) = dev.matmul_q8(bp, bp, &[&head.seg]);
+            let (k, grid, block) = dev.matmul_q8(bp, bp, &[&head.seg])?;
             launch!(dev, (k) as "matmul_q8 (LM head)", grid, block;
                 head.seg, Seg::NONE, Seg::NONE, d, self.aq.ptr, self.ad.ptr, b, self.logits.ptr,
                 v as i32, orow, 0u64, 0i32)?;
         }
-        launch!(dev, argmax_b, (ARGMAX_BLOCKS as u32, bp as u32), 1024;
+        launch!(dev, (dev.fb()?.argmax_b) as "argmax_b", (ARGMAX_BLOCKS as u32, bp as u32), 1024;
             self.logits.ptr, v as i32, orow, self.am_partial.ptr, self.am_counter.ptr, self.ids.ptr)?;
         Ok(n + 2)
     }
@@ -1272,7 +1274,7 @@ impl CudaBatch {
         match DeviceSampling::of_unpenalised(sampler) {
             d @ DeviceSampling::TopK { .. } => self.sample_device(slot, pad, d),
             _ => {
-                launch!(dev, argmax_b, (ARGMAX_BLOCKS as u32, 1), 1024;
+                launch!(dev, (dev.fb()?.argmax_b) as "argmax_b", (ARGMAX_BLOCKS as u32, 1), 1024;
                     self.logits.ptr, v as i32, self.scratch.at(12), self.am_partial.ptr,
                     self.am_counter.ptr, self.ids.ptr)?;
                 let mut id = [0i32];

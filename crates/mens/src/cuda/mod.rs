@@ -29,17 +29,52 @@ use std::sync::Arc;
 
 pub mod reference;
 
-/// The kernels' source: the files of `kernels/`, one family each, joined in this order.
+/// The kernels' source, in two modules. The main one: the files of `kernels/` every run needs
+/// (decode, prefill, sampling), joined in this order, compiled and loaded when the device opens.
 const SRC: &str = concat!(
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/prefill.cu"),
     include_str!("kernels/attention.cu"),
-    include_str!("kernels/batch.cu"),
-    include_str!("kernels/mmq.cu"),
     include_str!("kernels/sample.cu"),
 );
+/// The batched steps' kernels (several sequences a step: the server, speculation's verify pass):
+/// compiled with `-DMENS_BATCH_MODULE` (the shared files then give their device functions, not
+/// their kernels) and loaded on first use. They are 84% of the machine code the driver makes from
+/// the PTX at a first load (ptxas -v times), 46 s on the H200 for both modules together, which a
+/// single-sequence run no longer waits for (docs/benchmarks.md, session 32).
+const SRC_BATCH: &str = concat!(
+    include_str!("kernels/common.cuh"),
+    include_str!("kernels/matvec.cu"),
+    include_str!("kernels/attention.cu"),
+    include_str!("kernels/sample.cu"),
+    include_str!("kernels/batch.cu"),
+    include_str!("kernels/mmq.cu"),
+);
+
+/// Which of the two kernel modules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Module {
+    Main,
+    Batch,
+}
+impl Module {
+    fn src(self) -> &'static str {
+        match self {
+            Module::Main => SRC,
+            Module::Batch => SRC_BATCH,
+        }
+    }
+    fn defines(self) -> Vec<String> {
+        let mut d = defines();
+        if self == Module::Batch {
+            d.push("-DMENS_BATCH_MODULE".into());
+        }
+        d
+    }
+}
+
 /// Keys per decode attention split (SPLIT in kernels/common.cuh).
 const SPLIT: usize = 64;
 const MAXG: usize = 8;
@@ -76,25 +111,26 @@ fn err(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 macro_rules! kernels {
-    ($($name:ident),* $(,)?) => {
+    ($funcs:ident: $($name:ident),* $(,)?) => {
         #[allow(non_snake_case)]
-        struct Funcs { $($name: sys::CUfunction,)* }
-        impl Funcs {
+        pub(crate) struct $funcs { $($name: sys::CUfunction,)* }
+        impl $funcs {
             fn names() -> Vec<&'static str> {
                 vec![$(stringify!($name),)*]
             }
+            #[allow(dead_code)] // the main module's, for MENS_CUDA_VERBOSE
             fn list(&self) -> Vec<(&'static str, sys::CUfunction)> {
                 vec![$((stringify!($name), self.$name),)*]
             }
             fn load(module: sys::CUmodule) -> Result<Self> {
-                Ok(Funcs { $($name: unsafe {
+                Ok($funcs { $($name: unsafe {
                     drv::module::get_function(module, std::ffi::CString::new(stringify!($name)).unwrap())
                 }.map_err(|e| err(concat!("kernel ", stringify!($name)), e))?,)* })
             }
         }
     };
 }
-kernels!(
+kernels!(Funcs:
     matvec,
     matvec_glu_q8,
     matvec_glu_q8_q4k,
@@ -122,6 +158,22 @@ kernels!(
     topk_partial,
     sample_final,
     penalize,
+    qk_norm,
+    attn_decode64_q8,
+    attn_decode128_q8,
+    attn_decode64_q4,
+    attn_decode128_q4,
+    flash_prefill64_q8,
+    flash_prefill128_q8,
+    flash_prefill64_q4,
+    flash_prefill128_q4,
+    kv_quant_q8,
+    kv_quant_q4,
+    kv_to_f16_q8,
+    kv_to_f16_q4,
+    shift_k,
+);
+kernels!(BatchFuncs:
     matmul_q8_1,
     matmul_q8_2,
     matmul_q8_4,
@@ -178,24 +230,10 @@ kernels!(
     matmul_h16_4,
     matmul_h16_8,
     rope_store_b,
-    qk_norm,
-    attn_decode64_q8,
-    attn_decode128_q8,
-    attn_decode64_q4,
-    attn_decode128_q4,
     attn_decode64_b_q8,
     attn_decode128_b_q8,
     attn_decode64_b_q4,
     attn_decode128_b_q4,
-    flash_prefill64_q8,
-    flash_prefill128_q8,
-    flash_prefill64_q4,
-    flash_prefill128_q4,
-    kv_quant_q8,
-    kv_quant_q4,
-    kv_to_f16_q8,
-    kv_to_f16_q4,
-    shift_k,
     kv_pages_copy,
 );
 
@@ -272,6 +310,8 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     stream: sys::CUstream,
     f: Funcs,
+    /// The batch module's kernels, loaded on first use ([`Device::fb`]).
+    fb: std::sync::OnceLock<std::result::Result<BatchFuncs, String>>,
     blas: blas_sys::cublasHandle_t,
     /// cuBLAS's workspace, set once so that a GEMM captured into a graph allocates nothing.
     blas_ws: u64,
@@ -340,11 +380,11 @@ fn cache_dir() -> std::path::PathBuf {
 /// PTX for this GPU: from the disk cache (keyed by source hash, NVRTC defines and arch) or
 /// compiled by NVRTC and stored there. Public so that a cache can be filled on a machine without
 /// a GPU and carried to one (`scripts/cuda-build.sh`).
-pub fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
+pub fn ptx_for(arch: (i32, i32), m: Module) -> Result<Vec<u8>> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    SRC.hash(&mut h);
-    defines().hash(&mut h);
+    m.src().hash(&mut h);
+    m.defines().hash(&mut h);
     let key = format!("kernels-{:016x}-sm{}{}.ptx", h.finish(), arch.0, arch.1);
     let path = cache_dir().join(&key);
     if let Ok(b) = std::fs::read(&path) {
@@ -352,7 +392,7 @@ pub fn ptx_for(arch: (i32, i32)) -> Result<Vec<u8>> {
             return Ok(b);
         }
     }
-    let bytes = compile_ptx(arch)?;
+    let bytes = compile_ptx(arch, m)?;
     if std::fs::create_dir_all(cache_dir()).is_ok() {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, &bytes).is_ok() {
@@ -374,7 +414,7 @@ fn defines() -> Vec<String> {
 
 /// Compile the kernels with NVRTC for `arch` (no GPU needed, only libnvrtc): the PTX text,
 /// NUL-terminated.
-pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
+pub fn compile_ptx(arch: (i32, i32), m: Module) -> Result<Vec<u8>> {
     let arch_s: &'static str = Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(Error::Backend(
@@ -383,10 +423,10 @@ pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
     }
     let r = quietly(|| {
         cudarc::nvrtc::compile_ptx_with_opts(
-            SRC,
+            m.src(),
             cudarc::nvrtc::CompileOptions {
                 arch: Some(arch_s),
-                options: [vec!["-std=c++14".to_string()], defines()].concat(),
+                options: [vec!["-std=c++14".to_string()], m.defines()].concat(),
                 ..Default::default()
             },
         )
@@ -405,9 +445,12 @@ pub fn compile_ptx(arch: (i32, i32)) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// The names of the kernels the backend loads.
-pub fn kernel_names() -> Vec<&'static str> {
-    Funcs::names()
+/// The names of the kernels the backend loads from module `m`.
+pub fn kernel_names(m: Module) -> Vec<&'static str> {
+    match m {
+        Module::Main => Funcs::names(),
+        Module::Batch => BatchFuncs::names(),
+    }
 }
 
 impl Device {
@@ -423,7 +466,7 @@ impl Device {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(100)
             .max(1) as usize;
-        let ptx = ptx_for(arch)?;
+        let ptx = ptx_for(arch, Module::Main)?;
         let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
             .map_err(|e| err("loading the kernels", e))?;
         let f = Funcs::load(module)?;
@@ -466,6 +509,7 @@ impl Device {
             ctx,
             stream,
             f,
+            fb: std::sync::OnceLock::new(),
             blas: handle,
             blas_ws,
             name,
@@ -501,6 +545,27 @@ impl Device {
 
     fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| err("bind", e))
+    }
+
+    /// The batch module's kernels (SRC_BATCH): compiled (or read from the cache) and loaded by the
+    /// first caller; a failure is kept and returned to every caller.
+    pub(crate) fn fb(&self) -> Result<&BatchFuncs> {
+        self.fb
+            .get_or_init(|| {
+                let load = || -> Result<BatchFuncs> {
+                    self.bind()?;
+                    let ptx = ptx_for(self.arch, Module::Batch)?;
+                    let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
+                        .map_err(|e| err("loading the batch kernels", e))?;
+                    BatchFuncs::load(module)
+                };
+                load().map_err(|e| match e {
+                    Error::Backend(m) => m,
+                    e => e.to_string(),
+                })
+            })
+            .as_ref()
+            .map_err(|m| Error::Backend(m.clone()))
     }
 
     /// Free and total device memory in bytes.
@@ -651,23 +716,30 @@ impl Device {
         }
     }
 
-    /// Decode attention for head size `hd` over a cache of type `t`, alone or for a batch.
-    fn attn_decode(&self, hd: usize, t: KvType, batch: bool) -> (&'static str, sys::CUfunction) {
+    /// Decode attention for head size `hd` over a cache of type `t`.
+    fn attn_decode(&self, hd: usize, t: KvType) -> (&'static str, sys::CUfunction) {
         let f = &self.f;
-        match (hd == 64, t, batch) {
-            (true, KvType::F16, false) => ("attn_decode64", f.attn_decode64),
-            (false, KvType::F16, false) => ("attn_decode128", f.attn_decode128),
-            (true, KvType::Q8_0, false) => ("attn_decode64_q8", f.attn_decode64_q8),
-            (false, KvType::Q8_0, false) => ("attn_decode128_q8", f.attn_decode128_q8),
-            (true, KvType::Q4_0, false) => ("attn_decode64_q4", f.attn_decode64_q4),
-            (false, KvType::Q4_0, false) => ("attn_decode128_q4", f.attn_decode128_q4),
-            (true, KvType::F16, true) => ("attn_decode64_b", f.attn_decode64_b),
-            (false, KvType::F16, true) => ("attn_decode128_b", f.attn_decode128_b),
-            (true, KvType::Q8_0, true) => ("attn_decode64_b_q8", f.attn_decode64_b_q8),
-            (false, KvType::Q8_0, true) => ("attn_decode128_b_q8", f.attn_decode128_b_q8),
-            (true, KvType::Q4_0, true) => ("attn_decode64_b_q4", f.attn_decode64_b_q4),
-            (false, KvType::Q4_0, true) => ("attn_decode128_b_q4", f.attn_decode128_b_q4),
+        match (hd == 64, t) {
+            (true, KvType::F16) => ("attn_decode64", f.attn_decode64),
+            (false, KvType::F16) => ("attn_decode128", f.attn_decode128),
+            (true, KvType::Q8_0) => ("attn_decode64_q8", f.attn_decode64_q8),
+            (false, KvType::Q8_0) => ("attn_decode128_q8", f.attn_decode128_q8),
+            (true, KvType::Q4_0) => ("attn_decode64_q4", f.attn_decode64_q4),
+            (false, KvType::Q4_0) => ("attn_decode128_q4", f.attn_decode128_q4),
         }
+    }
+
+    /// The same for a batch of sequences.
+    fn attn_decode_b(&self, hd: usize, t: KvType) -> Result<(&'static str, sys::CUfunction)> {
+        let f = self.fb()?;
+        Ok(match (hd == 64, t) {
+            (true, KvType::F16) => ("attn_decode64_b", f.attn_decode64_b),
+            (false, KvType::F16) => ("attn_decode128_b", f.attn_decode128_b),
+            (true, KvType::Q8_0) => ("attn_decode64_b_q8", f.attn_decode64_b_q8),
+            (false, KvType::Q8_0) => ("attn_decode128_b_q8", f.attn_decode128_b_q8),
+            (true, KvType::Q4_0) => ("attn_decode64_b_q4", f.attn_decode64_b_q4),
+            (false, KvType::Q4_0) => ("attn_decode128_b_q4", f.attn_decode128_b_q4),
+        })
     }
 
     /// Flash prefill attention for head size `hd` over a cache of type `t`.
@@ -759,7 +831,7 @@ impl Device {
         tile: usize,
         rows: usize,
         segs: &[&Seg],
-    ) -> (sys::CUfunction, (u32, u32), u32) {
+    ) -> Result<(sys::CUfunction, (u32, u32), u32)> {
         self.matmul_q8_with(tile, segs, Self::mq(rows))
     }
     /// The same with the int8 tensor-core kernels (`mq`, where the matrices allow) or not.
@@ -768,8 +840,8 @@ impl Device {
         tile: usize,
         segs: &[&Seg],
         mq: bool,
-    ) -> (sys::CUfunction, (u32, u32), u32) {
-        let f = &self.f;
+    ) -> Result<(sys::CUfunction, (u32, u32), u32)> {
+        let f = self.fb()?;
         let n: usize = segs.iter().map(|s| s.rows.max(0) as usize).sum();
         let ty = Self::one_type(segs);
         if (1..=2).contains(&ty) && mq {
@@ -782,7 +854,7 @@ impl Device {
             } else {
                 tiles
             };
-            return (k, (blocks as u32, 1), 256);
+            return Ok((k, (blocks as u32, 1), 256));
         }
         let k = [
             [f.matmul_q8_1, f.matmul_q8_2, f.matmul_q8_4, f.matmul_q8_8],
@@ -811,18 +883,18 @@ impl Device {
                 f.matmul_q8_8_q6kr,
             ],
         ];
-        (k[ty][Self::dp4a_tile(tile)], (n.div_ceil(8) as u32, 1), 128)
+        Ok((k[ty][Self::dp4a_tile(tile)], (n.div_ceil(8) as u32, 1), 128))
     }
     /// The batch gate/up kernel for `b` activation rows (grid `f / 32`, 256 threads either way).
-    fn glu_q8_b(&self, b: usize, gate: &Seg, up: &Seg) -> sys::CUfunction {
+    fn glu_q8_b(&self, b: usize, gate: &Seg, up: &Seg) -> Result<sys::CUfunction> {
         self.glu_q8_b_with(b, gate, up, Self::mq(b))
     }
     /// The same with the int8 tensor-core kernels (`mq`, where the matrices allow) or not.
-    fn glu_q8_b_with(&self, b: usize, gate: &Seg, up: &Seg, mq: bool) -> sys::CUfunction {
-        let f = &self.f;
+    fn glu_q8_b_with(&self, b: usize, gate: &Seg, up: &Seg, mq: bool) -> Result<sys::CUfunction> {
+        let f = self.fb()?;
         let ty = Self::one_type(&[gate, up]);
         if (1..=2).contains(&ty) && mq {
-            return [f.glu_mq_q4k, f.glu_mq_q6k][ty - 1];
+            return Ok([f.glu_mq_q4k, f.glu_mq_q6k][ty - 1]);
         }
         let k = [
             [f.glu_q8_b_1, f.glu_q8_b_2, f.glu_q8_b_4, f.glu_q8_b_8],
@@ -851,25 +923,26 @@ impl Device {
                 f.glu_q8_b_8_q6kr,
             ],
         ];
-        k[ty][Self::dp4a_tile(b)]
+        Ok(k[ty][Self::dp4a_tile(b)])
     }
-    fn qkv_rope_b(&self, b: usize) -> sys::CUfunction {
-        let f = &self.f;
-        [
+    fn qkv_rope_b(&self, b: usize) -> Result<sys::CUfunction> {
+        let f = self.fb()?;
+        Ok([
             f.qkv_rope_b_1,
             f.qkv_rope_b_2,
             f.qkv_rope_b_4,
             f.qkv_rope_b_8,
-        ][Self::dp4a_tile(b)]
+        ][Self::dp4a_tile(b)])
     }
     /// The f16 tensor-core matmul for `b` activation rows (one kernel per tile count).
-    fn matmul_h16(&self, b: usize) -> sys::CUfunction {
-        match b {
-            0..=8 => self.f.matmul_h16_1,
-            9..=16 => self.f.matmul_h16_2,
-            17..=32 => self.f.matmul_h16_4,
-            _ => self.f.matmul_h16_8,
-        }
+    fn matmul_h16(&self, b: usize) -> Result<sys::CUfunction> {
+        let f = self.fb()?;
+        Ok(match b {
+            0..=8 => f.matmul_h16_1,
+            9..=16 => f.matmul_h16_2,
+            17..=32 => f.matmul_h16_4,
+            _ => f.matmul_h16_8,
+        })
     }
 
     fn launch(

@@ -601,7 +601,7 @@ impl CudaSession {
                 self.ad.ptr,
             );
             dev.moves(cache_bytes + q8_bytes(q));
-            launch!(dev, [dev.attn_decode(c.head_dim, self.kv, false)], (c.n_kv_head as u32, splits), 256;
+            launch!(dev, [dev.attn_decode(c.head_dim, self.kv)], (c.n_kv_head as u32, splits), 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
@@ -1126,7 +1126,7 @@ impl CudaSession {
             }
             let b = chunk.len();
             let orow = self.pos_many.at(4 * (orow_at + k * HEAD_ROWS));
-            let (k, grid, block) = dev.matmul_q8(b, b, &[&m.head().seg]);
+            let (k, grid, block) = dev.matmul_q8(b, b, &[&m.head().seg])?;
             launch!(dev, (k) as "matmul_q8 (LM head)", grid, block;
                 m.head().seg, Seg::NONE, Seg::NONE, d as i32, self.aq.ptr, self.ad.ptr, b as i32,
                 out.0, v as i32, orow, 0u64, 0i32)?;

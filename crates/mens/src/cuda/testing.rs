@@ -83,7 +83,7 @@ impl Device {
             }
             let part = self.upload(&vec![0f32; rows * w.rows * grid.1 as usize])?;
             let counters = self.upload(&vec![0u32; grid.0 as usize])?;
-            launch!(self, (self.matmul_h16(rows)) as "matmul_h16", grid, 256;
+            launch!(self, (self.matmul_h16(rows)?) as "matmul_h16", grid, 256;
                 m.seg, Seg::NONE, Seg::NONE, w.cols as i32, x.ptr, rows as i32, out.ptr,
                 w.rows as i32, 0u64, 0u64, 0i32, part.ptr, counters.ptr)?;
             let mut left = vec![1u32; grid.0 as usize];
@@ -94,7 +94,7 @@ impl Device {
                 )));
             }
         } else {
-            let (k, grid, block) = self.matmul_q8_with(rows, &[&m.seg], mq);
+            let (k, grid, block) = self.matmul_q8_with(rows, &[&m.seg], mq)?;
             launch!(self, (k) as "matmul_q8", grid, block;
                 m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, rows as i32, out.ptr,
                 w.rows as i32, 0u64, 0u64, 0i32)?;
@@ -315,7 +315,7 @@ impl Device {
         let f = gate.rows;
         let hq = self.upload(&vec![0i8; rows * f])?;
         let hd = self.upload(&vec![[f32::NAN; 2]; rows * f / 32])?;
-        launch!(self, (self.glu_q8_b_with(rows, &g.seg, &u.seg, mq)) as "glu_q8_b", ((f / 32) as u32, 1), 256;
+        launch!(self, (self.glu_q8_b_with(rows, &g.seg, &u.seg, mq)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
             g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, rows as i32, hq.ptr, hd.ptr)?;
         self.dequant_q8(&hq, &hd, rows * f)
     }
@@ -472,7 +472,7 @@ impl Device {
             aq.ptr,
             ad.ptr,
         );
-        launch!(self, [self.attn_decode(head_dim, t, false)], (n_kv_head as u32, splits as u32), 256;
+        launch!(self, [self.attn_decode(head_dim, t)], (n_kv_head as u32, splits as u32), 256;
             args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
         let out = self.dequant_q8(&aq, &ad, qd)?;
         let (mut ko, mut vo) = (vec![0u8; k.len()], vec![0u8; v.len()]);

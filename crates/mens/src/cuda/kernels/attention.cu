@@ -265,16 +265,19 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     attn_decode_t<HD, T>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,  \
                          blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD, 0, 0);                      \
   }
+#ifndef MENS_BATCH_MODULE
 ATTN_DECODE(attn_decode64, 64, T_F16)
 ATTN_DECODE(attn_decode128, 128, T_F16)
 ATTN_DECODE(attn_decode64_q8, 64, T_Q8_0)
 ATTN_DECODE(attn_decode128_q8, 128, T_Q8_0)
 ATTN_DECODE(attn_decode64_q4, 64, T_Q4_0)
 ATTN_DECODE(attn_decode128_q4, 128, T_Q4_0)
+#endif
 
 // Prefill attention, step 2 of 3 (between two cuBLAS batched GEMMs): causal softmax of the scores
 // S [kv_head][t*g + j][L] (row stride ld) of `ntok` queries starting at query t0 of the batch into
 // P (f16, same layout). Query t0 + t sees keys 0..pos0 + t0 + t.
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void softmax_causal(const float* s, u16* p, int ld, int L, int g, int ntok, const int* pos, int t0) {
   __shared__ float red[32];
   u64 r = blockIdx.x;
@@ -300,8 +303,10 @@ extern "C" __global__ void softmax_causal(const float* s, u16* p, int ld, int L,
   float inv = 1.f / l;
   for (int k = threadIdx.x; k < L; k += blockDim.x) pr[k] = f2h(k < valid ? expf(sr[k] - m) * inv : 0.f);
 }
+#endif
 
 // Prefill attention, step 3: O [kv_head][t*g + j][hd] (f32) -> att [t][head*hd] (f16).
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void unpermute_f16(const float* o, u16* att, int n_head, int n_kv_head, int hd, int ntok) {
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   u64 total = (u64)ntok * n_head * hd;
@@ -312,6 +317,7 @@ extern "C" __global__ void unpermute_f16(const float* o, u16* att, int n_head, i
   int g = n_head / n_kv_head, kvh = h / g, j = h % g;
   att[i] = f2h(o[(((u64)kvh * ntok + t) * g + j) * hd + d]);
 }
+#endif
 
 // Prefill attention, flash-attention style: block (query tile of FA_Q tokens, query head) walks the
 // cache in tiles of FA_K keys held in shared memory, with an online softmax; the score matrix never
@@ -418,9 +424,11 @@ __device__ void flash_prefill_t(const float* qkv, const u8* kc, const u8* vc, co
            float scale, u16* att) {                                                                        \
     flash_prefill_t<HD, T>(qkv, kc, vc, pos, ntok, n_head, n_kv_head, scale, att);                         \
   }
+#ifndef MENS_BATCH_MODULE
 FLASH_PREFILL(flash_prefill64, 64, T_F16)
 FLASH_PREFILL(flash_prefill128, 128, T_F16)
 FLASH_PREFILL(flash_prefill64_q8, 64, T_Q8_0)
 FLASH_PREFILL(flash_prefill128_q8, 128, T_Q8_0)
 FLASH_PREFILL(flash_prefill64_q4, 64, T_Q4_0)
 FLASH_PREFILL(flash_prefill128_q4, 128, T_Q4_0)
+#endif

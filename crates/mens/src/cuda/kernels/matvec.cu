@@ -552,6 +552,7 @@ struct Seg {
 
 // out[r] (+)= W[r] . a (+ bias[r]) for the rows of up to three matrices stacked (Q, K, V).
 // One warp per row, 4 warps per block. mode 0 stores, 1 adds (the residual).
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                   float* out, const float* bias, int mode) {
   int r = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -574,6 +575,7 @@ extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq
     out[r] = mode ? out[r] + v : v;
   }
 }
+#endif
 
 // Quantize 32 floats held one per lane into a q8 block (by one warp).
 __device__ __forceinline__ void quant_lane(float v, i8* qs, float2* ds) {
@@ -772,6 +774,7 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
 // Registers for five blocks of 256 threads an SM (48; the kernel above takes 56, four blocks): a
 // grid of more than four blocks an SM (the 7B's 592) then runs in one wave, not two (7B decode
 // +5%; the 1.5B's 280 blocks lose 1% with it, so they keep the kernel above).
+#ifndef MENS_BATCH_MODULE
 GLU_Q8_LB(matvec_glu_q8_q4kr_5, T_Q4_KR, __launch_bounds__(256, 5))
 GLU_Q8(matvec_glu_q8, -1)
 GLU_Q8(matvec_glu_q8_q4k, T_Q4_K)
@@ -780,12 +783,14 @@ GLU_Q8(matvec_glu_q8_q4kr, T_Q4_KR)
 GLU_Q8(matvec_glu_q8_q6kr, T_Q6_KR)
 GLU_Q8(matvec_glu_q8_q5_0, T_Q5_0)
 GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
+#endif
 
 // Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos (with
 // kc = 0, a quantized cache: K and V as f32 into their places in qkv, which the attention kernel
 // stores), Q (rounded to f16, as llama.cpp's flash attention reads it) into qkv. One warp per pair
 // of rows that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are
 // paired the same way, unrotated.
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                     const float* bias, const float* cosv, const float* sinv, const int* pos,
                                     int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,
@@ -840,4 +845,5 @@ extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* 
     vc[o + rb - h * hd] = f2h(x1);
   }
 }
+#endif
 

@@ -1,6 +1,7 @@
 // Greedy: argmax of the logits (first index on ties), one kernel: each block reduces its part, the
 // last block to finish reduces the partials, writes the token (input of the next step and the
 // value the host reads) and advances pos by `advance`.
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void argmax(const float* x, int n, float2* partial, u32* counter, int* tok,
                                   int* out, int* pos, int advance) {
   __shared__ float bv[32];
@@ -44,6 +45,7 @@ extern "C" __global__ void argmax(const float* x, int n, float2* partial, u32* c
     *counter = 0;
   }
 }
+#endif
 
 // Sampling, step 1: each block keeps the top K (value desc, index asc) of its slice of the logits.
 #define KMAX 64
@@ -64,6 +66,7 @@ __device__ void block_best(float& v, int& idx, float* wv, int* wi) {
     if (before(wv[j], wi[j], v, idx)) { v = wv[j]; idx = wi[j]; }
   __syncthreads();
 }
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void topk_partial(const float* x, int n, int k, int slice, float2* cand) {
   __shared__ float wv[32];
   __shared__ int wi[32];
@@ -82,6 +85,7 @@ extern "C" __global__ void topk_partial(const float* x, int n, int k, int slice,
     pv = v; pi = idx;
   }
 }
+#endif
 
 __device__ float uniform(u64 seed, u64 ctr) {  // splitmix64 of (seed, counter) -> [0, 1)
   u64 z = seed + (ctr + 1) * 0x9E3779B97F4A7C15ull;
@@ -94,6 +98,7 @@ __device__ float uniform(u64 seed, u64 ctr) {  // splitmix64 of (seed, counter) 
 // Sampling, step 2 (one block of 256 threads): merge the candidates into the global top K, then
 // llama.cpp's chain: softmax for top-p and min-p, temperature on the survivors, seeded draw.
 // Writes the token like argmax (input of the next step, host read-back); ctr counts draws.
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void sample_final(const float2* cand, int ncand, int k, float temp, float top_p, float min_p,
                                         u64 seed, u64* ctr, int* tok, int* out, int* pos, int advance) {
   __shared__ float tv[KMAX];
@@ -148,12 +153,14 @@ extern "C" __global__ void sample_final(const float2* cand, int ncand, int k, fl
   *out = pick;
   *pos += advance;
 }
+#endif
 
 
 // Repetition penalties on one logits row, as llama.cpp applies them (and sample.rs's host sampler,
 // bit for bit: no contraction into FMAs): for each of n distinct recent tokens (id, count), a
 // positive logit is divided by `repeat`, a negative one multiplied, then count × freq + presence
 // is taken off.
+#ifndef MENS_BATCH_MODULE
 extern "C" __global__ void penalize(float* logits, int vocab, const int2* pairs, int n, float repeat,
                                     float freq, float presence) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -164,3 +171,4 @@ extern "C" __global__ void penalize(float* logits, int vocab, const int2* pairs,
   l = l > 0.f ? __fdiv_rn(l, repeat) : __fmul_rn(l, repeat);
   logits[id] = __fsub_rn(l, __fadd_rn(__fmul_rn((float)pairs[i].y, freq), presence));
 }
+#endif
