@@ -227,15 +227,48 @@ __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
   }
 }
 
+// The typed kernels take GLU_RP gate/up pairs a warp in one tile: each activation chunk loaded once
+// for 2 * GLU_RP weight rows. 2: the 7B's verify of 8 in 4.88-4.89 ms against 5.22-5.24 with 1, of 1
+// in 2.35-2.36 against 2.72-2.74 (H200, docs/benchmarks.md, session 33); 4 was slower (6.68; with one
+// block an SM 5.94), and so were 4 rows a warp in the matmuls (5.56). The same bits whatever GLU_RP.
+#ifndef GLU_RP
+#define GLU_RP 2
+#endif
+static_assert(GLU_RP == 1 || GLU_RP == 2 || GLU_RP == 4, "GLU_RP: 1, 2 or 4 pairs a warp");
 // h[b] = silu(gate . a[b]) * (up . a[b]), quantized to q8 (hq [B][f], hd [B][f / 32]): a block of
 // 8 warps makes 32 rows (one q8 block of every h[b]), each warp a gate and an up row (one tile when
-// they have one type) four times.
+// they have one type) four times, or GLU_RP pairs at once 4 / GLU_RP times (the typed kernels).
 template <int N, int TT>
 __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) {
   __shared__ float h[N][32];
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int f = gate.rows;
   for (int b0 = 0; b0 < B; b0 += N) {
+#if GLU_RP > 1
+    if (TT >= 0) {  // GLU_RP pairs a warp in one tile: each activation chunk loaded once for them all
+      for (int k = 0; k < 4; k += GLU_RP) {
+        const u8* rows[2 * GLU_RP];
+        float acc[2 * GLU_RP][N];
+#pragma unroll
+        for (int p = 0; p < GLU_RP; p++) {
+          int r = blockIdx.x * 32 + 8 * (k + p) + w;
+          rows[2 * p] = gate.w + (u64)r * gate.row_bytes;
+          rows[2 * p + 1] = up.w + (u64)r * up.row_bytes;
+        }
+        tile_dots<N, 2 * GLU_RP, TT>(gate.type, rows, cols, aq, ad, b0, B, acc);
+        if (lane < N)
+#pragma unroll
+          for (int p = 0; p < GLU_RP; p++) {
+            float x = pick<N, 2 * GLU_RP>(acc, 2 * p * N + lane), y = pick<N, 2 * GLU_RP>(acc, (2 * p + 1) * N + lane);
+            h[lane][8 * (k + p) + w] = x / (1.f + expf(-x)) * y;
+          }
+      }
+      __syncthreads();
+      if (w < N && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
+      __syncthreads();
+      continue;
+    }
+#endif
     for (int k = 0; k < 4; k++) {
       int rr = 8 * k + w, r = blockIdx.x * 32 + rr;
       const u8* g = gate.w + (u64)r * gate.row_bytes;
