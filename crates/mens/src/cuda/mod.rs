@@ -214,6 +214,22 @@ kernels!(BatchFuncs:
     glu_q8_b_2_q6kr,
     glu_q8_b_4_q6kr,
     glu_q8_b_8_q6kr,
+    matmul_q8_1_q5_0,
+    matmul_q8_2_q5_0,
+    matmul_q8_4_q5_0,
+    matmul_q8_8_q5_0,
+    glu_q8_b_1_q5_0,
+    glu_q8_b_2_q5_0,
+    glu_q8_b_4_q5_0,
+    glu_q8_b_8_q5_0,
+    matmul_q8_1_q8_0,
+    matmul_q8_2_q8_0,
+    matmul_q8_4_q8_0,
+    matmul_q8_8_q8_0,
+    glu_q8_b_1_q8_0,
+    glu_q8_b_2_q8_0,
+    glu_q8_b_4_q8_0,
+    glu_q8_b_8_q8_0,
     matmul_mq_q4k,
     matmul_mq_q6k,
     glu_mq_q4k,
@@ -793,9 +809,9 @@ impl Device {
         t.min(cap)
     }
     /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, 3 and 4 when they
-    /// are repacked ([`repack`]), else 0: a kernel of one type has its own registers (the 7B's
-    /// verify of 8 tokens 5.6 against 6.3 ms with the kernel for any types; docs/benchmarks.md,
-    /// session 25).
+    /// are repacked ([`repack`]), 5 when Q5_0, 6 when Q8_0, else 0: a kernel of one type has its
+    /// own registers (the 7B's verify of 8 tokens 5.6 against 6.3 ms with the kernel for any types;
+    /// docs/benchmarks.md, session 25).
     fn one_type(segs: &[&Seg]) -> usize {
         let mut types = segs.iter().filter(|s| s.rows > 0).map(|s| s.ty as u32);
         let Some(t) = types.next() else { return 0 };
@@ -807,6 +823,8 @@ impl Device {
             Kind::Q6K => 2,
             Kind::Q4KR => 3,
             Kind::Q6KR => 4,
+            Kind::Q5_0 => 5,
+            Kind::Q8_0 => 6,
             _ => 0,
         }
     }
@@ -882,6 +900,18 @@ impl Device {
                 f.matmul_q8_4_q6kr,
                 f.matmul_q8_8_q6kr,
             ],
+            [
+                f.matmul_q8_1_q5_0,
+                f.matmul_q8_2_q5_0,
+                f.matmul_q8_4_q5_0,
+                f.matmul_q8_8_q5_0,
+            ],
+            [
+                f.matmul_q8_1_q8_0,
+                f.matmul_q8_2_q8_0,
+                f.matmul_q8_4_q8_0,
+                f.matmul_q8_8_q8_0,
+            ],
         ];
         Ok((k[ty][Self::dp4a_tile(tile)], (n.div_ceil(8) as u32, 1), 128))
     }
@@ -921,6 +951,18 @@ impl Device {
                 f.glu_q8_b_2_q6kr,
                 f.glu_q8_b_4_q6kr,
                 f.glu_q8_b_8_q6kr,
+            ],
+            [
+                f.glu_q8_b_1_q5_0,
+                f.glu_q8_b_2_q5_0,
+                f.glu_q8_b_4_q5_0,
+                f.glu_q8_b_8_q5_0,
+            ],
+            [
+                f.glu_q8_b_1_q8_0,
+                f.glu_q8_b_2_q8_0,
+                f.glu_q8_b_4_q8_0,
+                f.glu_q8_b_8_q8_0,
             ],
         ];
         Ok(k[ty][Self::dp4a_tile(b)])

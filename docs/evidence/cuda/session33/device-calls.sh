@@ -90,3 +90,26 @@ for s in 7b 1.5b 0.5b; do timeout 90 $B/mens bench -m /tmp/mens-models/synth-$s.
 date +%T >> $O/state.txt
 cat $O/verify.txt $O/concurrency.txt $O/decode.txt $O/state.txt
 rm -f $O/jit-*.txt
+
+# ---- call 5 (c17.sh, whole; mens-prev: the binary of commit b76fbde, carried beside this one) ----
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$f; chmod +x $B/$f; done
+python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/prev/mens.xz $B/mens-prev; chmod +x $B/mens-prev
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz .device/prev/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 0.5b 1.5b; do [ -f /tmp/mens-models/synth-$s.gguf ] || $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1; done
+date +%T > $O/state.txt
+for m in mens mens-prev; do timeout 200 $B/$m bench -m /tmp/mens-models/synth-0.5b.gguf --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 --verify 8 --verify-depth 16 -q > /dev/null 2>&1 & done; wait
+date +%T >> $O/state.txt
+MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 150 $B/cuda-test --test-threads=1 --nocapture > $O/cuda-tests.log 2>&1
+grep -E "test result|FAILED|panicked" $O/cuda-tests.log | head -5
+MENS_CUDA_MODEL=/tmp/mens-models/synth-1.5b.gguf timeout 60 $B/cuda-test model_file --nocapture > $O/cuda-tests-1.5b.log 2>&1
+grep -E "rel L2|argmax|test result" $O/cuda-tests-1.5b.log | head -5
+date +%T >> $O/state.txt
+for r in 1 2; do for m in mens-prev mens; do
+  timeout 90 $B/$m bench -m /tmp/mens-models/synth-0.5b.gguf --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 --verify 1,2,4,8,16 --verify-depth 512 -q 2>&1 | grep -E "verify|rror|anic" | sed "s/^/0.5b r$r $m: /"
+  timeout 90 $B/$m bench -m /tmp/mens-models/synth-0.5b.gguf --backend cuda --concurrency 1,2,4,8 --concurrency-prompt 256 --gen 128 -q 2>&1 | grep -E "sequences together|rror" | sed "s/^/0.5b r$r $m: /"
+done; done > $O/ab.txt
+date +%T >> $O/state.txt
+cat $O/ab.txt $O/state.txt

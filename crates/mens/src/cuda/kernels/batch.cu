@@ -403,6 +403,15 @@ DP4A_TYPED(1, q6kr, T_Q6_KR)
 DP4A_TYPED(2, q6kr, T_Q6_KR)
 DP4A_TYPED(4, q6kr, T_Q6_KR)
 DP4A_TYPED(8, q6kr, T_Q6_KR)
+// The 0.5B's and other small models' main types (matrices of 896 columns cannot be K-quants).
+DP4A_TYPED(1, q5_0, T_Q5_0)
+DP4A_TYPED(2, q5_0, T_Q5_0)
+DP4A_TYPED(4, q5_0, T_Q5_0)
+DP4A_TYPED(8, q5_0, T_Q5_0)
+DP4A_TYPED(1, q8_0, T_Q8_0)
+DP4A_TYPED(2, q8_0, T_Q8_0)
+DP4A_TYPED(4, q8_0, T_Q8_0)
+DP4A_TYPED(8, q8_0, T_Q8_0)
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
