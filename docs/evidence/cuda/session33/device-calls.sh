@@ -113,3 +113,22 @@ for r in 1 2; do for m in mens-prev mens; do
 done; done > $O/ab.txt
 date +%T >> $O/state.txt
 cat $O/ab.txt $O/state.txt
+
+# ---- call 6 (c18.sh, whole; its binary had a MENS_CUDA_NARROW knob setting the Q/K/V, O and down tile, removed after) ----
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$f; chmod +x $B/$f; done
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 7b 1.5b 0.5b; do [ -f /tmp/mens-models/synth-$s.gguf ] || $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1; done
+date +%T > $O/state.txt
+timeout 200 $B/mens bench -m /tmp/mens-models/synth-1.5b.gguf --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 --verify 8 --verify-depth 16 -q > /dev/null 2>&1
+date +%T >> $O/state.txt
+for r in 1 2; do for n in 4 8; do for s in 7b 1.5b; do
+  MENS_CUDA_NARROW=$n timeout 90 $B/mens bench -m /tmp/mens-models/synth-$s.gguf --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 --verify 1,2,4,8,16 --verify-depth 512 -q 2>&1 | grep -E "verify|rror|anic" | sed "s/^/$s r$r narrow $n: /"
+done; done; done > $O/narrow.txt
+date +%T >> $O/state.txt
+MENS_CUDA_NARROW=8 MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 100 $B/cuda-test --test-threads=1 batch > $O/tests-narrow8.log 2>&1
+grep -E "test result|FAILED|panicked" $O/tests-narrow8.log | head -3
+date +%T >> $O/state.txt
+cat $O/narrow.txt $O/state.txt
