@@ -132,3 +132,15 @@ MENS_CUDA_NARROW=8 MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 100 
 grep -E "test result|FAILED|panicked" $O/tests-narrow8.log | head -3
 date +%T >> $O/state.txt
 cat $O/narrow.txt $O/state.txt
+
+# ---- call 7 (c19.sh, whole: the tests on the final kernels, the batch gate/up with one shared tail) ----
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$f; chmod +x $B/$f; done
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 0.5b 1.5b; do $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1; done
+MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 150 $B/cuda-test --test-threads=1 --nocapture > $O/cuda-tests.log 2>&1
+grep -E "test result|FAILED|panicked" $O/cuda-tests.log | head -5
+MENS_CUDA_MODEL=/tmp/mens-models/synth-1.5b.gguf timeout 40 $B/cuda-test model_file --nocapture > $O/cuda-tests-1.5b.log 2>&1
+grep -E "rel L2|argmax|test result" $O/cuda-tests-1.5b.log | head -5

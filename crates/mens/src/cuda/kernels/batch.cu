@@ -263,23 +263,19 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
             h[lane][8 * (k + p) + w] = x / (1.f + expf(-x)) * y;
           }
       }
-      __syncthreads();
-      if (w < N && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
-      __syncthreads();
-      continue;
-    }
+    } else
 #endif
-    for (int k = 0; k < 4; k++) {
-      int rr = 8 * k + w, r = blockIdx.x * 32 + rr;
-      const u8* g = gate.w + (u64)r * gate.row_bytes;
-      const u8* u = up.w + (u64)r * up.row_bytes;
-      float acc[2][N];
-      pair_dots<N, TT>(gate.type, g, up.type, u, true, cols, aq, ad, b0, B, acc);
-      if (lane < N) {
-        float x = pick<N, 2>(acc, lane), y = pick<N, 2>(acc, N + lane);
-        h[lane][rr] = x / (1.f + expf(-x)) * y;
+      for (int k = 0; k < 4; k++) {
+        int rr = 8 * k + w, r = blockIdx.x * 32 + rr;
+        const u8* g = gate.w + (u64)r * gate.row_bytes;
+        const u8* u = up.w + (u64)r * up.row_bytes;
+        float acc[2][N];
+        pair_dots<N, TT>(gate.type, g, up.type, u, true, cols, aq, ad, b0, B, acc);
+        if (lane < N) {
+          float x = pick<N, 2>(acc, lane), y = pick<N, 2>(acc, N + lane);
+          h[lane][rr] = x / (1.f + expf(-x)) * y;
+        }
       }
-    }
     __syncthreads();
     if (w < N && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
     __syncthreads();
