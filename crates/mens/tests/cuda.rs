@@ -785,6 +785,63 @@ fn batched_glu_gives_the_decode_bits() {
     }
 }
 
+/// The split order (two warps a row, 64 streams: the small models' ffn_down): the batch matmul
+/// in split mode gives every activation row matvec2's bits, and matvec2 agrees with matvec.
+#[test]
+fn split_matmul_gives_the_matvec2_bits() {
+    let Some(dev) = device() else { return };
+    // 4608 columns: 144 chunks (2–3 a lane of 64 streams); 8960: the 1.5B's ffn_down rows.
+    // 67 weight rows: the last block has one row of four.
+    for (i, (t, k)) in [
+        (TensorType::Q4K, 4608usize),
+        (TensorType::Q6K, 4608),
+        (TensorType::Q5_0, 4608),
+        (TensorType::Q8_0, 4608),
+        (TensorType::Q4K, 8960),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let w = qtensor(t, 67, k, 40 + i as u64);
+        let nc = k / 32;
+        for rows in [1usize, 2, 3, 4, 5, 8, 19] {
+            let mut q = Vec::new();
+            let mut ds = Vec::new();
+            for b in 0..rows {
+                let (qb, db) = quantize_q8(&random(k, 3000 + (i * 100 + b) as u64));
+                q.extend(qb);
+                ds.extend(db);
+            }
+            let y = dev.test_matmul_split(&w, &q, &ds, rows).unwrap();
+            for b in 0..rows {
+                let (qb, db) = (&q[b * k..(b + 1) * k], &ds[b * nc..(b + 1) * nc]);
+                let two = dev.test_matvec2(&w, qb, db).unwrap();
+                let got = &y[b * 67..(b + 1) * 67];
+                assert!(
+                    same_bits(got, &two),
+                    "{} ({k} columns) row {b} of {rows}: split batch {:?} vs matvec2 {:?}",
+                    t.name(),
+                    &got[..4],
+                    &two[..4]
+                );
+                if rows == 1 {
+                    let one = dev.test_matvec(&w, qb, db).unwrap();
+                    let e = rel_l2(&two, &one);
+                    assert!(
+                        e < 1e-5,
+                        "{} ({k} columns): matvec2 vs matvec rel L2 {e}",
+                        t.name()
+                    );
+                }
+            }
+        }
+        eprintln!(
+            "matmul_q8 split {} ({k} columns): bitwise equal to matvec2 for 1, 2, 3, 4, 5, 8, 19 rows",
+            t.name()
+        );
+    }
+}
+
 #[test]
 fn swiglu_kernel_matches_reference() {
     let Some(dev) = device() else { return };

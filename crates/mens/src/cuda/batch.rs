@@ -998,10 +998,16 @@ impl CudaBatch {
                 norm(l.ffn_norm.ptr)?;
                 launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
-                let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.down.seg])?;
+                // Mode 1: add; 3: add, in the decode step's split order (matvec2).
+                let split = dev.split_rows(&l.down.seg, f);
+                let (k, grid, block) = if split {
+                    dev.matmul_q8_split(narrow, &l.down.seg)?
+                } else {
+                    dev.matmul_q8(narrow, bp, &[&l.down.seg])?
+                };
                 launch!(dev, (k) as "matmul_q8 (ffn_down + residual)", grid, block;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
-                    0u64, 0u64, 1i32)?;
+                    0u64, 0u64, if split { 3i32 } else { 1i32 })?;
                 norm(rest.ptr)?;
                 n += 7;
             }

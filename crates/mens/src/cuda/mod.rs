@@ -132,6 +132,7 @@ macro_rules! kernels {
 }
 kernels!(Funcs:
     matvec,
+    matvec2,
     matvec_glu_q8,
     matvec_glu_q8_q4k,
     matvec_glu_q8_q6k,
@@ -841,6 +842,32 @@ impl Device {
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(usize::MAX)
         })
+    }
+    /// Whether one matrix (`seg`, `cols` wide) runs in decode with two warps a row (`matvec2`,
+    /// 64 streams a row) and so in the batch kernels in the same order: when its rows leave the
+    /// GPU under-filled at a warp a row (up to 16 a multiprocessor: the 1.5B's and 0.5B's
+    /// ffn_down) and each lane still has two chunks or more. H200: 1.5B decode +2.8–3.0%, 0.5B
+    /// +0.6–1.4%; forced on the 7B's ffn_down (3584 rows: two waves) −2.4% (docs/benchmarks.md,
+    /// session 34).
+    /// `MENS_CUDA_SPLIT=0` / `1` forces it either way.
+    pub(crate) fn split_rows(&self, seg: &Seg, cols: usize) -> bool {
+        static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+        let force = *FORCE.get_or_init(|| match std::env::var("MENS_CUDA_SPLIT").as_deref() {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        });
+        force.unwrap_or(seg.rows as usize <= 16 * self.sms && cols / 32 >= 128)
+    }
+    /// The batch matmul of one matrix in `split_rows`' order (dp4a; mode bit 1 set): the kernel,
+    /// its grid and its block.
+    fn matmul_q8_split(
+        &self,
+        tile: usize,
+        seg: &Seg,
+    ) -> Result<(sys::CUfunction, (u32, u32), u32)> {
+        let (k, _, block) = self.matmul_q8_with(tile, &[seg], false)?;
+        Ok((k, ((seg.rows as usize).div_ceil(4) as u32, 1), block))
     }
     /// The batch matmul for `rows` activation rows (`tile`: the dp4a tile it would use) over the
     /// stacked matrices `segs`: the kernel, its grid and its block size.

@@ -621,8 +621,13 @@ impl CudaSession {
                 l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr, nx,
                 l.ffn_norm.ptr, eps)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
-            launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
-                l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
+            if dev.split_rows(&l.down.seg, c.ffn_dim) {
+                launch!(dev, matvec2 as "matvec (ffn_down + residual)", ((c.dim).div_ceil(2) as u32, 1), 128;
+                    l.down.seg, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 1i32)?;
+            } else {
+                launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
+                    l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
+            }
             let next = m.layers.get(li + 1);
             if !fuse || next.is_none() {
                 n += norm(next.map_or(&m.output_norm, |n| &n.attn_norm))?;

@@ -104,6 +104,41 @@ impl Device {
         Ok(y)
     }
 
+    /// `matvec2` (two warps a row, 64 streams): W · a.
+    pub fn test_matvec2(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
+        self.bind()?;
+        let m = Mat::upload_as(self, w, repack_on())?;
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let out = self.upload(&vec![f32::NAN; w.rows])?;
+        launch!(self, matvec2, (w.rows.div_ceil(2) as u32, 1), 128;
+            m.seg, w.cols as i32, aq.ptr, ad.ptr, out.ptr, 0i32)?;
+        let mut y = vec![0f32; w.rows];
+        self.read(&out, 0, &mut y)?;
+        Ok(y)
+    }
+
+    /// The batch matmul in `matvec2`'s order (split mode) for `rows` activation rows:
+    /// [rows][w.rows].
+    pub fn test_matmul_split(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let m = Mat::upload_as(self, w, repack_on())?;
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let out = self.upload(&vec![f32::NAN; rows * w.rows])?;
+        let (k, grid, block) = self.matmul_q8_split(rows, &m.seg)?;
+        launch!(self, (k) as "matmul_q8", grid, block;
+            m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, rows as i32, out.ptr,
+            w.rows as i32, 0u64, 0u64, 2i32)?;
+        let mut y = vec![0f32; rows * w.rows];
+        self.read(&out, 0, &mut y)?;
+        Ok(y)
+    }
+
     /// W dequantized to f16 by the prefill kernel, widened to f32.
     pub fn test_dequant(&self, w: &QTensor) -> Result<Vec<f32>> {
         self.bind()?;

@@ -10,8 +10,8 @@
 // row B - 1 again (their sums are never written), so the loads need no branch and the compiler
 // issues all of a chunk's N activation loads before its first dp4a: with a branch per row it waited
 // on each row's load in turn. Each activation chunk loaded serves all R weight rows. A row's sum
-// keeps the matrix-vector kernel's order (lane l takes chunks l, l + 32, ..., then warp_sum), so a
-// batch row gets the bits it gets alone, whatever N and R.
+// keeps the matrix-vector kernel's order (lane l takes chunks l, l + 32, ..., then warp_sum; for a
+// split matrix matvec2's 64 streams), so a batch row gets the bits it gets alone, whatever N and R.
 __device__ __forceinline__ u64 act_row(int b0, int j, int B) {
   int b = b0 + j;
   return (u64)(b < B ? b : B - 1);
@@ -83,9 +83,12 @@ __device__ __forceinline__ void dot_tile(const u8* const (&rows)[R], int c, cons
 
 // One warp: the dots of R weight rows with activation rows b0 .. b0 + N - 1, summed over the warp
 // (every lane gets them).
+// With `step` 64 (split matrices: matvec2's order) the warp takes chunks 64 i + off + lane and
+// leaves its lanes' sums unreduced.
 template <int T, int N, int R, bool PF>
 __device__ void tile_dots_t(const u8* const (&rows)[R], int cols, const i8* __restrict__ aq,
-                            const float2* __restrict__ ad, int b0, int B, float (&acc)[R][N]) {
+                            const float2* __restrict__ ad, int b0, int B, float (&acc)[R][N], int off = 0,
+                            int step = 32) {
 #pragma unroll
   for (int i = 0; i < R; i++)
 #pragma unroll
@@ -94,21 +97,22 @@ __device__ void tile_dots_t(const u8* const (&rows)[R], int cols, const i8* __re
 #ifndef NO_PF
   if (PF && int_form(T)) {  // each row's next chunk loaded before this one's arithmetic (see Raw)
     Raw<T> r[R];
-    if (lane < nchunks)
+    if (lane + off < nchunks)
 #pragma unroll
-      for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], lane, nchunks);
-    for (int c = lane; c < nchunks; c += 32) {
+      for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], lane + off, nchunks);
+    for (int c = lane + off; c < nchunks; c += step) {
       W32 w[R];
 #pragma unroll
       for (int i = 0; i < R; i++) raw_unpack<T>(r[i], w[i]);
-      if (c + 32 < nchunks)
+      if (c + step < nchunks)
 #pragma unroll
-        for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], c + 32, nchunks);
+        for (int i = 0; i < R; i++) raw_load<T>(r[i], rows[i], c + step, nchunks);
       dot_w<T, N, R>(w, c, aq, ad, cols, b0, B, acc);
     }
   } else
 #endif
-    for (int c = lane; c < nchunks; c += 32) dot_tile<T, N, R>(rows, c, aq, ad, cols, b0, B, acc);
+    for (int c = lane + off; c < nchunks; c += step) dot_tile<T, N, R>(rows, c, aq, ad, cols, b0, B, acc);
+  if (step != 32) return;
 #pragma unroll
   for (int i = 0; i < R; i++)
 #pragma unroll
@@ -124,25 +128,25 @@ __device__ void tile_dots_t(const u8* const (&rows)[R], int cols, const i8* __re
 #endif
 template <int N, int R, int TT>
 __device__ void tile_dots(int type, const u8* const (&rows)[R], int cols, const i8* aq, const float2* ad, int b0,
-                          int B, float (&acc)[R][N]) {
+                          int B, float (&acc)[R][N], int off = 0, int step = 32) {
   if (TT >= 0) {
-    tile_dots_t<TT < 0 ? 0 : TT, N, R, PF_TT>(rows, cols, aq, ad, b0, B, acc);
+    tile_dots_t<TT < 0 ? 0 : TT, N, R, PF_TT>(rows, cols, aq, ad, b0, B, acc, off, step);
     return;
   }
   switch (type) {
-    case T_Q4_K: tile_dots_t<T_Q4_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q6_K: tile_dots_t<T_Q6_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_KR: tile_dots_t<T_Q4_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q6_KR: tile_dots_t<T_Q6_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_0: tile_dots_t<T_Q5_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q8_0: tile_dots_t<T_Q8_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_0: tile_dots_t<T_Q4_0, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q4_1: tile_dots_t<T_Q4_1, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_1: tile_dots_t<T_Q5_1, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_Q5_K: tile_dots_t<T_Q5_K, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_F16: tile_dots_t<T_F16, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    case T_BF16: tile_dots_t<T_BF16, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
-    default: tile_dots_t<T_F32, N, R, false>(rows, cols, aq, ad, b0, B, acc); break;
+    case T_Q4_K: tile_dots_t<T_Q4_K, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q6_K: tile_dots_t<T_Q6_K, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q4_KR: tile_dots_t<T_Q4_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q6_KR: tile_dots_t<T_Q6_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q5_0: tile_dots_t<T_Q5_0, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q8_0: tile_dots_t<T_Q8_0, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q4_0: tile_dots_t<T_Q4_0, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q4_1: tile_dots_t<T_Q4_1, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q5_1: tile_dots_t<T_Q5_1, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q5_K: tile_dots_t<T_Q5_K, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_F16: tile_dots_t<T_F16, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_BF16: tile_dots_t<T_BF16, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    default: tile_dots_t<T_F32, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
   }
 }
 
@@ -179,50 +183,74 @@ __device__ __forceinline__ const u8* seg_row(const Seg& s0, const Seg& s1, const
 // without `two`).
 template <int N, int TT>
 __device__ __forceinline__ void pair_dots(int ta, const u8* ra, int tb, const u8* rb, bool two, int cols,
-                                          const i8* aq, const float2* ad, int b0, int B, float (&acc)[2][N]) {
+                                          const i8* aq, const float2* ad, int b0, int B, float (&acc)[2][N],
+                                          int off = 0, int step = 32) {
   if (ta == tb) {
     const u8* rows[2] = {ra, rb};
-    tile_dots<N, 2, TT>(ta, rows, cols, aq, ad, b0, B, acc);
+    tile_dots<N, 2, TT>(ta, rows, cols, aq, ad, b0, B, acc, off, step);
     return;
   }
   const u8* ea[1] = {ra};
   float x[1][N];
-  tile_dots<N, 1, -1>(ta, ea, cols, aq, ad, b0, B, x);
+  tile_dots<N, 1, -1>(ta, ea, cols, aq, ad, b0, B, x, off, step);
 #pragma unroll
   for (int j = 0; j < N; j++) acc[0][j] = x[0][j];
   if (two) {
     const u8* eb[1] = {rb};
-    tile_dots<N, 1, -1>(tb, eb, cols, aq, ad, b0, B, x);
+    tile_dots<N, 1, -1>(tb, eb, cols, aq, ad, b0, B, x, off, step);
   }
 #pragma unroll
   for (int j = 0; j < N; j++) acc[1][j] = x[0][j];
 }
 
 // out[orow[b] * ldo + r] (+)= W[r] . a[b] (+ bias[r]) for the rows of up to three stacked matrices
-// and activation rows b < B (orow null: row b); mode 0 stores, 1 adds (the residual). One warp per
-// pair of weight rows (both through one tile when they have one type), 4 warps per block (8 rows);
-// activation rows in tiles of N (N = 1, 2, 4, 8: the batch's size, up to 8).
+// and activation rows b < B (orow null: row b); mode bit 0: add (the residual) instead of store.
+// One warp per pair of weight rows (both through one tile when they have one type), 4 warps per
+// block (8 rows); activation rows in tiles of N (N = 1, 2, 4, 8: the batch's size, up to 8). Mode
+// bit 1 (split, one matrix): two warps a pair, 4 rows a block, in matvec2's 64 streams, so a batch
+// row gets the bits decoding gives it with matvec2.
 template <int N, int TT>
 __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out,
                             int ldo, const int* orow, const float* bias, int mode) {
-  int r = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2;
+  __shared__ float part[2][2][N][32];
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bool split = mode & 2;
+  int h = split ? w & 1 : 0, p = split ? w >> 1 : 0;
+  int r = split ? (blockIdx.x * 2 + p) * 2 : (blockIdx.x * 4 + w) * 2;
   int total = s0.rows + s1.rows + s2.rows;
-  if (r >= total) return;
-  bool two = r + 1 < total;
+  if (!split && r >= total) return;
+  bool live = r < total, two = r + 1 < total;
   int ta, tb = -1;
-  const u8* ra = seg_row(s0, s1, s2, r, &ta);
+  const u8* ra = seg_row(s0, s1, s2, min(r, total - 1), &ta);
   const u8* rb = two ? seg_row(s0, s1, s2, r + 1, &tb) : ra;
-  int lane = threadIdx.x & 31;
-  float bva = bias ? bias[r] : 0.f, bvb = bias && two ? bias[r + 1] : 0.f;
+  float bva = bias && live ? bias[r] : 0.f, bvb = bias && two ? bias[r + 1] : 0.f;
   for (int b0 = 0; b0 < B; b0 += N) {
     float acc[2][N];
-    pair_dots<N, TT>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc);
+    if (split) {
+      pair_dots<N, TT>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc, 32 * h, 64);
+      // Streams l and l + 32 (warp 1's lane l), then warp_sum's tree: matvec2's sum.
+      if (h)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+          for (int j = 0; j < N; j++) part[p][i][j][lane] = acc[i][j];
+      __syncthreads();
+      if (!h)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+          for (int j = 0; j < N; j++) acc[i][j] = warp_sum(acc[i][j] + part[p][i][j][lane]);
+      __syncthreads();
+      if (h || !live) continue;
+    } else {
+      pair_dots<N, TT>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc);
+    }
     // Lane i * N + j writes weight row r + i, activation row b0 + j.
     int i = lane / N, b = b0 + lane % N;
     if (lane < 2 * N && b < B && (i == 0 || two)) {
       float v = pick<N, 2>(acc, lane) + (i ? bvb : bva);
       float* o = out + (u64)(orow ? orow[b] : b) * ldo + r + i;
-      *o = mode ? *o + v : v;
+      *o = (mode & 1) ? *o + v : v;
     }
   }
 }
@@ -740,7 +768,7 @@ __device__ __forceinline__ void matmul_h16_t(Seg s0, Seg s1, Seg s2, int cols, c
         } else {
           if (bias) v += bias[r];
           float* o = out + (u64)(orow ? orow[col] : col) * ldo + r;
-          *o = mode ? *o + v : v;
+          *o = (mode & 1) ? *o + v : v;
         }
       }
     }
@@ -761,7 +789,7 @@ __device__ __forceinline__ void matmul_h16_t(Seg s0, Seg s1, Seg s2, int cols, c
     for (int y = 0; y < splits; y++) v += __ldcg(&part[((u64)y * B + col) * total + r]);
     if (bias) v += bias[r];
     float* o = out + (u64)(orow ? orow[col] : col) * ldo + r;
-    *o = mode ? *o + v : v;
+    *o = (mode & 1) ? *o + v : v;
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }

@@ -491,30 +491,31 @@ __device__ __forceinline__ int dot16(const int* q, int4 a) {
   return dp4a(q[3], a.w, dp4a(q[2], a.z, dp4a(q[1], a.y, dp4a(q[0], a.x, 0))));
 }
 
-// Dot of one row with the whole q8 activation vector, by one warp.
+// Dot of one row with the whole q8 activation vector, by one warp. With `step` 64 (matvec2) the
+// warp takes the chunks 64 i + off + lane and returns its lanes' sums unreduced.
 template <int T>
 __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __restrict__ aq,
-                           const float2* __restrict__ ad) {
+                           const float2* __restrict__ ad, int off = 0, int step = 32) {
   float acc = 0.f;
   int lane = threadIdx.x & 31;
 #ifndef NO_PF
   if (int_form(T)) {  // the weights loaded a chunk ahead; finish() gives dot32's bits
     Raw<T> r;
-    if (lane < nchunks) raw_load<T>(r, row, lane, nchunks);
-    for (int c = lane; c < nchunks; c += 32) {
+    if (lane + off < nchunks) raw_load<T>(r, row, lane + off, nchunks);
+    for (int c = lane + off; c < nchunks; c += step) {
       W32 w;
       raw_unpack<T>(r, w);
-      if (c + 32 < nchunks) raw_load<T>(r, row, c + 32, nchunks);
+      if (c + step < nchunks) raw_load<T>(r, row, c + step, nchunks);
       const int4* ap = (const int4*)(aq + c * 32);
       int4 a0 = ap[0], a1 = ap[1];
       float2 ds = ad[c];
       acc += finish<T>(w, dot16(w.q, a0), dot16(w.q + 4, a1), ds.x, ds.y);
     }
-    return warp_sum(acc);
+    return step == 32 ? warp_sum(acc) : acc;
   }
 #endif
 #pragma unroll 4
-  for (int c = lane; c < nchunks; c += 32) {
+  for (int c = lane + off; c < nchunks; c += step) {
     int a[8];
     const int4* ap = (const int4*)(aq + c * 32);
     int4 a0 = ap[0], a1 = ap[1];
@@ -523,23 +524,24 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
     float2 ds = ad[c];
     acc += dot32<T>(row, c, a, ds.x, ds.y, nchunks);
   }
-  return warp_sum(acc);
+  return step == 32 ? warp_sum(acc) : acc;
 }
-__device__ float row_dot(int type, const u8* row, int nchunks, const i8* aq, const float2* ad) {
+__device__ float row_dot(int type, const u8* row, int nchunks, const i8* aq, const float2* ad, int off = 0,
+                         int step = 32) {
   switch (type) {
-    case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad);
-    case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad);
-    case T_Q4_KR: return row_dot_t<T_Q4_KR>(row, nchunks, aq, ad);
-    case T_Q6_KR: return row_dot_t<T_Q6_KR>(row, nchunks, aq, ad);
-    case T_Q5_0: return row_dot_t<T_Q5_0>(row, nchunks, aq, ad);
-    case T_Q8_0: return row_dot_t<T_Q8_0>(row, nchunks, aq, ad);
-    case T_Q4_0: return row_dot_t<T_Q4_0>(row, nchunks, aq, ad);
-    case T_Q4_1: return row_dot_t<T_Q4_1>(row, nchunks, aq, ad);
-    case T_Q5_1: return row_dot_t<T_Q5_1>(row, nchunks, aq, ad);
-    case T_Q5_K: return row_dot_t<T_Q5_K>(row, nchunks, aq, ad);
-    case T_F16: return row_dot_t<T_F16>(row, nchunks, aq, ad);
-    case T_BF16: return row_dot_t<T_BF16>(row, nchunks, aq, ad);
-    default: return row_dot_t<T_F32>(row, nchunks, aq, ad);
+    case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad, off, step);
+    case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad, off, step);
+    case T_Q4_KR: return row_dot_t<T_Q4_KR>(row, nchunks, aq, ad, off, step);
+    case T_Q6_KR: return row_dot_t<T_Q6_KR>(row, nchunks, aq, ad, off, step);
+    case T_Q5_0: return row_dot_t<T_Q5_0>(row, nchunks, aq, ad, off, step);
+    case T_Q8_0: return row_dot_t<T_Q8_0>(row, nchunks, aq, ad, off, step);
+    case T_Q4_0: return row_dot_t<T_Q4_0>(row, nchunks, aq, ad, off, step);
+    case T_Q4_1: return row_dot_t<T_Q4_1>(row, nchunks, aq, ad, off, step);
+    case T_Q5_1: return row_dot_t<T_Q5_1>(row, nchunks, aq, ad, off, step);
+    case T_Q5_K: return row_dot_t<T_Q5_K>(row, nchunks, aq, ad, off, step);
+    case T_F16: return row_dot_t<T_F16>(row, nchunks, aq, ad, off, step);
+    case T_BF16: return row_dot_t<T_BF16>(row, nchunks, aq, ad, off, step);
+    default: return row_dot_t<T_F32>(row, nchunks, aq, ad, off, step);
   }
 }
 
@@ -574,6 +576,26 @@ extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq
     if (bias) v += bias[r];
     out[r] = mode ? out[r] + v : v;
   }
+}
+#endif
+
+// matvec's contract for one matrix with two warps a row (2 rows a block of 4 warps): 64 streams,
+// chunk c in stream c % 64, warp h the streams 32 h .. 32 h + 31 (512 contiguous bytes a pass),
+// summed as streams l and l + 32, then warp_sum's tree: each warp's chain of dependent passes is
+// half as long (the 7B's ffn_down: 9 passes a lane instead of 18-19). Other bits than matvec's.
+#ifndef MENS_BATCH_MODULE
+extern "C" __global__ void matvec2(Seg s, int cols, const i8* aq, const float2* ad, float* out, int mode) {
+  __shared__ float part[2][32];
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = w & 1, j = w >> 1;
+  int r = blockIdx.x * 2 + j;
+  pdl_wait();
+  float v = 0.f;
+  if (r < s.rows) v = row_dot(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64);
+  if (h) part[j][lane] = v;
+  __syncthreads();
+  if (h || r >= s.rows) return;
+  v = warp_sum(v + part[j][lane]);
+  if (lane == 0) out[r] = mode ? out[r] + v : v;
 }
 #endif
 

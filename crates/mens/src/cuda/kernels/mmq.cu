@@ -248,7 +248,7 @@ __device__ void matmul_mq_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
           if (r < total && b < B) {
             float v = acc[0][e] + (bias ? bias[r] : 0.f);
             float* o = out + (u64)(orow ? orow[b] : b) * ldo + r;
-            *o = mode ? *o + v : v;
+            *o = (mode & 1) ? *o + v : v;
           }
         }
       }
