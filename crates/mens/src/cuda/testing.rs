@@ -18,13 +18,29 @@ impl Device {
         ds: &[[f32; 2]],
         gpu_layout: bool,
     ) -> Result<Vec<f32>> {
+        self.with_matrix(w, q, ds, gpu_layout, 1, |m, aq, ad, out| {
+            launch!(self, matvec, (w.rows.div_ceil(4) as u32, 1), 128;
+                m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq, ad, out, 0u64, 0i32)
+        })
+    }
+
+    /// `w` uploaded (in the GPU layout or not), the q8 activations `q`, `ds` and an output of
+    /// `rows` × `w.rows` NaNs; `run` launches with (matrix, aq, ad, out); the output read back.
+    fn with_matrix(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        layout: bool,
+        rows: usize,
+        run: impl FnOnce(&Mat, u64, u64, u64) -> Result<()>,
+    ) -> Result<Vec<f32>> {
         self.bind()?;
-        let m = Mat::upload_as(self, w, gpu_layout)?;
+        let m = Mat::upload_as(self, w, layout)?;
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
-        let out = self.upload(&vec![f32::NAN; w.rows])?;
-        launch!(self, matvec, (w.rows.div_ceil(4) as u32, 1), 128;
-            m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, out.ptr, 0u64, 0i32)?;
-        let mut y = vec![0f32; w.rows];
+        let out = self.upload(&vec![f32::NAN; rows * w.rows])?;
+        run(&m, aq.ptr, ad.ptr, out.ptr)?;
+        let mut y = vec![0f32; rows * w.rows];
         self.read(&out, 0, &mut y)?;
         Ok(y)
     }
@@ -106,15 +122,10 @@ impl Device {
 
     /// `matvec2` (two warps a row, 64 streams): W · a.
     pub fn test_matvec2(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
-        self.bind()?;
-        let m = Mat::upload_as(self, w, repack_on())?;
-        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
-        let out = self.upload(&vec![f32::NAN; w.rows])?;
-        launch!(self, matvec2, (w.rows.div_ceil(2) as u32, 1), 128;
-            m.seg, w.cols as i32, aq.ptr, ad.ptr, out.ptr, 0i32)?;
-        let mut y = vec![0f32; w.rows];
-        self.read(&out, 0, &mut y)?;
-        Ok(y)
+        self.with_matrix(w, q, ds, repack_on(), 1, |m, aq, ad, out| {
+            launch!(self, matvec2, (w.rows.div_ceil(2) as u32, 1), 128;
+                m.seg, w.cols as i32, aq, ad, out, 0i32)
+        })
     }
 
     /// The batch matmul in `matvec2`'s order (split mode) for `rows` activation rows:
@@ -126,17 +137,12 @@ impl Device {
         ds: &[[f32; 2]],
         rows: usize,
     ) -> Result<Vec<f32>> {
-        self.bind()?;
-        let m = Mat::upload_as(self, w, repack_on())?;
-        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
-        let out = self.upload(&vec![f32::NAN; rows * w.rows])?;
-        let (k, grid, block) = self.matmul_q8_split(rows, &m.seg)?;
-        launch!(self, (k) as "matmul_q8", grid, block;
-            m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq.ptr, ad.ptr, rows as i32, out.ptr,
-            w.rows as i32, 0u64, 0u64, 2i32)?;
-        let mut y = vec![0f32; rows * w.rows];
-        self.read(&out, 0, &mut y)?;
-        Ok(y)
+        self.with_matrix(w, q, ds, repack_on(), rows, |m, aq, ad, out| {
+            let (k, grid, block) = self.matmul_q8_split(rows, &m.seg)?;
+            launch!(self, (k) as "matmul_q8", grid, block;
+                m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq, ad, rows as i32, out,
+                w.rows as i32, 0u64, 0u64, 2i32)
+        })
     }
 
     /// W dequantized to f16 by the prefill kernel, widened to f32.
