@@ -582,7 +582,7 @@ extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq
 // matvec's contract for one matrix with two warps a row (2 rows a block of 4 warps): 64 streams,
 // chunk c in stream c % 64, warp h the streams 32 h .. 32 h + 31 (512 contiguous bytes a pass),
 // summed as streams l and l + 32, then warp_sum's tree: each warp's chain of dependent passes is
-// half as long (the 7B's ffn_down: 9 passes a lane instead of 18-19). Other bits than matvec's.
+// half as long (the 1.5B's ffn_down: 4-5 passes a lane instead of 8-9). Other bits than matvec's.
 #ifndef MENS_BATCH_MODULE
 extern "C" __global__ void matvec2(Seg s, int cols, const i8* aq, const float2* ad, float* out, int mode) {
   __shared__ float part[2][32];
