@@ -1,6 +1,6 @@
-# The six device calls of session 34, as run (each as `bash .device/cNN.sh` with .device carried).
+# The seven device calls of session 34, as run (each as `bash .device/cNN.sh` with .device carried).
 # Every call began with the setup of call 1 (unpack the binaries and the PTX, make the synthetic
-# models); calls 2-6 list only what followed it. Call 5 also unpacked .device/prev/mens.xz (the
+# models); calls 2-7 list only what followed it (call 7 ran call 6's script again, on 8a42d5f). Call 5 also unpacked .device/prev/mens.xz (the
 # binary before the split down) to $B/mens-prev and its PTX.
 
 # ---- call 1
