@@ -994,11 +994,11 @@ impl CudaBatch {
                 let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.o.seg])?;
                 launch!(dev, (k) as "matmul_q8 (attn_output + residual)", grid, block;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
-                    0u64, 0u64, 1i32)?;
+                    0u64, 0u64, MODE_ADD)?;
                 norm(l.ffn_norm.ptr)?;
                 launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
-                // Mode 1: add; 3: add, in the decode step's split order (matvec2).
+                // Added to the residual, in the decode step's split order where it has one.
                 let split = dev.split_rows(&l.down.seg, f);
                 let (k, grid, block) = if split {
                     dev.matmul_q8_split(narrow, &l.down.seg)?
@@ -1007,7 +1007,7 @@ impl CudaBatch {
                 };
                 launch!(dev, (k) as "matmul_q8 (ffn_down + residual)", grid, block;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
-                    0u64, 0u64, if split { 3i32 } else { 1i32 })?;
+                    0u64, 0u64, MODE_ADD | if split { MODE_SPLIT } else { 0 })?;
                 norm(rest.ptr)?;
                 n += 7;
             }

@@ -859,8 +859,8 @@ impl Device {
         });
         force.unwrap_or(seg.rows as usize <= 16 * self.sms && cols / 32 >= 128)
     }
-    /// The batch matmul of one matrix in `split_rows`' order (dp4a; mode bit 1 set): the kernel,
-    /// its grid and its block.
+    /// The batch matmul of one matrix in `split_rows`' order (dp4a; launched with `MODE_SPLIT` in
+    /// its mode): the kernel, its grid and its block.
     fn matmul_q8_split(
         &self,
         tile: usize,
@@ -1170,6 +1170,11 @@ arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20, V 21, W 22);
+
+/// The batch matmul kernels' mode bits (kernels/batch.cu, `matmul_q8_t`): add to the output
+/// instead of storing, and sum each row in `matvec2`'s 64 streams (grid from `matmul_q8_split`).
+const MODE_ADD: i32 = 1;
+const MODE_SPLIT: i32 = 2;
 
 /// `launch!(dev, kernel, grid, block; args...)`: the argument values must have the kernel's C
 /// types (u64 for pointers, i32 for int, f32 for float, `Seg` for a matrix).

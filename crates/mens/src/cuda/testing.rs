@@ -141,7 +141,7 @@ impl Device {
             let (k, grid, block) = self.matmul_q8_split(rows, &m.seg)?;
             launch!(self, (k) as "matmul_q8", grid, block;
                 m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq, ad, rows as i32, out,
-                w.rows as i32, 0u64, 0u64, 2i32)
+                w.rows as i32, 0u64, 0u64, MODE_SPLIT)
         })
     }
 
