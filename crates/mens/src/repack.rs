@@ -1,8 +1,9 @@
-//! Weight layouts for the GPU, made at upload: Q4_K and Q6_K with each 32-value chunk's bytes
-//! contiguous, so that a warp's lanes, one chunk each, read consecutive 16-byte words (the GGUF
-//! order spreads a chunk's nibbles over 32 bytes it shares with its neighbour, and Q6_K's 210-byte
-//! superblocks allow only 2-byte loads). Same values, same scales: the kernels' bits do not change
-//! (kernels/matvec.cu, `Raw<T_Q4_KR>` and `Raw<T_Q6_KR>`, read these layouts).
+//! Weight layouts for the GPU, made at upload: Q4_K, Q6_K, Q5_0 and Q8_0 with each 32-value
+//! chunk's bytes contiguous and aligned, so that a warp's lanes, one chunk each, read consecutive
+//! 16-byte words (the GGUF order spreads a Q4_K chunk's nibbles over 32 bytes it shares with its
+//! neighbour, and Q6_K's 210-byte superblocks, Q5_0's 22-byte and Q8_0's 34-byte blocks allow only
+//! 2-byte loads). Same values, same scales: the kernels' bits do not change (kernels/matvec.cu,
+//! `Raw<T_Q4_KR>` and its siblings, read these layouts).
 //!
 //! A chunk's 32 four-bit values (Q4_K's nibbles, Q6_K's low bits) take 16 bytes: byte b holds
 //! value b in its low nibble and value 16 + b in its high one.
@@ -12,6 +13,9 @@
 //!   of a chunk holds, in bits 2m..2m+1, value 4(4j + m) + k's two high bits), the chunks' int8
 //!   scales (2 n: those of values 0..15 and 16..31), each superblock's f16 d (n / 4); the row is
 //!   padded to 16 bytes.
+//! - Q5_0R: a row of n chunks in three parts: the GGUF blocks' 16 bytes of low nibbles (16 n),
+//!   their 32 high bits (4 n), their f16 scales (2 n); padded to 16 bytes.
+//! - Q8_0R: the blocks' 32 quants (32 n), then their f16 scales (2 n); padded to 16 bytes.
 
 use crate::gguf::TensorType;
 use crate::weights::QTensor;
@@ -19,6 +23,8 @@ use crate::weights::QTensor;
 /// The kernels' type ids of the repacked layouts (100 + the GGUF type's id; kernels/common.cuh).
 pub const Q4_KR: u32 = 112;
 pub const Q6_KR: u32 = 114;
+pub const Q5_0R: u32 = 106;
+pub const Q8_0R: u32 = 108;
 
 /// A tensor's bytes in a GPU layout.
 pub struct Repacked {
@@ -31,16 +37,27 @@ pub struct Repacked {
 type RowPacker = fn(&[u8], &mut [u8]);
 
 /// Row bytes, kernel type id and row repacker of `t`'s GPU layout for rows of `cols` values, where
-/// it has one (rows of whole superblocks only; the GGUF reader checks that too).
+/// it has one (rows of whole blocks only; the GGUF reader checks that too).
 fn layout(t: TensorType, cols: usize) -> Option<(usize, u32, RowPacker)> {
-    if cols == 0 || !cols.is_multiple_of(256) {
-        return None;
-    }
+    let whole = |n: usize| cols > 0 && cols.is_multiple_of(n);
     match t {
-        TensorType::Q4K => Some((cols / 256 * 144, Q4_KR, q4k_row)),
-        TensorType::Q6K => Some(((cols / 256 * 210).next_multiple_of(16), Q6_KR, q6k_row)),
+        TensorType::Q4K if whole(256) => Some((cols / 256 * 144, Q4_KR, q4k_row)),
+        TensorType::Q6K if whole(256) => {
+            Some(((cols / 256 * 210).next_multiple_of(16), Q6_KR, q6k_row))
+        }
+        TensorType::Q5_0 if whole(32) => {
+            Some(((cols / 32 * 22).next_multiple_of(16), Q5_0R, q5_0_row))
+        }
+        TensorType::Q8_0 if whole(32) => {
+            Some(((cols / 32 * 34).next_multiple_of(16), Q8_0R, q8_0_row))
+        }
         _ => None,
     }
+}
+
+/// Bytes `t` takes on the GPU beyond its GGUF bytes (its layout's rows padded to 16 bytes).
+pub fn padding(t: &QTensor) -> u64 {
+    layout(t.ttype, t.cols).map_or(0, |(rb, _, _)| ((rb - t.row_bytes()) * t.rows) as u64)
 }
 
 /// `t` in its GPU layout, or None where it keeps the GGUF one.
@@ -108,6 +125,23 @@ fn q6k_row(row: &[u8], out: &mut [u8]) {
     }
 }
 
+fn q5_0_row(row: &[u8], out: &mut [u8]) {
+    let n = row.len() / 22;
+    for (c, b) in row.chunks_exact(22).enumerate() {
+        out[16 * c..16 * c + 16].copy_from_slice(&b[6..22]);
+        out[16 * n + 4 * c..16 * n + 4 * c + 4].copy_from_slice(&b[2..6]);
+        out[20 * n + 2 * c..20 * n + 2 * c + 2].copy_from_slice(&b[..2]);
+    }
+}
+
+fn q8_0_row(row: &[u8], out: &mut [u8]) {
+    let n = row.len() / 34;
+    for (c, b) in row.chunks_exact(34).enumerate() {
+        out[32 * c..32 * c + 32].copy_from_slice(&b[2..34]);
+        out[32 * n + 2 * c..32 * n + 2 * c + 2].copy_from_slice(&b[..2]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +177,16 @@ mod tests {
                 [d; 2],
                 [dmin; 2],
             )
+        } else if ty == Q5_0R {
+            let qh =
+                u32::from_le_bytes(row[16 * n + 4 * c..16 * n + 4 * c + 4].try_into().unwrap());
+            let q = std::array::from_fn(|i| (nib(16 * c, i) | ((qh >> i) as i32 & 1) << 4) - 16);
+            let d = f(20 * n + 2 * c);
+            (q, [d; 2], [0.0; 2])
+        } else if ty == Q8_0R {
+            let q = std::array::from_fn(|i| row[32 * c + i] as i8 as i32);
+            let d = f(32 * n + 2 * c);
+            (q, [d; 2], [0.0; 2])
         } else {
             let q = std::array::from_fn(|i| {
                 let (j, m, k) = (i / 16, (i / 4) % 4, i % 4);
@@ -157,15 +201,24 @@ mod tests {
 
     #[test]
     fn repacked_rows_hold_the_gguf_values() {
-        // Three rows of 768 values (3 superblocks: a Q6_K row of 630 bytes, padded to 640).
-        let (rows, cols) = (3, 768);
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1.0 + (i % 97) as f32 / 8.0))
-            .collect();
-        for t in [TensorType::Q4K, TensorType::Q6K] {
+        // Three rows of 768 values (3 superblocks: a Q6_K row of 630 bytes, padded to 640), and
+        // of 896 (28 blocks of 32, no whole superblocks: a Q5_0 row of 616 bytes, padded to 624).
+        let cases = [
+            (TensorType::Q4K, 768),
+            (TensorType::Q6K, 768),
+            (TensorType::Q5_0, 768),
+            (TensorType::Q5_0, 896),
+            (TensorType::Q8_0, 896),
+        ];
+        for (t, cols) in cases {
+            let rows = 3;
+            let x: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1.0 + (i % 97) as f32 / 8.0))
+                .collect();
             let q = tensor(t, rows, cols, quantize(t, &x));
             let r = repack(&q).unwrap();
             assert_eq!(r.row_bytes % 16, 0);
+            assert_eq!(padding(&q) as usize, r.data.len() - q.data().len());
             assert_eq!(r.data.len(), r.row_bytes * rows);
             let mut want = vec![0f32; cols];
             for row in 0..rows {
@@ -186,12 +239,8 @@ mod tests {
             }
         }
         // Other types keep their GGUF layout.
-        let q = tensor(
-            TensorType::Q8_0,
-            1,
-            64,
-            quantize(TensorType::Q8_0, &x[..64]),
-        );
+        let x: Vec<f32> = (0..64).map(|i| i as f32 / 64.0 - 0.5).collect();
+        let q = tensor(TensorType::Q4_0, 1, 64, quantize(TensorType::Q4_0, &x));
         assert!(repack(&q).is_none());
     }
 

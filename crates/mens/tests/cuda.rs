@@ -79,9 +79,17 @@ fn matvec_kernel_matches_reference_for_every_type() {
 #[test]
 fn the_gpu_layout_gives_the_gguf_layouts_bits() {
     let Some(dev) = device() else { return };
-    // 3584 columns: 14 superblocks, a Q6_K row of 2940 bytes padded to 2944 in the GPU layout.
-    for (i, t) in [TensorType::Q4K, TensorType::Q6K].into_iter().enumerate() {
-        for k in [768usize, 3584, 4608] {
+    // 3584 columns: 14 superblocks, a Q6_K row of 2940 bytes padded to 2944 in the GPU layout;
+    // 896 and 4864: the 0.5B's Q5_0 and Q8_0 rows (616 bytes padded to 624, 952 to 960; one
+    // chunk a lane, and five).
+    let cases = [
+        (TensorType::Q4K, [768usize, 3584, 4608]),
+        (TensorType::Q6K, [768, 3584, 4608]),
+        (TensorType::Q5_0, [896, 4864, 1536]),
+        (TensorType::Q8_0, [896, 4864, 1536]),
+    ];
+    for (i, (t, widths)) in cases.into_iter().enumerate() {
+        for k in widths {
             let w = qtensor(t, 67, k, 40 + i as u64);
             let (q, ds) = quantize_q8(&random(k, 77 + k as u64));
             let gguf = dev.test_matvec_as(&w, &q, &ds, false).unwrap();
@@ -94,6 +102,14 @@ fn the_gpu_layout_gives_the_gguf_layouts_bits() {
                 t.name(),
                 &gguf[..4],
                 &gpu[..4]
+            );
+            // The prefill's (and the embedding's) dequantization reads the layout too.
+            let gguf = dev.test_dequant_as(&w, false).unwrap();
+            let gpu = dev.test_dequant_as(&w, true).unwrap();
+            assert!(
+                same_bits(&gguf, &gpu),
+                "{} ({k} columns): dequantized",
+                t.name()
             );
         }
     }

@@ -133,11 +133,14 @@ macro_rules! kernels {
 kernels!(Funcs:
     matvec,
     matvec2,
+    matvec_r,
+    matvec2_r,
+    qkv_rope_r,
     matvec_glu_q8,
     matvec_glu_q8_q4k,
     matvec_glu_q8_q6k,
-    matvec_glu_q8_q5_0,
-    matvec_glu_q8_q8_0,
+    matvec_glu_q8_q5_0r,
+    matvec_glu_q8_q8_0r,
     matvec_glu_q8_q4kr,
     matvec_glu_q8_q4kr_5,
     matvec_glu_q8_q6kr,
@@ -215,22 +218,22 @@ kernels!(BatchFuncs:
     glu_q8_b_2_q6kr,
     glu_q8_b_4_q6kr,
     glu_q8_b_8_q6kr,
-    matmul_q8_1_q5_0,
-    matmul_q8_2_q5_0,
-    matmul_q8_4_q5_0,
-    matmul_q8_8_q5_0,
-    glu_q8_b_1_q5_0,
-    glu_q8_b_2_q5_0,
-    glu_q8_b_4_q5_0,
-    glu_q8_b_8_q5_0,
-    matmul_q8_1_q8_0,
-    matmul_q8_2_q8_0,
-    matmul_q8_4_q8_0,
-    matmul_q8_8_q8_0,
-    glu_q8_b_1_q8_0,
-    glu_q8_b_2_q8_0,
-    glu_q8_b_4_q8_0,
-    glu_q8_b_8_q8_0,
+    matmul_q8_1_q5_0r,
+    matmul_q8_2_q5_0r,
+    matmul_q8_4_q5_0r,
+    matmul_q8_8_q5_0r,
+    glu_q8_b_1_q5_0r,
+    glu_q8_b_2_q5_0r,
+    glu_q8_b_4_q5_0r,
+    glu_q8_b_8_q5_0r,
+    matmul_q8_1_q8_0r,
+    matmul_q8_2_q8_0r,
+    matmul_q8_4_q8_0r,
+    matmul_q8_8_q8_0r,
+    glu_q8_b_1_q8_0r,
+    glu_q8_b_2_q8_0r,
+    glu_q8_b_4_q8_0r,
+    glu_q8_b_8_q8_0r,
     matmul_mq_q4k,
     matmul_mq_q6k,
     glu_mq_q4k,
@@ -295,16 +298,17 @@ const BLAS_WORKSPACE: usize = 32 << 20;
 /// A profiled launch: kernel name, the event recorded after it, the bytes it moves.
 type Marked = (&'static str, sys::CUevent, u64);
 
-/// The weight formats with decode kernels of their own: the GGUF types by id, and the GPU
-/// layouts of [`repack`].
+/// The weight formats with decode kernels of their own: Q4_K and Q6_K by their GGUF ids, and the
+/// GPU layouts of [`repack`] (Q5_0 and Q8_0 only in theirs: in the GGUF layout, with
+/// `MENS_CUDA_REPACK=0`, they take the kernels for any type).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Q4K,
     Q6K,
     Q4KR,
     Q6KR,
-    Q5_0,
-    Q8_0,
+    Q5_0R,
+    Q8_0R,
     Other,
 }
 
@@ -312,11 +316,11 @@ fn kind(ty: u32) -> Kind {
     match ty {
         repack::Q4_KR => Kind::Q4KR,
         repack::Q6_KR => Kind::Q6KR,
+        repack::Q5_0R => Kind::Q5_0R,
+        repack::Q8_0R => Kind::Q8_0R,
         t => match TensorType::from_id(t) {
             Some(TensorType::Q4K) => Kind::Q4K,
             Some(TensorType::Q6K) => Kind::Q6K,
-            Some(TensorType::Q5_0) => Kind::Q5_0,
-            Some(TensorType::Q8_0) => Kind::Q8_0,
             _ => Kind::Other,
         },
     }
@@ -712,6 +716,36 @@ impl Device {
         Ok(totals)
     }
 
+    /// The decode matvec, its two-warps-a-row form and Q/K/V + RoPE for these matrices: the
+    /// kernels that also read the Q5_0R and Q8_0R layouts (`_r`) where one of them has one, else
+    /// those without (two cases more in their switch cost the 1.5B and the 7B 2-3% of their
+    /// decode: docs/benchmarks.md, session 35).
+    fn small_layouts(segs: &[&Seg]) -> bool {
+        segs.iter()
+            .any(|s| s.rows > 0 && matches!(kind(s.ty as u32), Kind::Q5_0R | Kind::Q8_0R))
+    }
+    pub(crate) fn matvec_k(&self, segs: &[&Seg]) -> sys::CUfunction {
+        if Self::small_layouts(segs) {
+            self.f.matvec_r
+        } else {
+            self.f.matvec
+        }
+    }
+    pub(crate) fn matvec2_k(&self, seg: &Seg) -> sys::CUfunction {
+        if Self::small_layouts(&[seg]) {
+            self.f.matvec2_r
+        } else {
+            self.f.matvec2
+        }
+    }
+    pub(crate) fn qkv_rope_k(&self, segs: &[&Seg]) -> sys::CUfunction {
+        if Self::small_layouts(segs) {
+            self.f.qkv_rope_r
+        } else {
+            self.f.qkv_rope
+        }
+    }
+
     /// The decode gate/up kernel for these matrices in blocks of `threads`: one kernel per common
     /// type (its own registers), or the kernel for any types.
     fn glu(&self, gate: &Seg, up: &Seg, threads: u32) -> (&'static str, sys::CUfunction) {
@@ -727,8 +761,8 @@ impl Device {
             Kind::Q6KR => ("matvec_glu_q8_q6kr", f.matvec_glu_q8_q6kr),
             Kind::Q4K => ("matvec_glu_q8_q4k", f.matvec_glu_q8_q4k),
             Kind::Q6K => ("matvec_glu_q8_q6k", f.matvec_glu_q8_q6k),
-            Kind::Q5_0 => ("matvec_glu_q8_q5_0", f.matvec_glu_q8_q5_0),
-            Kind::Q8_0 => ("matvec_glu_q8_q8_0", f.matvec_glu_q8_q8_0),
+            Kind::Q5_0R => ("matvec_glu_q8_q5_0r", f.matvec_glu_q8_q5_0r),
+            Kind::Q8_0R => ("matvec_glu_q8_q8_0r", f.matvec_glu_q8_q8_0r),
             Kind::Other => ("matvec_glu_q8", f.matvec_glu_q8),
         }
     }
@@ -810,7 +844,7 @@ impl Device {
         t.min(cap)
     }
     /// 1 when every matrix in `segs` (empty ones aside) is Q4_K, 2 when Q6_K, 3 and 4 when they
-    /// are repacked ([`repack`]), 5 when Q5_0, 6 when Q8_0, else 0: a kernel of one type has its
+    /// are repacked ([`repack`]), 5 when Q5_0R, 6 when Q8_0R, else 0: a kernel of one type has its
     /// own registers (the 7B's verify of 8 tokens 5.6 against 6.3 ms with the kernel for any types;
     /// docs/benchmarks.md, session 25).
     fn one_type(segs: &[&Seg]) -> usize {
@@ -824,8 +858,8 @@ impl Device {
             Kind::Q6K => 2,
             Kind::Q4KR => 3,
             Kind::Q6KR => 4,
-            Kind::Q5_0 => 5,
-            Kind::Q8_0 => 6,
+            Kind::Q5_0R => 5,
+            Kind::Q8_0R => 6,
             _ => 0,
         }
     }
@@ -928,16 +962,16 @@ impl Device {
                 f.matmul_q8_8_q6kr,
             ],
             [
-                f.matmul_q8_1_q5_0,
-                f.matmul_q8_2_q5_0,
-                f.matmul_q8_4_q5_0,
-                f.matmul_q8_8_q5_0,
+                f.matmul_q8_1_q5_0r,
+                f.matmul_q8_2_q5_0r,
+                f.matmul_q8_4_q5_0r,
+                f.matmul_q8_8_q5_0r,
             ],
             [
-                f.matmul_q8_1_q8_0,
-                f.matmul_q8_2_q8_0,
-                f.matmul_q8_4_q8_0,
-                f.matmul_q8_8_q8_0,
+                f.matmul_q8_1_q8_0r,
+                f.matmul_q8_2_q8_0r,
+                f.matmul_q8_4_q8_0r,
+                f.matmul_q8_8_q8_0r,
             ],
         ];
         Ok((k[ty][Self::dp4a_tile(tile)], (n.div_ceil(8) as u32, 1), 128))
@@ -980,16 +1014,16 @@ impl Device {
                 f.glu_q8_b_8_q6kr,
             ],
             [
-                f.glu_q8_b_1_q5_0,
-                f.glu_q8_b_2_q5_0,
-                f.glu_q8_b_4_q5_0,
-                f.glu_q8_b_8_q5_0,
+                f.glu_q8_b_1_q5_0r,
+                f.glu_q8_b_2_q5_0r,
+                f.glu_q8_b_4_q5_0r,
+                f.glu_q8_b_8_q5_0r,
             ],
             [
-                f.glu_q8_b_1_q8_0,
-                f.glu_q8_b_2_q8_0,
-                f.glu_q8_b_4_q8_0,
-                f.glu_q8_b_8_q8_0,
+                f.glu_q8_b_1_q8_0r,
+                f.glu_q8_b_2_q8_0r,
+                f.glu_q8_b_4_q8_0r,
+                f.glu_q8_b_8_q8_0r,
             ],
         ];
         Ok(k[ty][Self::dp4a_tile(b)])
@@ -1310,7 +1344,7 @@ pub struct Mat {
     pub cols: usize,
 }
 
-/// Whether Q4_K and Q6_K matrices are uploaded in the GPU layout of [`repack`] (default; same
+/// Whether Q4_K, Q6_K, Q5_0 and Q8_0 matrices are uploaded in the GPU layouts of [`repack`] (default; same
 /// bits; `MENS_CUDA_REPACK=0` keeps the GGUF layout, for measurements).
 fn repack_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

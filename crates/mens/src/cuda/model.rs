@@ -86,7 +86,20 @@ impl GpuModel {
                 "the CUDA backend needs dimensions that are multiples of 32".into(),
             ));
         }
-        let need = m.weight_bytes();
+        // The GGUF bytes, and the GPU layouts' row padding where the upload repacks.
+        let tied = m.gguf.tensor("output.weight").is_none();
+        let mut mats = vec![&m.embedding];
+        if !tied {
+            mats.push(&m.output);
+        }
+        for l in &m.layers {
+            mats.extend([&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
+        }
+        let pad: u64 = mats
+            .iter()
+            .map(|t| if repack_on() { repack::padding(t) } else { 0 })
+            .sum();
+        let need = m.weight_bytes() + pad;
         let (free, _) = dev.mem_info()?;
         if need > free {
             return Err(Error::Memory(format!(
@@ -116,7 +129,6 @@ impl GpuModel {
             });
             progress(i + 1);
         }
-        let tied = m.gguf.tensor("output.weight").is_none();
         Ok(GpuModel {
             embedding: Mat::upload(&dev, &m.embedding)?,
             output: if tied {

@@ -500,7 +500,7 @@ impl CudaSession {
         let h = m.head().seg;
         let rows = c.vocab_size;
         dev.moves(h.bytes() + q8_bytes(c.dim) + 4 * rows as u64);
-        launch!(dev, matvec as "matvec (LM head)", (rows.div_ceil(4) as u32, 1), 128;
+        launch!(dev, (dev.matvec_k(&[&h])) as "matvec (LM head)", (rows.div_ceil(4) as u32, 1), 128;
             h, Seg::NONE, Seg::NONE, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr, 0u64, 0i32)?;
         dev.moves(4 * rows as u64);
         launch!(dev, argmax, (ARGMAX_BLOCKS as u32, 1), 1024;
@@ -572,7 +572,7 @@ impl CudaSession {
             if let Some((wq, wk_norm)) = &l.qk_norm {
                 // Qwen3: the norm needs whole heads between the matmul and RoPE, so the three
                 // steps the fused kernel does run apart.
-                launch!(dev, matvec as "matvec (qkv)", (row.div_ceil(4) as u32, 1), 128;
+                launch!(dev, (dev.matvec_k(&[&l.q.seg, &l.k.seg, &l.v.seg])) as "matvec (qkv)", (row.div_ceil(4) as u32, 1), 128;
                     l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, self.qkv.ptr, bias, 0i32)?;
                 launch!(dev, qk_norm, (1, (c.n_head + c.n_kv_head) as u32), 128;
                     self.qkv.ptr, row as i32, c.n_head as i32, c.head_dim as i32, wq.ptr, wk_norm.ptr, eps)?;
@@ -581,7 +581,7 @@ impl CudaSession {
                     c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, 0u64, 1i32, 0u64)?;
                 unfused += 2;
             } else {
-                launch!(dev, qkv_rope, ((row / 2).div_ceil(4) as u32, 1), 128;
+                launch!(dev, (dev.qkv_rope_k(&[&l.q.seg, &l.k.seg, &l.v.seg])) as "qkv_rope", ((row / 2).div_ceil(4) as u32, 1), 128;
                     l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
                     self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
                     c.head_dim as i32, neox, self.qkv.ptr, wk, wv, nx, l.attn_norm.ptr, eps)?;
@@ -605,7 +605,7 @@ impl CudaSession {
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
-            launch!(dev, matvec as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
+            launch!(dev, (dev.matvec_k(&[&l.o.seg])) as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                 l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
             if !fuse {
                 n += norm(&l.ffn_norm)?;
@@ -622,10 +622,10 @@ impl CudaSession {
                 l.ffn_norm.ptr, eps)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
             if dev.split_rows(&l.down.seg, c.ffn_dim) {
-                launch!(dev, matvec2 as "matvec (ffn_down + residual)", ((c.dim).div_ceil(2) as u32, 1), 128;
+                launch!(dev, (dev.matvec2_k(&l.down.seg)) as "matvec (ffn_down + residual)", ((c.dim).div_ceil(2) as u32, 1), 128;
                     l.down.seg, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 1i32)?;
             } else {
-                launch!(dev, matvec as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
+                launch!(dev, (dev.matvec_k(&[&l.down.seg])) as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                     l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
             }
             let next = m.layers.get(li + 1);

@@ -19,7 +19,7 @@ impl Device {
         gpu_layout: bool,
     ) -> Result<Vec<f32>> {
         self.with_matrix(w, q, ds, gpu_layout, 1, |m, aq, ad, out| {
-            launch!(self, matvec, (w.rows.div_ceil(4) as u32, 1), 128;
+            launch!(self, (self.matvec_k(&[&m.seg])) as "matvec", (w.rows.div_ceil(4) as u32, 1), 128;
                 m.seg, Seg::NONE, Seg::NONE, w.cols as i32, aq, ad, out, 0u64, 0i32)
         })
     }
@@ -123,7 +123,7 @@ impl Device {
     /// `matvec2` (two warps a row, 64 streams): W · a.
     pub fn test_matvec2(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
         self.with_matrix(w, q, ds, repack_on(), 1, |m, aq, ad, out| {
-            launch!(self, matvec2, (w.rows.div_ceil(2) as u32, 1), 128;
+            launch!(self, (self.matvec2_k(&m.seg)) as "matvec2", (w.rows.div_ceil(2) as u32, 1), 128;
                 m.seg, w.cols as i32, aq, ad, out, 0i32)
         })
     }
@@ -147,8 +147,13 @@ impl Device {
 
     /// W dequantized to f16 by the prefill kernel, widened to f32.
     pub fn test_dequant(&self, w: &QTensor) -> Result<Vec<f32>> {
+        self.test_dequant_as(w, repack_on())
+    }
+
+    /// The same with `w` uploaded in the GPU layout ([`repack`], where its type has one) or not.
+    pub fn test_dequant_as(&self, w: &QTensor, gpu_layout: bool) -> Result<Vec<f32>> {
         self.bind()?;
-        let m = Mat::upload(self, w)?;
+        let m = Mat::upload_as(self, w, gpu_layout)?;
         let n = w.rows * w.cols;
         let out = self.upload(&vec![0xFFFFu16; n])?;
         launch!(self, dequant_f16, ((n / 32).div_ceil(256) as u32, 1), 256;
@@ -323,7 +328,7 @@ impl Device {
             bytes.extend(read(&hd)?);
             glu.push(bytes);
             let o = self.upload(&vec![f32::NAN; out])?;
-            launch!(self, qkv_rope, ((out / 2).div_ceil(4) as u32, 1), 128;
+            launch!(self, (self.qkv_rope_k(&[&m[0].seg, &m[1].seg, &m[2].seg])) as "qkv_rope", ((out / 2).div_ceil(4) as u32, 1), 128;
                 m[0].seg, m[1].seg, m[2].seg, d as i32, aq.ptr, ad.ptr, 0u64, cos.ptr, sin.ptr,
                 p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, 1i32, o.ptr, 0u64, 0u64,
                 nx, wb.ptr, eps)?;
@@ -388,7 +393,7 @@ impl Device {
         let kc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
         let vc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
         let pairs = (qd + 2 * kvd) / 2;
-        launch!(self, qkv_rope, (pairs.div_ceil(4) as u32, 1), 128;
+        launch!(self, (self.qkv_rope_k(&[&m[0].seg, &m[1].seg, &m[2].seg])) as "qkv_rope", (pairs.div_ceil(4) as u32, 1), 128;
             m[0].seg, m[1].seg, m[2].seg, w[0].cols as i32, aq.ptr, ad.ptr, b.as_ref().map_or(0, |b| b.ptr),
             cos.ptr, sin.ptr, p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, neox as i32,
             qkv.ptr, kc.ptr, vc.ptr, 0u64, 0u64, 0f32)?;

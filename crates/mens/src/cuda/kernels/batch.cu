@@ -138,6 +138,8 @@ __device__ void tile_dots(int type, const u8* const (&rows)[R], int cols, const 
     case T_Q6_K: tile_dots_t<T_Q6_K, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
     case T_Q4_KR: tile_dots_t<T_Q4_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
     case T_Q6_KR: tile_dots_t<T_Q6_KR, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q5_0R: tile_dots_t<T_Q5_0R, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
+    case T_Q8_0R: tile_dots_t<T_Q8_0R, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
     case T_Q5_0: tile_dots_t<T_Q5_0, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
     case T_Q8_0: tile_dots_t<T_Q8_0, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
     case T_Q4_0: tile_dots_t<T_Q4_0, N, R, false>(rows, cols, aq, ad, b0, B, acc, off, step); break;
@@ -185,7 +187,7 @@ template <int N, int TT>
 __device__ __forceinline__ void pair_dots(int ta, const u8* ra, int tb, const u8* rb, bool two, int cols,
                                           const i8* aq, const float2* ad, int b0, int B, float (&acc)[2][N],
                                           int off = 0, int step = 32) {
-  if (ta == tb) {
+  if (TT >= 0 || ta == tb) {  // a typed kernel's rows are all of its type (Device::one_type)
     const u8* rows[2] = {ra, rb};
     tile_dots<N, 2, TT>(ta, rows, cols, aq, ad, b0, B, acc, off, step);
     return;
@@ -427,15 +429,16 @@ DP4A_TYPED(1, q6kr, T_Q6_KR)
 DP4A_TYPED(2, q6kr, T_Q6_KR)
 DP4A_TYPED(4, q6kr, T_Q6_KR)
 DP4A_TYPED(8, q6kr, T_Q6_KR)
-// The 0.5B's and other small models' main types (matrices of 896 columns cannot be K-quants).
-DP4A_TYPED(1, q5_0, T_Q5_0)
-DP4A_TYPED(2, q5_0, T_Q5_0)
-DP4A_TYPED(4, q5_0, T_Q5_0)
-DP4A_TYPED(8, q5_0, T_Q5_0)
-DP4A_TYPED(1, q8_0, T_Q8_0)
-DP4A_TYPED(2, q8_0, T_Q8_0)
-DP4A_TYPED(4, q8_0, T_Q8_0)
-DP4A_TYPED(8, q8_0, T_Q8_0)
+// The 0.5B's and other small models' main types (matrices of 896 columns cannot be K-quants), in
+// their GPU layouts.
+DP4A_TYPED(1, q5_0r, T_Q5_0R)
+DP4A_TYPED(2, q5_0r, T_Q5_0R)
+DP4A_TYPED(4, q5_0r, T_Q5_0R)
+DP4A_TYPED(8, q5_0r, T_Q5_0R)
+DP4A_TYPED(1, q8_0r, T_Q8_0R)
+DP4A_TYPED(2, q8_0r, T_Q8_0R)
+DP4A_TYPED(4, q8_0r, T_Q8_0R)
+DP4A_TYPED(8, q8_0r, T_Q8_0R)
 
 // Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
 // takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
@@ -615,10 +618,12 @@ __device__ __forceinline__ void deq_frag(int type, const u8* row, int c, int t, 
       deq4_h(x0, x1, 0x64206420u, dup_h(d), 0u, h);  // (1024 + x) - (1024 + 32)
       return;
     }
-    case T_Q8_0: {
-      const u8* b = row + c * 34;
-      u32 q0 = ld2(b + 2 + 8 * t), q1 = ld2(b + 6 + 8 * t);
-      float d = h2f(*(const u16*)b);
+    case T_Q8_0:
+    case T_Q8_0R: {
+      bool r = type == T_Q8_0R;  // the GPU layout: quants 32 a chunk, then the scales
+      const u8* q = r ? row + 32 * c : row + c * 34 + 2;
+      u32 q0 = ld2(q + 8 * t), q1 = ld2(q + 4 + 8 * t);
+      float d = h2f(*(const u16*)(r ? row + 32 * n + 2 * c : row + c * 34));
 #pragma unroll
       for (int i = 0; i < 8; i++) v[i] = d * (float)(i8)byte_of(q0, q1, i);
       break;
@@ -626,16 +631,20 @@ __device__ __forceinline__ void deq_frag(int type, const u8* row, int c, int t, 
     case T_Q4_0:
     case T_Q4_1:
     case T_Q5_0:
+    case T_Q5_0R:
     case T_Q5_1: {
       // Value j < 16: low nibble of byte j; j >= 16: high nibble of byte j - 16; Q5: bit j of qh.
+      // Q5_0R (the GPU layout): the 16 quant bytes a chunk, then the qh words, then the scales.
+      bool r = type == T_Q5_0R;
       int bs = type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
       int qo = type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : 8;
       const u8* b = row + c * bs;
-      float d = h2f(*(const u16*)b);
-      bool one = type == T_Q4_1 || type == T_Q5_1, five = type == T_Q5_0 || type == T_Q5_1;
+      float d = h2f(*(const u16*)(r ? row + 20 * n + 2 * c : b));
+      bool one = type == T_Q4_1 || type == T_Q5_1, five = type != T_Q4_0 && type != T_Q4_1;
       float m = one ? h2f(*(const u16*)(b + 2)) : (five ? -16.f * d : -8.f * d);
-      u32 qh = five ? (type == T_Q5_0 ? (u32)ld2(b + 2) : (u32)ld4(b + 4)) : 0;
-      const u8* qs = b + qo + 8 * (t & 1);
+      u32 qh = r ? *(const u32*)(row + 16 * n + 4 * c)
+                 : five ? (type == T_Q5_0 ? (u32)ld2(b + 2) : (u32)ld4(b + 4)) : 0;
+      const u8* qs = (r ? row + 16 * c : b + qo) + 8 * (t & 1);
       u32 q0 = ld2(qs), q1 = ld2(qs + 4);
       int sh = 4 * (t >> 1);
 #pragma unroll

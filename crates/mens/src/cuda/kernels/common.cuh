@@ -25,10 +25,12 @@ typedef unsigned long long u64;
 #define T_Q5_K 13
 #define T_Q6_K 14
 #define T_BF16 30
-// Q4_K and Q6_K repacked at upload for the GPU (cuda::repack): the same values and scales, the
-// bytes of each 32-value chunk contiguous (not GGUF types; 100 + the GGUF id).
+// Q4_K, Q6_K, Q5_0 and Q8_0 repacked at upload for the GPU (cuda::repack): the same values and
+// scales, the bytes of each 32-value chunk contiguous and aligned (not GGUF types; 100 + the GGUF id).
 #define T_Q4_KR 112
 #define T_Q6_KR 114
+#define T_Q5_0R 106
+#define T_Q8_0R 108
 
 #define SPLIT 64      // keys per attention split (decode)
 #define MAXG 8        // query heads per KV head

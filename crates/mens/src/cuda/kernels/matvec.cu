@@ -469,6 +469,60 @@ template <>
 __device__ __forceinline__ float finish<T_Q6_KR>(const W32& w, int lo, int hi, float d8, float s8) {
   return finish<T_Q6_K>(w, lo, hi, d8, s8);
 }
+// Q5_0R: a row of n chunks as low nibbles (16 bytes a chunk, the GGUF block's), the blocks' 32
+// high bits (4 bytes a chunk), their f16 scales (2 bytes a chunk). Q8_0R: quants (32 bytes a
+// chunk), then the f16 scales. Three loads a chunk where the GGUF blocks took 11 and 17 two-byte ones.
+template <>
+struct Raw<T_Q5_0R> {
+  int4 x;
+  u32 qh;
+  u16 d;
+};
+template <>
+__device__ __forceinline__ void raw_load<T_Q5_0R>(Raw<T_Q5_0R>& r, const u8* row, int c, int n) {
+  r.x = *(const int4*)(row + 16 * c);
+  r.qh = *(const u32*)(row + 16 * n + 4 * c);
+  r.d = *(const u16*)(row + 20 * n + 2 * c);
+}
+template <>
+__device__ __forceinline__ bool raw_unpack<T_Q5_0R>(const Raw<T_Q5_0R>& r, W32& w) {
+  int x[4] = {r.x.x, r.x.y, r.x.z, r.x.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    w.q[i] = (x[i] & 0x0F0F0F0F) | spread4(r.qh >> (4 * i));
+    w.q[4 + i] = ((x[i] >> 4) & 0x0F0F0F0F) | spread4(r.qh >> (16 + 4 * i));
+  }
+  w.a = h2f(r.d);
+  return true;
+}
+RAW_UNPACK32(T_Q5_0R)
+template <>
+__device__ __forceinline__ float finish<T_Q5_0R>(const W32& w, int lo, int hi, float d8, float s8) {
+  return finish<T_Q5_0>(w, lo, hi, d8, s8);
+}
+template <>
+struct Raw<T_Q8_0R> {
+  int4 a, b;
+  u16 d;
+};
+template <>
+__device__ __forceinline__ void raw_load<T_Q8_0R>(Raw<T_Q8_0R>& r, const u8* row, int c, int n) {
+  r.a = *(const int4*)(row + 32 * c);
+  r.b = *(const int4*)(row + 32 * c + 16);
+  r.d = *(const u16*)(row + 32 * n + 2 * c);
+}
+template <>
+__device__ __forceinline__ bool raw_unpack<T_Q8_0R>(const Raw<T_Q8_0R>& r, W32& w) {
+  w.q[0] = r.a.x; w.q[1] = r.a.y; w.q[2] = r.a.z; w.q[3] = r.a.w;
+  w.q[4] = r.b.x; w.q[5] = r.b.y; w.q[6] = r.b.z; w.q[7] = r.b.w;
+  w.a = h2f(r.d);
+  return true;
+}
+RAW_UNPACK32(T_Q8_0R)
+template <>
+__device__ __forceinline__ float finish<T_Q8_0R>(const W32& w, int lo, int hi, float d8, float s8) {
+  return finish<T_Q8_0>(w, lo, hi, d8, s8);
+}
 // dot32 of a repacked chunk: its finish() of the two halves (the bits of the GGUF type's dot32).
 #define DOT32_UNPACKED(T)                                                                              \
   template <>                                                                                         \
@@ -481,10 +535,14 @@ __device__ __forceinline__ float finish<T_Q6_KR>(const W32& w, int lo, int hi, f
   }
 DOT32_UNPACKED(T_Q4_KR)
 DOT32_UNPACKED(T_Q6_KR)
+DOT32_UNPACKED(T_Q5_0R)
+DOT32_UNPACKED(T_Q8_0R)
 
+// Q8_0R loads its chunk in place (dot32): a chunk ahead took the decode matvec from 64 to 76
+// registers (two waves for the 7B's down), and its matrices of 896 columns have one chunk a lane.
 __device__ __forceinline__ constexpr bool int_form(int t) {
   return t == T_Q4_K || t == T_Q6_K || t == T_Q5_0 || t == T_Q8_0 || t == T_Q4_0 || t == T_Q4_1 ||
-         t == T_Q5_1 || t == T_Q5_K || t == T_Q4_KR || t == T_Q6_KR;
+         t == T_Q5_1 || t == T_Q5_K || t == T_Q4_KR || t == T_Q6_KR || t == T_Q5_0R;
 }
 // The two 16-value halves of a chunk's dot with activations a0 (values 0-15) and a1 (16-31).
 __device__ __forceinline__ int dot16(const int* q, int4 a) {
@@ -526,8 +584,14 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
   }
   return step == 32 ? warp_sum(acc) : acc;
 }
+// R: also the Q5_0R and Q8_0R layouts (the `_r` kernels, for models that have them). Two cases more
+// in the switch cost the 1.5B and the 7B 2-3% of their decode (H200, session 35), so their
+// kernels are built without them.
+template <bool R>
 __device__ float row_dot(int type, const u8* row, int nchunks, const i8* aq, const float2* ad, int off = 0,
                          int step = 32) {
+  if (R && type == T_Q5_0R) return row_dot_t<T_Q5_0R>(row, nchunks, aq, ad, off, step);
+  if (R && type == T_Q8_0R) return row_dot_t<T_Q8_0R>(row, nchunks, aq, ad, off, step);
   switch (type) {
     case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad, off, step);
     case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad, off, step);
@@ -555,8 +619,9 @@ struct Seg {
 // out[r] (+)= W[r] . a (+ bias[r]) for the rows of up to three matrices stacked (Q, K, V).
 // One warp per row, 4 warps per block. mode 0 stores, 1 adds (the residual).
 #ifndef MENS_BATCH_MODULE
-extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
-                                  float* out, const float* bias, int mode) {
+template <bool R>
+__device__ __forceinline__ void matvec_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, float* out,
+                                         const float* bias, int mode) {
   int r = blockIdx.x * 4 + (threadIdx.x >> 5);
   int total = s0.rows + s1.rows + s2.rows;
   Seg s = s0;
@@ -571,11 +636,19 @@ extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq
   }
   pdl_wait();
   if (r >= total) return;
-  float v = row_dot(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad);
+  float v = row_dot<R>(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad);
   if ((threadIdx.x & 31) == 0) {
     if (bias) v += bias[r];
     out[r] = mode ? out[r] + v : v;
   }
+}
+extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, float* out,
+                                  const float* bias, int mode) {
+  matvec_t<false>(s0, s1, s2, cols, aq, ad, out, bias, mode);
+}
+extern "C" __global__ void matvec_r(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, float* out,
+                                    const float* bias, int mode) {
+  matvec_t<true>(s0, s1, s2, cols, aq, ad, out, bias, mode);
 }
 #endif
 
@@ -584,18 +657,25 @@ extern "C" __global__ void matvec(Seg s0, Seg s1, Seg s2, int cols, const i8* aq
 // summed as streams l and l + 32, then warp_sum's tree: each warp's chain of dependent passes is
 // half as long (the 1.5B's ffn_down: 4-5 passes a lane instead of 8-9). Other bits than matvec's.
 #ifndef MENS_BATCH_MODULE
-extern "C" __global__ void matvec2(Seg s, int cols, const i8* aq, const float2* ad, float* out, int mode) {
+template <bool R>
+__device__ __forceinline__ void matvec2_t(Seg s, int cols, const i8* aq, const float2* ad, float* out, int mode) {
   __shared__ float part[2][32];
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = w & 1, j = w >> 1;
   int r = blockIdx.x * 2 + j;
   pdl_wait();
   float v = 0.f;
-  if (r < s.rows) v = row_dot(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64);
+  if (r < s.rows) v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64);
   if (h) part[j][lane] = v;
   __syncthreads();
   if (h || r >= s.rows) return;
   v = warp_sum(v + part[j][lane]);
   if (lane == 0) out[r] = mode ? out[r] + v : v;
+}
+extern "C" __global__ void matvec2(Seg s, int cols, const i8* aq, const float2* ad, float* out, int mode) {
+  matvec2_t<false>(s, cols, aq, ad, out, mode);
+}
+extern "C" __global__ void matvec2_r(Seg s, int cols, const i8* aq, const float2* ad, float* out, int mode) {
+  matvec2_t<true>(s, cols, aq, ad, out, mode);
 }
 #endif
 
@@ -747,8 +827,11 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
   }
   return make_float2(warp_sum(x), warp_sum(y));
 }
+template <bool R>
 __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchunks, const i8* aq, const float2* ad) {
   if (ta == tb) {
+    if (R && ta == T_Q5_0R) return row_dot2_t<T_Q5_0R>(ra, rb, nchunks, aq, ad);
+    if (R && ta == T_Q8_0R) return row_dot2_t<T_Q8_0R>(ra, rb, nchunks, aq, ad);
     switch (ta) {
       case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad);
       case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad);
@@ -759,7 +842,7 @@ __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchun
       default: break;
     }
   }
-  return make_float2(row_dot(ta, ra, nchunks, aq, ad), row_dot(tb, rb, nchunks, aq, ad));
+  return make_float2(row_dot<R>(ta, ra, nchunks, aq, ad), row_dot<R>(tb, rb, nchunks, aq, ad));
 }
 
 // h = silu(gate . a) * (up . a), quantized to q8: a block makes 32 rows (one q8 block), a gate
@@ -778,7 +861,7 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
     float2 gu = make_float2(0.f, 0.f);
     if (r < gate.rows) {
       const u8 *ra = gate.w + (u64)r * gate.row_bytes, *rb = up.w + (u64)r * up.row_bytes;
-      gu = T < 0 ? row_dot2(gate.type, ra, up.type, rb, cols / 32, aq, ad)
+      gu = T < 0 ? row_dot2<true>(gate.type, ra, up.type, rb, cols / 32, aq, ad)
                  : row_dot2_t<T < 0 ? T_F32 : T>(ra, rb, cols / 32, aq, ad);
     }
     if (lane == 0) h[j] = gu.x / (1.f + expf(-gu.x)) * gu.y;
@@ -803,8 +886,8 @@ GLU_Q8(matvec_glu_q8_q4k, T_Q4_K)
 GLU_Q8(matvec_glu_q8_q6k, T_Q6_K)
 GLU_Q8(matvec_glu_q8_q4kr, T_Q4_KR)
 GLU_Q8(matvec_glu_q8_q6kr, T_Q6_KR)
-GLU_Q8(matvec_glu_q8_q5_0, T_Q5_0)
-GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
+GLU_Q8(matvec_glu_q8_q5_0r, T_Q5_0R)
+GLU_Q8(matvec_glu_q8_q8_0r, T_Q8_0R)
 #endif
 
 // Decode Q/K/V: the three matrices stacked, bias, RoPE, K and V into the f16 cache at *pos (with
@@ -813,10 +896,11 @@ GLU_Q8(matvec_glu_q8_q8_0, T_Q8_0)
 // of rows that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are
 // paired the same way, unrotated.
 #ifndef MENS_BATCH_MODULE
-extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
-                                    const float* bias, const float* cosv, const float* sinv, const int* pos,
-                                    int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,
-                                    const float* nx, const float* ng, float eps) {
+template <bool R>
+__device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
+                                           const float* bias, const float* cosv, const float* sinv, const int* pos,
+                                           int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,
+                                           const float* nx, const float* ng, float eps) {
   __shared__ __align__(16) NormQ8 ns;
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -835,7 +919,7 @@ extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* 
   }
   norm_input(nx, ng, eps, cols, ns, aq, ad);
   if (p >= heads * half) return;
-  float2 v = row_dot2(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
+  float2 v = row_dot2<R>(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
                       cols / 32, aq, ad);
   if ((threadIdx.x & 31) != 0) return;
   float x0 = v.x, x1 = v.y;
@@ -867,5 +951,15 @@ extern "C" __global__ void qkv_rope(Seg s0, Seg s1, Seg s2, int cols, const i8* 
     vc[o + rb - h * hd] = f2h(x1);
   }
 }
+#define QKV_ROPE(NAME, R)                                                                                  \
+  extern "C" __global__ void NAME(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,           \
+                                  const float* bias, const float* cosv, const float* sinv, const int* pos,    \
+                                  int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,  \
+                                  const float* nx, const float* ng, float eps) {                              \
+    qkv_rope_t<R>(s0, s1, s2, cols, aq, ad, bias, cosv, sinv, pos, n_head, n_kv_head, hd, neox, qkv, kc, vc,   \
+                  nx, ng, eps);                                                                                \
+  }
+QKV_ROPE(qkv_rope, false)
+QKV_ROPE(qkv_rope_r, true)
 #endif
 

@@ -112,8 +112,26 @@ __device__ void deq32_q6kr(const u8* row, int c, float* y, int n) {
     y[i] = w.a * (float)(i < 16 ? w.s0 : w.s1) * (float)q;
   }
 }
+// Q5_0R and Q8_0R: the GGUF blocks' expressions, from the chunk's parts.
+__device__ void deq32_q5_0r(const u8* row, int c, float* y, int n) {
+  const u8* qs = row + 16 * c;
+  float d = h2f(*(const u16*)(row + 20 * n + 2 * c));
+  u32 qh = *(const u32*)(row + 16 * n + 4 * c);
+  for (int i = 0; i < 16; i++) {
+    int h0 = (int)((qh >> i) & 1), h1 = (int)((qh >> (i + 16)) & 1);
+    y[i] = d * (float)(((qs[i] & 0xF) | (h0 << 4)) - 16);
+    y[i + 16] = d * (float)(((qs[i] >> 4) | (h1 << 4)) - 16);
+  }
+}
+__device__ void deq32_q8_0r(const u8* row, int c, float* y, int n) {
+  const u8* q = row + 32 * c;
+  float d = h2f(*(const u16*)(row + 32 * n + 2 * c));
+  for (int i = 0; i < 32; i++) y[i] = d * (float)(i8)q[i];
+}
 __device__ void deq(int type, const u8* row, int c, float* y, int n) {
   switch (type) {
+    case T_Q5_0R: deq32_q5_0r(row, c, y, n); break;
+    case T_Q8_0R: deq32_q8_0r(row, c, y, n); break;
     case T_Q4_KR: deq32_q4kr(row, c, y, n); break;
     case T_Q6_KR: deq32_q6kr(row, c, y, n); break;
     case T_Q4_K: deq32<T_Q4_K>(row, c, y); break;
