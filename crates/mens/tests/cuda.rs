@@ -754,13 +754,16 @@ fn glu_kernel_matches_reference() {
 #[test]
 fn batched_glu_gives_the_decode_bits() {
     let Some(dev) = device() else { return };
-    for (t, seed) in [
-        (TensorType::Q4K, 1u64),
-        (TensorType::Q6K, 2),
-        (TensorType::Q5_0, 3),
+    // 4608 columns: 144 chunks, several a lane; 896 (the 0.5B's): one chunk a lane, the decode
+    // kernel's rows loaded a pair ahead (glu_short); 96 rows: three blocks of 32.
+    for (t, seed, k) in [
+        (TensorType::Q4K, 1u64, 4608usize),
+        (TensorType::Q6K, 2, 4608),
+        (TensorType::Q5_0, 3, 4608),
+        (TensorType::Q5_0, 4, 896),
+        (TensorType::Q8_0, 5, 896),
     ] {
-        // 4608 columns: 144 chunks, several a lane; 96 rows: three blocks of 32.
-        let (gate, up) = (qtensor(t, 96, 4608, seed), qtensor(t, 96, 4608, seed + 10));
+        let (gate, up) = (qtensor(t, 96, k, seed), qtensor(t, 96, k, seed + 10));
         for (rows, mq) in [1usize, 2, 5, 8, 11]
             .into_iter()
             .flat_map(|r| [(r, false), (r, true)])
@@ -768,7 +771,7 @@ fn batched_glu_gives_the_decode_bits() {
             let mut q = Vec::new();
             let mut ds = Vec::new();
             for b in 0..rows {
-                let (qb, db) = quantize_q8(&random(4608, seed * 100 + b as u64));
+                let (qb, db) = quantize_q8(&random(k, seed * 100 + b as u64));
                 q.extend(qb);
                 ds.extend(db);
             }
@@ -778,8 +781,8 @@ fn batched_glu_gives_the_decode_bits() {
                     .test_glu(
                         &gate,
                         &up,
-                        &q[b * 4608..(b + 1) * 4608],
-                        &ds[b * 144..(b + 1) * 144],
+                        &q[b * k..(b + 1) * k],
+                        &ds[b * k / 32..(b + 1) * k / 32],
                         false,
                         8,
                     )
@@ -795,7 +798,7 @@ fn batched_glu_gives_the_decode_bits() {
             }
         }
         eprintln!(
-            "glu_q8_b {}: bitwise equal to the decode kernel for 1, 2, 5, 8, 11 rows, dp4a and int8 MMA",
+            "glu_q8_b {} ({k} columns): bitwise equal to the decode kernel for 1, 2, 5, 8, 11 rows, dp4a and int8 MMA",
             t.name()
         );
     }
