@@ -268,15 +268,18 @@ __device__ __forceinline__ void raw_load<T_Q5_0>(Raw<T_Q5_0>& r, const u8* row, 
   for (int i = 0; i < 4; i++) r.x[i] = ld2(b + 6 + 4 * i);
   r.d = *(const u16*)b;
 }
-template <>
-__device__ __forceinline__ bool raw_unpack<T_Q5_0>(const Raw<T_Q5_0>& r, W32& w) {
+// A Q5_0 block's values from its 16 bytes of nibbles (x), its 32 high bits and its scale.
+__device__ __forceinline__ void unpack_q5_0(const int (&x)[4], u32 qh, u16 d, W32& w) {
 #pragma unroll
   for (int i = 0; i < 4; i++) {
-    int x = r.x[i];
-    w.q[i] = (x & 0x0F0F0F0F) | spread4(r.qh >> (4 * i));
-    w.q[4 + i] = ((x >> 4) & 0x0F0F0F0F) | spread4(r.qh >> (16 + 4 * i));
+    w.q[i] = (x[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+    w.q[4 + i] = ((x[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
   }
-  w.a = h2f(r.d);
+  w.a = h2f(d);
+}
+template <>
+__device__ __forceinline__ bool raw_unpack<T_Q5_0>(const Raw<T_Q5_0>& r, W32& w) {
+  unpack_q5_0(r.x, r.qh, r.d, w);
   return true;
 }
 RAW_UNPACK32(T_Q5_0)
@@ -407,6 +410,12 @@ __device__ __forceinline__ float finish<T_Q6_K>(const W32& w, int lo, int hi, fl
 // holds values 4i..4i+3 in its low nibbles and 16+4i..16+4i+3 in its high ones (one 16-byte load
 // per lane, a warp's lanes reading consecutive chunks: 512 contiguous bytes, where the GGUF order
 // spreads a chunk over 32 bytes shared with its neighbour).
+// A GPU layout's chunk is finished as its GGUF type's (the same bits).
+#define FINISH_AS(TR, T)                                                                           \
+  template <>                                                                                      \
+  __device__ __forceinline__ float finish<TR>(const W32& w, int lo, int hi, float d8, float s8) {  \
+    return finish<T>(w, lo, hi, d8, s8);                                                           \
+  }
 // Q4_KR: superblocks of 144 bytes, the GGUF header (d, dmin, scales[12]) then chunks 0..7.
 // Q6_KR: a row of n chunks in four parts, each 16-byte aligned (the GGUF's 210-byte superblocks
 // are only 2-byte aligned, so its chunk took 18 four-byte loads): low nibbles (16 bytes a chunk),
@@ -436,10 +445,7 @@ __device__ __forceinline__ bool raw_unpack<T_Q4_KR>(const Raw<T_Q4_KR>& r, W32& 
   return true;
 }
 RAW_UNPACK32(T_Q4_KR)
-template <>
-__device__ __forceinline__ float finish<T_Q4_KR>(const W32& w, int lo, int hi, float d8, float s8) {
-  return finish<T_Q4_K>(w, lo, hi, d8, s8);
-}
+FINISH_AS(T_Q4_KR, T_Q4_K)
 template <>
 struct Raw<T_Q6_KR> {
   uint4 l;
@@ -465,10 +471,7 @@ __device__ __forceinline__ bool raw_unpack<T_Q6_KR>(const Raw<T_Q6_KR>& r, W32& 
   return true;
 }
 RAW_UNPACK32(T_Q6_KR)
-template <>
-__device__ __forceinline__ float finish<T_Q6_KR>(const W32& w, int lo, int hi, float d8, float s8) {
-  return finish<T_Q6_K>(w, lo, hi, d8, s8);
-}
+FINISH_AS(T_Q6_KR, T_Q6_K)
 // Q5_0R: a row of n chunks as low nibbles (16 bytes a chunk, the GGUF block's), the blocks' 32
 // high bits (4 bytes a chunk), their f16 scales (2 bytes a chunk). Q8_0R: quants (32 bytes a
 // chunk), then the f16 scales. Three loads a chunk where the GGUF blocks took 11 and 17 two-byte ones.
@@ -487,19 +490,11 @@ __device__ __forceinline__ void raw_load<T_Q5_0R>(Raw<T_Q5_0R>& r, const u8* row
 template <>
 __device__ __forceinline__ bool raw_unpack<T_Q5_0R>(const Raw<T_Q5_0R>& r, W32& w) {
   int x[4] = {r.x.x, r.x.y, r.x.z, r.x.w};
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    w.q[i] = (x[i] & 0x0F0F0F0F) | spread4(r.qh >> (4 * i));
-    w.q[4 + i] = ((x[i] >> 4) & 0x0F0F0F0F) | spread4(r.qh >> (16 + 4 * i));
-  }
-  w.a = h2f(r.d);
+  unpack_q5_0(x, r.qh, r.d, w);
   return true;
 }
 RAW_UNPACK32(T_Q5_0R)
-template <>
-__device__ __forceinline__ float finish<T_Q5_0R>(const W32& w, int lo, int hi, float d8, float s8) {
-  return finish<T_Q5_0>(w, lo, hi, d8, s8);
-}
+FINISH_AS(T_Q5_0R, T_Q5_0)
 template <>
 struct Raw<T_Q8_0R> {
   int4 a, b;
@@ -519,10 +514,7 @@ __device__ __forceinline__ bool raw_unpack<T_Q8_0R>(const Raw<T_Q8_0R>& r, W32& 
   return true;
 }
 RAW_UNPACK32(T_Q8_0R)
-template <>
-__device__ __forceinline__ float finish<T_Q8_0R>(const W32& w, int lo, int hi, float d8, float s8) {
-  return finish<T_Q8_0>(w, lo, hi, d8, s8);
-}
+FINISH_AS(T_Q8_0R, T_Q8_0)
 // dot32 of a repacked chunk: its finish() of the two halves (the bits of the GGUF type's dot32).
 #define DOT32_UNPACKED(T)                                                                              \
   template <>                                                                                         \
