@@ -1403,7 +1403,36 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 
 #[cfg(test)]
 mod tests {
-    use super::{five_glu_blocks, fused_norm_with};
+    use super::{five_glu_blocks, fused_norm_with, repack, Device, Seg};
+    use crate::gguf::TensorType;
+
+    /// The decode kernels with the Q5_0R and Q8_0R cases go to any set of matrices with one of
+    /// those layouts (the others fall to no case of the plain kernels' switch), and only there.
+    #[test]
+    fn small_layouts_take_the_r_kernels() {
+        let seg = |ty: u32, rows: i32| Seg {
+            ty: ty as i32,
+            rows,
+            ..Seg::NONE
+        };
+        let (q5r, q8r, q4kr) = (
+            seg(repack::Q5_0R, 896),
+            seg(repack::Q8_0R, 128),
+            seg(repack::Q4_KR, 1536),
+        );
+        assert!(Device::small_layouts(&[&q5r]) && Device::small_layouts(&[&q4kr, &q4kr, &q8r]));
+        assert!(!Device::small_layouts(&[
+            &q4kr,
+            &seg(repack::Q6_KR, 256),
+            &Seg::NONE
+        ]));
+        let gguf = seg(TensorType::Q5_0.id(), 896);
+        assert!(!Device::small_layouts(&[
+            &gguf,
+            &seg(TensorType::Q8_0.id(), 128)
+        ]));
+        assert!(!Device::small_layouts(&[&seg(repack::Q8_0R, 0)]));
+    }
 
     /// The decode kernels normalise their own input by default on the 0.5B's width only, on
     /// request up to what their shared memory holds, never on a width their warps do not tile.
