@@ -95,10 +95,11 @@ impl GpuModel {
         for l in &m.layers {
             mats.extend([&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
         }
-        let pad: u64 = mats
-            .iter()
-            .map(|t| if repack_on() { repack::padding(t) } else { 0 })
-            .sum();
+        let pad: u64 = if repack_on() {
+            mats.iter().map(|t| repack::padding(t)).sum()
+        } else {
+            0
+        };
         let need = m.weight_bytes() + pad;
         let (free, _) = dev.mem_info()?;
         if need > free {
