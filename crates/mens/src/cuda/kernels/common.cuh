@@ -63,6 +63,52 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// Weight loads of the GPU layouts. Each weight byte is read once a step, so they are marked
+// streaming (ld.global.cs: evicted first), which leaves L1 and L2 to the activations that every
+// warp reads again: H200 decode +4-5% on the 0.5B, 1.5B and 7B (L1::no_allocate alike, .nc alone
+// level; docs/benchmarks.md, session 36). -DWLD=0: plain loads; -DWLD_OP="..." another hint.
+#ifndef WLD
+#define WLD 1
+#endif
+#ifndef WLD_OP
+#define WLD_OP "ld.global.cs"
+#endif
+__device__ __forceinline__ int4 ldw4(const void* p) {
+#if WLD
+  int4 v;
+  asm(WLD_OP ".v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#else
+  return *(const int4*)p;
+#endif
+}
+__device__ __forceinline__ uint2 ldw2(const void* p) {
+#if WLD
+  uint2 v;
+  asm(WLD_OP ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+#else
+  return *(const uint2*)p;
+#endif
+}
+__device__ __forceinline__ u32 ldw1(const void* p) {
+#if WLD
+  u32 v;
+  asm(WLD_OP ".u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#else
+  return *(const u32*)p;
+#endif
+}
+__device__ __forceinline__ u16 ldwh(const void* p) {
+#if WLD
+  u16 v;
+  asm(WLD_OP ".u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+#else
+  return *(const u16*)p;
+#endif
+}
 // u32 from a 2-byte aligned address (blocks of 18, 22, 34, 210 bytes are only 2-aligned).
 __device__ __forceinline__ int ld2(const u8* p) {
   const u16* q = (const u16*)p;

@@ -430,8 +430,8 @@ template <>
 __device__ __forceinline__ void raw_load<T_Q4_KR>(Raw<T_Q4_KR>& r, const u8* row, int c, int n) {
   const u8* b = row + (c >> 3) * 144;
   r.sub = c & 7;
-  r.h = *(const int4*)b;
-  r.x = *(const int4*)(b + 16 + 16 * r.sub);
+  r.h = ldw4(b);
+  r.x = ldw4(b + 16 + 16 * r.sub);
 }
 template <>
 __device__ __forceinline__ bool raw_unpack<T_Q4_KR>(const Raw<T_Q4_KR>& r, W32& w) {
@@ -454,10 +454,11 @@ struct Raw<T_Q6_KR> {
 };
 template <>
 __device__ __forceinline__ void raw_load<T_Q6_KR>(Raw<T_Q6_KR>& r, const u8* row, int c, int n) {
-  r.l = *(const uint4*)(row + 16 * c);
-  r.h = *(const uint2*)(row + 16 * n + 8 * c);
-  r.sc = *(const u16*)(row + 24 * n + 2 * c);
-  r.d = *(const u16*)(row + 26 * n + 2 * (c >> 3));
+  int4 l = ldw4(row + 16 * c);
+  r.l = make_uint4((u32)l.x, (u32)l.y, (u32)l.z, (u32)l.w);
+  r.h = ldw2(row + 16 * n + 8 * c);
+  r.sc = ldwh(row + 24 * n + 2 * c);
+  r.d = ldwh(row + 26 * n + 2 * (c >> 3));
 }
 template <>
 __device__ __forceinline__ bool raw_unpack<T_Q6_KR>(const Raw<T_Q6_KR>& r, W32& w) {
@@ -483,9 +484,9 @@ struct Raw<T_Q5_0R> {
 };
 template <>
 __device__ __forceinline__ void raw_load<T_Q5_0R>(Raw<T_Q5_0R>& r, const u8* row, int c, int n) {
-  r.x = *(const int4*)(row + 16 * c);
-  r.qh = *(const u32*)(row + 16 * n + 4 * c);
-  r.d = *(const u16*)(row + 20 * n + 2 * c);
+  r.x = ldw4(row + 16 * c);
+  r.qh = ldw1(row + 16 * n + 4 * c);
+  r.d = ldwh(row + 20 * n + 2 * c);
 }
 template <>
 __device__ __forceinline__ bool raw_unpack<T_Q5_0R>(const Raw<T_Q5_0R>& r, W32& w) {
@@ -502,9 +503,9 @@ struct Raw<T_Q8_0R> {
 };
 template <>
 __device__ __forceinline__ void raw_load<T_Q8_0R>(Raw<T_Q8_0R>& r, const u8* row, int c, int n) {
-  r.a = *(const int4*)(row + 32 * c);
-  r.b = *(const int4*)(row + 32 * c + 16);
-  r.d = *(const u16*)(row + 32 * n + 2 * c);
+  r.a = ldw4(row + 32 * c);
+  r.b = ldw4(row + 32 * c + 16);
+  r.d = ldwh(row + 32 * n + 2 * c);
 }
 template <>
 __device__ __forceinline__ bool raw_unpack<T_Q8_0R>(const Raw<T_Q8_0R>& r, W32& w) {

@@ -1,0 +1,26 @@
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$f; chmod +x $B/$f; done
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 7b 1.5b 0.5b; do [ -f /tmp/mens-models/synth-$s.gguf ] || $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1 & done; wait
+export CUDA_CACHE_PATH=/tmp/jit-2
+date +%T > $O/state.txt
+for i in 0 1 2 3 4; do D=""; [ $i -gt 0 ] && D="-DWLD=$i"; MENS_CUDA_DEFINES="$D" timeout 200 $B/mens bench -m /tmp/mens-models/synth-0.5b.gguf --backend cuda --prompt 16 --steps 0 --reps 1 --paired 0 --verify 8 --verify-depth 16 -q > $O/jit-$i.txt 2>&1 & done; wait
+date +%T >> $O/state.txt
+MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 300 $B/cuda-test --test-threads=1 --nocapture > $O/tests.log 2>&1
+grep -E "test result|FAILED|panicked" $O/tests.log | head -12
+MENS_CUDA_MODEL=/tmp/mens-models/synth-1.5b.gguf timeout 120 $B/cuda-test --test-threads=1 --nocapture model_file > $O/tests-model-1.5b.log 2>&1
+grep -E "test result|FAILED|panicked|rel L2|argmax" $O/tests-model-1.5b.log | head -8
+MENS_CUDA_L2PF=40 MENS_CUDA_MODEL=/tmp/mens-models/synth-1.5b.gguf timeout 120 $B/cuda-test --test-threads=1 --nocapture model_file > $O/tests-model-1.5b-pf.log 2>&1
+grep -E "test result|FAILED|panicked|rel L2|argmax" $O/tests-model-1.5b-pf.log | head -8 | sed 's/^/L2PF=40: /'
+date +%T >> $O/state.txt
+N=(base pf8 pf16 pf40 wld1 wld2 wld3 wld4); P=(0 8 16 40 0 0 0 0); D=("" "" "" "" "-DWLD=1" "-DWLD=2" "-DWLD=3" "-DWLD=4")
+for r in 1 2; do for s in 0.5b 1.5b 7b; do for i in 0 1 2 3 4 5 6 7; do
+  MENS_CUDA_L2PF=${P[$i]} MENS_CUDA_DEFINES="${D[$i]}" timeout 60 $B/mens bench -m /tmp/mens-models/synth-$s.gguf --backend cuda --prompt 16 --steps 0 --depth 0,512 --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/$s r$r ${N[$i]}: /"
+done; done; done | tee $O/decode.txt
+date +%T >> $O/state.txt
+for s in 7b 1.5b 0.5b; do for i in 0 4 5 6 7; do
+  MENS_CUDA_DEFINES="${D[$i]}" timeout 90 $B/mens bench -m /tmp/mens-models/synth-$s.gguf --backend cuda --prompt 16 --steps 0 --reps 3 --paired 0 --verify 8 --verify-depth 512 -q 2>&1 | grep -E "verify|rror|anic" | sed "s/^/$s ${N[$i]}: /"
+done; done | tee $O/verify.txt
+date +%T >> $O/state.txt
