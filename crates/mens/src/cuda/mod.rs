@@ -724,26 +724,21 @@ impl Device {
         segs.iter()
             .any(|s| s.rows > 0 && matches!(kind(s.ty as u32), Kind::Q5_0R | Kind::Q8_0R))
     }
-    pub(crate) fn matvec_k(&self, segs: &[&Seg]) -> sys::CUfunction {
+    fn plain_or_r(segs: &[&Seg], plain: sys::CUfunction, r: sys::CUfunction) -> sys::CUfunction {
         if Self::small_layouts(segs) {
-            self.f.matvec_r
+            r
         } else {
-            self.f.matvec
+            plain
         }
+    }
+    pub(crate) fn matvec_k(&self, segs: &[&Seg]) -> sys::CUfunction {
+        Self::plain_or_r(segs, self.f.matvec, self.f.matvec_r)
     }
     pub(crate) fn matvec2_k(&self, seg: &Seg) -> sys::CUfunction {
-        if Self::small_layouts(&[seg]) {
-            self.f.matvec2_r
-        } else {
-            self.f.matvec2
-        }
+        Self::plain_or_r(&[seg], self.f.matvec2, self.f.matvec2_r)
     }
     pub(crate) fn qkv_rope_k(&self, segs: &[&Seg]) -> sys::CUfunction {
-        if Self::small_layouts(segs) {
-            self.f.qkv_rope_r
-        } else {
-            self.f.qkv_rope
-        }
+        Self::plain_or_r(segs, self.f.qkv_rope, self.f.qkv_rope_r)
     }
 
     /// The decode gate/up kernel for these matrices in blocks of `threads`: one kernel per common

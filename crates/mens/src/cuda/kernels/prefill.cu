@@ -25,16 +25,18 @@ __device__ void deq32<T_Q4_1>(const u8* row, int c, float* y) {
     y[i + 16] = d * (float)(b[4 + i] >> 4) + m;
   }
 }
+// A Q5_0 block's values from its 16 nibble bytes qs, its 32 high bits and its scale (both layouts).
+__device__ void deq_q5_0(const u8* qs, u32 qh, float d, float* y) {
+  for (int i = 0; i < 16; i++) {
+    int h0 = (int)((qh >> i) & 1), h1 = (int)((qh >> (i + 16)) & 1);
+    y[i] = d * (float)(((qs[i] & 0xF) | (h0 << 4)) - 16);
+    y[i + 16] = d * (float)(((qs[i] >> 4) | (h1 << 4)) - 16);
+  }
+}
 template <>
 __device__ void deq32<T_Q5_0>(const u8* row, int c, float* y) {
   const u8* b = row + c * 22;
-  float d = h2f(*(const u16*)b);
-  u32 qh = (u32)ld2(b + 2);
-  for (int i = 0; i < 16; i++) {
-    int h0 = (int)((qh >> i) & 1), h1 = (int)((qh >> (i + 16)) & 1);
-    y[i] = d * (float)(((b[6 + i] & 0xF) | (h0 << 4)) - 16);
-    y[i + 16] = d * (float)(((b[6 + i] >> 4) | (h1 << 4)) - 16);
-  }
+  deq_q5_0(b + 6, (u32)ld2(b + 2), h2f(*(const u16*)b), y);
 }
 template <>
 __device__ void deq32<T_Q5_1>(const u8* row, int c, float* y) {
@@ -114,14 +116,7 @@ __device__ void deq32_q6kr(const u8* row, int c, float* y, int n) {
 }
 // Q5_0R and Q8_0R: the GGUF blocks' expressions, from the chunk's parts.
 __device__ void deq32_q5_0r(const u8* row, int c, float* y, int n) {
-  const u8* qs = row + 16 * c;
-  float d = h2f(*(const u16*)(row + 20 * n + 2 * c));
-  u32 qh = *(const u32*)(row + 16 * n + 4 * c);
-  for (int i = 0; i < 16; i++) {
-    int h0 = (int)((qh >> i) & 1), h1 = (int)((qh >> (i + 16)) & 1);
-    y[i] = d * (float)(((qs[i] & 0xF) | (h0 << 4)) - 16);
-    y[i + 16] = d * (float)(((qs[i] >> 4) | (h1 << 4)) - 16);
-  }
+  deq_q5_0(row + 16 * c, *(const u32*)(row + 16 * n + 4 * c), h2f(*(const u16*)(row + 20 * n + 2 * c)), y);
 }
 __device__ void deq32_q8_0r(const u8* row, int c, float* y, int n) {
   const u8* q = row + 32 * c;
