@@ -1046,7 +1046,21 @@ fn attention_kernel_matches_reference() {
             .iter()
             .map(|x| f16::from_f32(x * 3.0).to_f32())
             .collect();
-        let gpu = dev.test_attention(&q, &k, &v, (nh, nkv, hd), len).unwrap();
+        let gpu = dev
+            .test_attention(&q, &k, &v, (nh, nkv, hd), len, 1)
+            .unwrap();
+        // The query heads spread over more blocks: the same bits (each head is computed alone).
+        let g = nh / nkv;
+        for groups in [2, 3, g] {
+            let other = dev
+                .test_attention(&q, &k, &v, (nh, nkv, hd), len, groups)
+                .unwrap();
+            let same = gpu
+                .iter()
+                .zip(&other)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{groups} head groups, {len} keys: other bits");
+        }
         let mut qkv = q.clone();
         qkv.extend(vec![0f32; 2 * l.kv_dim]);
         let mut cpu = vec![0f32; l.q_dim];
@@ -1663,7 +1677,7 @@ fn attention_kernels_read_quantized_caches() {
                 vp[pos0 * rb..].fill(0xAA);
                 let new_kv = [&k[pos0 * kvd..], &v[pos0 * kvd..]].concat();
                 let (g, ka, va) = dev
-                    .test_attention_cache(&q, &new_kv, &kp, &vp, t, (nh, nkv, hd), len)
+                    .test_attention_cache(&q, &new_kv, &kp, &vp, t, (nh, nkv, hd), len, 1)
                     .unwrap();
                 let used = ggml_to_rows(t, &cpu_cache(t, &k[..kvd], kvd).0, kvd).1;
                 assert_eq!(

@@ -520,7 +520,7 @@ impl CudaBatch {
             blas_from: blas_from(model.has_f16_copy()),
             part_o: zeros(4 * s * splits * q)?,
             part_ml: zeros(8 * s * splits * c.n_head)?,
-            counters: zeros(4 * s * c.n_kv_head)?,
+            counters: zeros(4 * s * c.n_head)?,
             logits: zeros(4 * (slots + 1 + s) * v)?,
             am_partial: zeros(8 * s * ARGMAX_BLOCKS)?,
             am_counter: zeros(4 * s)?,
@@ -832,8 +832,9 @@ impl CudaBatch {
         let b = bp as i32;
         let v = c.vocab_size;
         let head = m.head();
+        let hgs = attn_head_groups(c.n_head, c.n_kv_head, self.kv, bp);
         let att = |li: usize, kc: u64, vc: u64, o16: u64| -> Result<()> {
-            let grid = ((c.n_kv_head * bp) as u32, workers);
+            let grid = ((c.n_kv_head * bp * hgs) as u32, workers);
             let args = (
                 self.q.ptr,
                 kc,
@@ -858,7 +859,7 @@ impl CudaBatch {
             launch!(dev, [dev.attn_decode_b(c.head_dim, self.kv)?], grid, 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11, args.12, args.13, args.14, args.15, args.16, args.17,
-                self.qkv.ptr)
+                self.qkv.ptr, hgs as i32)
         };
         launch!(dev, embed, (bp as u32, 1), 128; m.embedding.seg, d, tok, self.x.ptr)?;
         let norm = |w: u64| -> Result<()> {

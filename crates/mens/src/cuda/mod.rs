@@ -1261,11 +1261,13 @@ fn norm_grid(rows: usize, dim: usize) -> (u32, u32) {
 
 /// Dims up to which a decode kernel can normalise its own input (NORM_MAXD in kernels/matvec.cu).
 const NORM_MAXD: usize = 4096;
-/// Dims up to which it does by default. On the H200 the fused norm paid on the 0.5B (896: +1.2%
-/// over the norm kernels) and cost on the 1.5B (1536: −1%) and the 7B (3584: −6.5%, each of its
-/// ~600 blocks copying 28 KB and normalising before its first weight load); docs/benchmarks.md,
-/// session 30.
-const NORM_FUSE_DEFAULT_MAX: usize = 1024;
+/// Dims up to which it does by default: none. On the H200 the fused norm paid on the 0.5B (896:
+/// +1.2% over the norm kernels, session 30) until the kernels loaded their first weights before
+/// `pdl_wait()` and let the next kernel launch at their tail (PDL_EARLY in kernels/common.cuh),
+/// which only the kernels without a norm to make do: since then the norm kernels are faster on
+/// the 0.5B too (1836-1839 / 1694-1696 tokens/s against 1705-1707 / 1601-1602 at depth 0 / 512),
+/// as on the 1.5B (−9% fused) and the 7B; docs/benchmarks.md, sessions 30 and 37.
+const NORM_FUSE_DEFAULT_MAX: usize = 0;
 
 /// Whether decode's Q/K/V and gate/up kernels normalise the residual themselves (norm_q8_block
 /// in kernels/matvec.cu: rmsnorm_q8's bits, so two kernels a layer fewer): for dims that are
@@ -1281,6 +1283,33 @@ fn fused_norm_with(dim: usize, setting: Option<&str>) -> bool {
         _ => NORM_FUSE_DEFAULT_MAX,
     };
     dim <= max && dim % 128 == 0
+}
+
+/// Blocks a KV head's query heads are spread over in decode attention (`attn_decode_t`: the same
+/// bits whatever the count), for a step of `rows` sequences: a block a query head for one or two
+/// (a shorter chain a block: H200 decode +5-7% at depth 0 and +6-11% at 512 on the synthetic 7B,
+/// 1.5B and 0.5B, docs/benchmarks.md session 37), one block a KV head for more (their blocks
+/// already fill the GPU: a verify of 4 or 8 was slower with a block a head). A quantized cache
+/// takes 1 (one block stores the new row the others read). `MENS_CUDA_ATTN_HG=n` sets the count
+/// (1 to g), for measurements.
+pub(crate) fn attn_head_groups(n_head: usize, n_kv_head: usize, kv: KvType, rows: usize) -> usize {
+    attn_head_groups_with(
+        n_head / n_kv_head.max(1),
+        kv,
+        rows,
+        std::env::var("MENS_CUDA_ATTN_HG").ok().as_deref(),
+    )
+}
+fn attn_head_groups_with(g: usize, kv: KvType, rows: usize, setting: Option<&str>) -> usize {
+    if kv != KvType::F16 {
+        return 1;
+    }
+    let n = match setting.and_then(|v| v.parse().ok()) {
+        Some(n) => n,
+        None if rows <= 2 => g,
+        None => 1,
+    };
+    n.clamp(1, g.max(1))
 }
 
 /// For measuring only: whether `MENS_CUDA_OMIT` (comma-separated parts of kernel names, e.g.
@@ -1300,16 +1329,28 @@ fn five_glu_blocks(blocks: usize, threads: u32, sms: usize) -> bool {
     threads == 256 && blocks > 4 * sms && blocks <= 5 * sms
 }
 
-/// Threads of a decode gate/up block (32 rows a block): `MENS_CUDA_GLU_WARPS` warps (1, 2, 4, 8,
-/// 16 or 32), each taking 32 / warps row pairs; the same arithmetic for every choice. Default 8:
-/// four blocks share an SM, so one block's tail overlaps the others' loads (7B decode +6% over
-/// 32 warps on the H200; 4 warps: −17%; on the 0.5B and 1.5B 16 warps level, 32 −2 to −11%).
-fn glu_threads() -> u32 {
-    let w = std::env::var("MENS_CUDA_GLU_WARPS")
-        .ok()
+/// Threads of a decode gate/up block (32 rows a block) for `blocks` blocks: `MENS_CUDA_GLU_WARPS`
+/// warps (1, 2, 4, 8, 16 or 32), each taking 32 / warps row pairs; the same arithmetic for every
+/// choice. Default: 8 where the five-blocks kernel then applies (the 7B: one wave; +6% over 32
+/// warps on the H200, 4 warps −17%), else 16 (with the early loads and the late trigger, the
+/// 0.5B +4.4% and the 1.5B +0.3-0.9% over 8; docs/benchmarks.md, sessions 30 and 37).
+fn glu_threads(blocks: usize, sms: usize) -> u32 {
+    glu_threads_with(
+        blocks,
+        sms,
+        std::env::var("MENS_CUDA_GLU_WARPS").ok().as_deref(),
+    )
+}
+fn glu_threads_with(blocks: usize, sms: usize, setting: Option<&str>) -> u32 {
+    let default = if five_glu_blocks(blocks, 256, sms) {
+        8
+    } else {
+        16
+    };
+    let w = setting
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|w| w.is_power_of_two() && *w <= 32)
-        .unwrap_or(8);
+        .unwrap_or(default);
     32 * w
 }
 
@@ -1398,8 +1439,9 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 
 #[cfg(test)]
 mod tests {
-    use super::{five_glu_blocks, fused_norm_with, repack, Device, Seg};
+    use super::{attn_head_groups_with, five_glu_blocks, fused_norm_with, repack, Device, Seg};
     use crate::gguf::TensorType;
+    use crate::model::KvType;
 
     /// The decode kernels with the Q5_0R and Q8_0R cases go to any set of matrices with one of
     /// those layouts (the others fall to no case of the plain kernels' switch), and only there.
@@ -1429,15 +1471,42 @@ mod tests {
         assert!(!Device::small_layouts(&[&seg(repack::Q8_0R, 0)]));
     }
 
-    /// The decode kernels normalise their own input by default on the 0.5B's width only, on
-    /// request up to what their shared memory holds, never on a width their warps do not tile.
+    /// The decode kernels normalise their own input only on request (MENS_CUDA_NORM_FUSE=1), up to
+    /// what their shared memory holds, never on a width their warps do not tile.
     #[test]
     fn fused_norm_by_width_and_setting() {
-        assert!(fused_norm_with(896, None) && fused_norm_with(640, Some("")));
+        assert!(!fused_norm_with(896, None) && !fused_norm_with(640, Some("")));
+        assert!(fused_norm_with(896, Some("1")) && fused_norm_with(640, Some("1")));
         assert!(!fused_norm_with(1536, None) && !fused_norm_with(3584, None));
         assert!(fused_norm_with(1536, Some("1")) && fused_norm_with(4096, Some("1")));
         assert!(!fused_norm_with(5120, Some("1")) && !fused_norm_with(896, Some("0")));
         assert!(!fused_norm_with(960, None) && !fused_norm_with(2880, Some("1")));
+    }
+
+    /// Gate/up blocks of 8 warps where the five-blocks kernel then takes the grid in one wave, else
+    /// 16.
+    #[test]
+    fn glu_threads_by_grid() {
+        use super::glu_threads_with as t;
+        assert_eq!(t(18944 / 32, 132, None), 256); // the 7B
+        assert_eq!(t(8960 / 32, 132, None), 512); // the 1.5B
+        assert_eq!(t(4864 / 32, 132, Some("x")), 512); // the 0.5B
+        assert_eq!(t(4864 / 32, 132, Some("4")), 128);
+        assert_eq!(t(4864 / 32, 132, Some("3")), 512); // not a power of two: the default
+    }
+
+    /// Head groups: a block a query head for one or two rows, one a KV head for more; the
+    /// setting wins, bounded by a KV head's query heads; 1 on a quantized cache.
+    #[test]
+    fn attn_head_groups_bounded() {
+        assert_eq!(attn_head_groups_with(7, KvType::F16, 1, None), 7);
+        assert_eq!(attn_head_groups_with(6, KvType::F16, 2, None), 6);
+        assert_eq!(attn_head_groups_with(7, KvType::F16, 8, None), 1);
+        assert_eq!(attn_head_groups_with(7, KvType::F16, 1, Some("2")), 2);
+        assert_eq!(attn_head_groups_with(7, KvType::F16, 8, Some("64")), 7);
+        assert_eq!(attn_head_groups_with(7, KvType::F16, 1, Some("0")), 1);
+        assert_eq!(attn_head_groups_with(6, KvType::Q8_0, 1, None), 1);
+        assert_eq!(attn_head_groups_with(7, KvType::F16, 1, Some("x")), 7);
     }
 
     /// The five-blocks gate/up kernel goes only where four blocks an SM leave a partial second

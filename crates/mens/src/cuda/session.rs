@@ -263,7 +263,8 @@ impl CudaSession {
             part_ml: a(8 * splits * c.n_head)?,
             logits: a(4 * v)?,
             partial: a(8 * ARGMAX_BLOCKS)?,
-            counter: dev.upload(&[0u32; 1 + 64])?,
+            // argmax's ticket, then the attention's (a KV head's head groups: up to n_head).
+            counter: dev.upload(&vec![0u32; 1 + c.n_head.max(64)])?,
             tok: a(4)?,
             out: a(4)?,
             pos: a(4)?,
@@ -537,8 +538,9 @@ impl CudaSession {
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let splits = self.ctx.div_ceil(SPLIT) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let hgs = attn_head_groups(c.n_head, c.n_kv_head, self.kv, 1);
         let (mut n, mut unfused) = (0, 0);
-        let glu_block = glu_threads();
+        let glu_block = glu_threads(c.ffn_dim / 32, dev.sms);
         // Bytes each kernel moves, for the profile: weights, cache rows, activations.
         let (du, qu) = (c.dim as u64, q as u64);
         let norm_bytes = 8 * du + q8_bytes(c.dim);
@@ -601,7 +603,7 @@ impl CudaSession {
                 self.ad.ptr,
             );
             dev.moves(cache_bytes + q8_bytes(q));
-            launch!(dev, [dev.attn_decode(c.head_dim, self.kv)], (c.n_kv_head as u32, splits), 256;
+            launch!(dev, [dev.attn_decode(c.head_dim, self.kv)], ((c.n_kv_head * hgs) as u32, splits), 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);

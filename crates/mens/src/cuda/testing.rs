@@ -462,7 +462,8 @@ impl Device {
     }
 
     /// One query (all heads) against `len` cached positions by the split decode attention kernel,
-    /// its output quantized to q8 and read back dequantized.
+    /// a KV head's query heads in `groups` blocks, its output quantized to q8 and read back
+    /// dequantized.
     pub fn test_attention(
         &self,
         q: &[f32],
@@ -470,17 +471,19 @@ impl Device {
         v: &[half::f16],
         dims: (usize, usize, usize),
         len: usize,
+        groups: usize,
     ) -> Result<Vec<f32>> {
         let b = |x: &[half::f16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
         let new_kv = vec![0f32; 2 * dims.1 * dims.2];
         Ok(self
-            .test_attention_cache(q, &new_kv, &b(k), &b(v), KvType::F16, dims, len)?
+            .test_attention_cache(q, &new_kv, &b(k), &b(v), KvType::F16, dims, len, groups)?
             .0)
     }
 
     /// As [`Device::test_attention`], on cache rows of type `t` (kv_row_bytes each). A quantized
     /// cache's last row is stored by the kernel from `new_kv` (that row's K, then V, as f32): the
-    /// output, then the K and V cache bytes after the call.
+    /// output, then the K and V cache bytes after the call. `groups`: blocks a KV head's query
+    /// heads are spread over (1 for a quantized cache).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     pub fn test_attention_cache(
         &self,
@@ -491,6 +494,7 @@ impl Device {
         t: KvType,
         (n_head, n_kv_head, head_dim): (usize, usize, usize),
         len: usize,
+        groups: usize,
     ) -> Result<(Vec<f32>, Vec<u8>, Vec<u8>)> {
         self.bind()?;
         let qb = self.upload(&[q, new_kv].concat())?;
@@ -499,7 +503,7 @@ impl Device {
         let splits = len.div_ceil(SPLIT);
         let part_o = self.alloc(4 * splits * n_head * head_dim)?;
         let part_ml = self.alloc(8 * splits * n_head)?;
-        let counters = self.upload(&[0u32; 64])?;
+        let counters = self.upload(&vec![0u32; n_head.max(64)])?;
         let qd = n_head * head_dim;
         let aq = self.upload(&vec![0i8; qd])?;
         let ad = self.upload(&vec![[f32::NAN; 2]; qd / 32])?;
@@ -518,7 +522,7 @@ impl Device {
             aq.ptr,
             ad.ptr,
         );
-        launch!(self, [self.attn_decode(head_dim, t)], (n_kv_head as u32, splits as u32), 256;
+        launch!(self, [self.attn_decode(head_dim, t)], ((n_kv_head * groups) as u32, splits as u32), 256;
             args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9, args.10, args.11)?;
         let out = self.dequant_q8(&aq, &ad, qd)?;
         let (mut ko, mut vo) = (vec![0u8; k.len()], vec![0u8; v.len()]);

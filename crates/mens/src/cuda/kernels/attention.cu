@@ -5,7 +5,10 @@
 // one split finishes in its block: no partial results, no counter). Block: 256
 // threads. HD (head dim) is a template parameter so that the K row loads unroll.
 // A block (kv head `kvh`, worker `worker` of `workers`) takes splits worker, worker + workers, ...
-// of a sequence of `len` keys.
+// of a sequence of `len` keys, for head group `hg` of `hgs`: the KV head's g query heads in hgs
+// groups of ceil(g / hgs), a block each (the heads do not meet, so the bits do not depend on hgs;
+// more blocks shorten each block's chain of scoring, softmax and P.V). A quantized cache takes
+// hgs = 1: its new row is stored by one block and read by the others of its KV head.
 // T: the cache type (T_F16, T_Q8_0 or T_Q4_0; kv_row_bytes), dequantized in registers. A
 // quantized cache gets its new row here: the writers left the step's K and V as f32 at kv_new
 // (V kv_dim after K), and the block that owns the last split stores the KV head's part of row
@@ -14,6 +17,24 @@
 // apart, SPLIT rows a page), or null for a contiguous cache.
 // Value i of the attention's output (a warp holds 32 consecutive values): rotated back from the
 // V blocks' rotation (quantized caches), then to f16 (o16: the batch's tensor-core matmul) or q8.
+// An f16 cache's loads for split `split` (n keys) of KV head kvh: the scoring thread's quarter
+// of K row tid / 4 (ku) and the P.V thread's 4 dimensions of keys tid / (HD / 4) + i * GROUPS (vu).
+template <int HD>
+__device__ __forceinline__ void kv_f16_loads(const u8* kc, const u8* vc, const int* pt, u64 page_bytes, int split,
+                                             int n, int rb, int kvh, int tid, uint4* ku, uint2* vu) {
+  constexpr int QUADS = HD / 4, GROUPS = 256 / QUADS, PD = HD / 4, VK = SPLIT / GROUPS;
+  int k0 = split * SPLIT, kq = tid >> 2, part = tid & 3;
+  if (kq < n) {
+    const uint4* p = (const uint4*)(kv_at(kc, pt, page_bytes, k0, rb) + (u64)kq * rb + 2 * (kvh * HD + part * PD));
+#pragma unroll
+    for (int i = 0; i < PD / 8; i++) ku[i] = p[i];
+  }
+  int dq = tid % QUADS, kg = tid / QUADS;
+  const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
+#pragma unroll
+  for (int i = 0; i < VK; i++)
+    if (kg + i * GROUPS < n) vu[i] = *(const uint2*)(vbase + (u64)(kg + i * GROUPS) * rb + 2 * (kvh * HD + 4 * dq));
+}
 template <int T>
 __device__ __forceinline__ void attn_out(float o, int i, int lane, u16* o16, i8* aq, float2* ad) {
   if (T != T_F16) o = hadamard32(o, lane);
@@ -26,7 +47,7 @@ template <int HD, int T>
 __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
                               int n_head, int n_kv_head, float scale, float* part_o, float2* part_ml,
                               u32* counters, i8* aq, float2* ad, int kvh, int worker, int workers,
-                              u16* o16, const float* kv_new, const int* pt, u64 page_bytes) {
+                              u16* o16, const float* kv_new, const int* pt, u64 page_bytes, int hg, int hgs) {
   constexpr int QUADS = HD / 4, GROUPS = 256 / QUADS;
   // Q in shared memory, a quarter of a head (PD values) per scoring thread, each quarter one
   // float past the last so that the four quarters fall in different banks.
@@ -40,15 +61,31 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   int g = n_head / n_kv_head, kvd = n_kv_head * HD, rb = kv_row_bytes(T, kvd);
   int ns = (len + SPLIT - 1) / SPLIT;
   if (worker >= ns) return;  // workers past the sequence take no part
-  for (int i = tid; i < g * HD; i += blockDim.x) {
+  // This block's heads: hb .. hb + gn - 1 of the n_head (gn of its KV head's g).
+  int gh = (g + hgs - 1) / hgs, h0 = hg * gh, gn = min(gh, g - h0), hb = kvh * g + h0;
+  if (gn <= 0) return;
+  u32* counter = counters + kvh * hgs + hg;
+  // An f16 cache's loads of the block's first split (its K quarter-rows and V quads) are issued
+  // before Q is read, so that their latency and Q's overlap (none depends on the other; the new
+  // row came from the kernel before). -DATTN_K_LATE: after Q, for measurements.
+  constexpr int VK = SPLIT / GROUPS;
+#if defined(ATTN_K_LATE) || defined(ATTN_V_LATE)
+  constexpr bool hoist = false;
+#else
+  constexpr bool hoist = T == T_F16;
+#endif
+  uint4 ku[PD / 8];
+  uint2 vpre[VK];
+  if (hoist) kv_f16_loads<HD>(kc, vc, pt, page_bytes, worker, min(SPLIT, len - worker * SPLIT), rb, kvh, tid, ku, vpre);
+  for (int i = tid; i < gn * HD; i += blockDim.x) {
     int h = i / HD, d = i % HD;
-    qs[h * QS + (d / PD) * (PD + 1) + d % PD] = qkv[kvh * g * HD + i] * scale;
+    qs[h * QS + (d / PD) * (PD + 1) + d % PD] = qkv[hb * HD + i] * scale;
   }
   int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
   if (T != T_F16) {
     // Q rotated as the cache's blocks are (hadamard32), a warp a block.
     __syncthreads();
-    for (int b = w; b < g * HD / 32; b += nw) {
+    for (int b = w; b < gn * HD / 32; b += nw) {
       int h = b / (HD / 32), d = (b % (HD / 32)) * 32 + lane;
       float* x = qs + h * QS + (d / PD) * (PD + 1) + d % PD;
       *x = hadamard32(*x, lane);
@@ -72,19 +109,13 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   // loaded here, with K, so that their latency is not paid again after the softmax (the NVRTC
   // define ATTN_V_LATE loads them after it, for measurements).
   int dq = tid % QUADS, kg = tid / QUADS;
-  constexpr int VK = SPLIT / GROUPS;
 #ifdef ATTN_V_LATE
   constexpr bool early = false;
 #else
   constexpr bool early = T == T_F16;
 #endif
-  uint2 vpre[VK];
   const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
-  if (early) {
-#pragma unroll
-    for (int i = 0; i < VK; i++)
-      if (kg + i * GROUPS < n) vpre[i] = *(const uint2*)(vbase + (u64)(kg + i * GROUPS) * rb + 2 * (kvh * HD + 4 * dq));
-  }
+  if (early && !(hoist && split == worker)) kv_f16_loads<HD>(kc, vc, pt, page_bytes, split, n, rb, kvh, tid, ku, vpre);
   // Scores: four threads per key, each a quarter of the head's dimensions (one 16-byte load
   // per 8 f16 values, whole q8_0/q4_0 blocks), summed with two shuffles.
   {
@@ -95,9 +126,10 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
       int d0 = kvh * HD + part * PD;
       if (T == T_F16) {
         const uint4* p = (const uint4*)(krow + 2 * d0);
-        uint4 u[PD / 8];
+        uint4* u = ku;
+        if (!early)
 #pragma unroll
-        for (int i = 0; i < PD / 8; i++) u[i] = p[i];
+          for (int i = 0; i < PD / 8; i++) u[i] = p[i];
 #pragma unroll
         for (int i = 0; i < PD / 8; i++) {
           kv[8 * i] = h2f(u[i].x & 0xffff); kv[8 * i + 1] = h2f(u[i].x >> 16);
@@ -137,7 +169,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
 #pragma unroll
     for (int h = 0; h < MAXG; h++) {
       acc[h] = 0.f;
-      if (h < g) {
+      if (h < gn) {
         const float* q = qs + h * QS + part * (PD + 1);
 #pragma unroll
         for (int e = 0; e < PD; e++) acc[h] += q[e] * kv[e];
@@ -148,12 +180,12 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     if (kq < n && part == 0) {
 #pragma unroll
       for (int h = 0; h < MAXG; h++)
-        if (h < g) sc[h * SPLIT + kq] = acc[h];
+        if (h < gn) sc[h * SPLIT + kq] = acc[h];
     }
   }
   __syncthreads();
   // Softmax pieces per head: warp w takes heads w, w+8, ...
-  for (int h = w; h < g; h += nw) {
+  for (int h = w; h < gn; h += nw) {
     float m = NEG_INF;
     for (int k = lane; k < n; k += 32) m = fmaxf(m, sc[h * SPLIT + k]);
     m = warp_max(m);
@@ -165,7 +197,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     }
     l = warp_sum(l);
     if (lane == 0) {
-      part_ml[split * n_head + kvh * g + h] = make_float2(m, l);
+      part_ml[split * n_head + hb + h] = make_float2(m, l);
       den1[h] = l;
     }
   }
@@ -186,7 +218,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     float v0 = v.x, v1 = v.y, v2 = v.z, v3 = v.w;
 #pragma unroll
     for (int h = 0; h < MAXG; h++)
-      if (h < g) {
+      if (h < gn) {
         float p = sc[h * SPLIT + k];
         a[0][h] += p * v0;
         a[1][h] += p * v1;
@@ -194,13 +226,14 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
         a[3][h] += p * v3;
       }
   }
+  pdl_trigger();
 #pragma unroll
   for (int h = 0; h < MAXG; h++)
-    if (h < g)
+    if (h < gn)
 #pragma unroll
       for (int e = 0; e < 4; e++) red[(kg * MAXG + h) * HD + 4 * dq + e] = a[e][h];
   __syncthreads();
-  for (int i = tid; i < g * HD; i += blockDim.x) {
+  for (int i = tid; i < gn * HD; i += blockDim.x) {
     int h = i / HD, d = i % HD;
     float v = 0.f;
 #pragma unroll
@@ -208,9 +241,9 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     // One split (up to SPLIT keys): no other block to wait for, so its output is final here,
     // with the combine's bits (its max is the split's: expf(0) = 1, den = l, num = v).
     if (ns == 1)
-      attn_out<T>(v / den1[h], kvh * g * HD + i, lane, o16, aq, ad);
+      attn_out<T>(v / den1[h], hb * HD + i, lane, o16, aq, ad);
     else
-      part_o[((u64)split * n_head + kvh * g + h) * HD + d] = v;
+      part_o[((u64)split * n_head + hb + h) * HD + d] = v;
   }
   if (ns == 1) return;
   __syncthreads();  // sc and red are reused by the next split
@@ -220,12 +253,12 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   // last block reads the others' results from L2 (__ldcg), never from a stale L1 line.
   __threadfence();
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&counters[kvh], mine) + mine == (u32)ns;
+  if (tid == 0) last = atomicAdd(counter, mine) + mine == (u32)ns;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int b = w; b < g * HD / 32; b += nw) {
-    int h = kvh * g + (b * 32) / HD, d = (b * 32) % HD + lane;
+  for (int b = w; b < gn * HD / 32; b += nw) {
+    int h = hb + (b * 32) / HD, d = (b * 32) % HD + lane;
     // The max and the denominator with the lanes across splits; the numerator (a dimension per
     // lane) with eight splits' loads in flight: at long contexts this loop is latency-bound.
     float m = NEG_INF;
@@ -255,15 +288,17 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
     float num = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) + ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]));
     attn_out<T>(num / den, h * HD + d, lane, o16, aq, ad);
   }
-  if (tid == 0) counters[kvh] = 0;
+  if (tid == 0) *counter = 0;
 }
 #define ATTN_DECODE(NAME, HD, T)                                                                          \
   extern "C" __global__ void NAME(const float* qkv, u8* kc, u8* vc, const int* pos, int n_head,                \
                                   int n_kv_head, float scale, float* part_o, float2* part_ml, u32* counters,  \
                                   i8* aq, float2* ad) {                                                       \
     pdl_wait();                                                                                              \
+    int hgs = gridDim.x / n_kv_head;                                                                         \
     attn_decode_t<HD, T>(qkv, kc, vc, *pos + 1, n_head, n_kv_head, scale, part_o, part_ml, counters, aq, ad,  \
-                         blockIdx.x, blockIdx.y, gridDim.y, 0, qkv + n_head * HD, 0, 0);                      \
+                         blockIdx.x / hgs, blockIdx.y, gridDim.y, 0, qkv + n_head * HD, 0, 0,                 \
+                         blockIdx.x % hgs, hgs);                                                             \
   }
 #ifndef MENS_BATCH_MODULE
 ATTN_DECODE(attn_decode64, 64, T_F16)

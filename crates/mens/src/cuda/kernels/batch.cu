@@ -440,32 +440,34 @@ DP4A_TYPED(2, q8_0r, T_Q8_0R)
 DP4A_TYPED(4, q8_0r, T_Q8_0R)
 DP4A_TYPED(8, q8_0r, T_Q8_0R)
 
-// Attention for B rows at their own lengths. Grid (n_kv_head * B, workers): block (b, kv head)
-// takes every workers-th split of row b's keys; splits is the per-row stride of part_o / part_ml.
+// Attention for B rows at their own lengths. Grid (n_kv_head * B * hgs, workers): block (b, kv
+// head, head group) takes every workers-th split of row b's keys for hgs-th of the KV head's query
+// heads (attn_decode_t); splits is the per-row stride of part_o / part_ml.
 // Row b's cache is the pages of slot slot[b] (its row of the page table `pages`, max_pages
 // wide). The output goes to o16 [B][q_dim] in f16 when o16 is set, else to aq/ad in q8.
 template <int HD, int T>
 __device__ void attn_decode_b(const float* q, u8* kc, u8* vc, const int* pos, const int* slot,
                               const int* pages, int max_pages, u64 page_bytes, int n_head, int n_kv_head,
                               float scale, int splits, float* part_o, float2* part_ml, u32* counters, i8* aq,
-                              float2* ad, u16* o16, const float* qkv) {
-  int b = blockIdx.x / n_kv_head, kvh = blockIdx.x % n_kv_head;
+                              float2* ad, u16* o16, const float* qkv, int hgs) {
+  int hg = blockIdx.x % hgs, bk = blockIdx.x / hgs;
+  int b = bk / n_kv_head, kvh = bk % n_kv_head;
   int p = pos[b];
   if (p < 0) return;
   int qd = n_head * HD;
   attn_decode_t<HD, T>(q + (u64)b * qd, kc, vc, p + 1, n_head, n_kv_head, scale,
-                       part_o + (u64)b * splits * qd, part_ml + (u64)b * splits * n_head, counters + b * n_kv_head,
+                       part_o + (u64)b * splits * qd, part_ml + (u64)b * splits * n_head, counters + b * n_kv_head * hgs,
                        aq + (u64)b * qd, ad + (u64)b * (qd / 32), kvh, blockIdx.y, gridDim.y,
                        o16 ? o16 + (u64)b * qd : 0, qkv + (u64)b * (qd + 2 * n_kv_head * HD) + qd,
-                       pages + slot[b] * max_pages, page_bytes);
+                       pages + slot[b] * max_pages, page_bytes, hg, hgs);
 }
 #define ATTN_DECODE_B(NAME, HD, T)                                                                          \
   extern "C" __global__ void NAME(const float* q, u8* kc, u8* vc, const int* pos, const int* slot,             \
                                   const int* pages, int max_pages, u64 page_bytes, int n_head, int n_kv_head, \
                                   float scale, int splits, float* part_o, float2* part_ml, u32* counters,     \
-                                  i8* aq, float2* ad, u16* o16, const float* qkv) {                           \
+                                  i8* aq, float2* ad, u16* o16, const float* qkv, int hgs) {                  \
     attn_decode_b<HD, T>(q, kc, vc, pos, slot, pages, max_pages, page_bytes, n_head, n_kv_head, scale,        \
-                         splits, part_o, part_ml, counters, aq, ad, o16, qkv);                                \
+                         splits, part_o, part_ml, counters, aq, ad, o16, qkv, hgs);                           \
   }
 ATTN_DECODE_B(attn_decode64_b, 64, T_F16)
 ATTN_DECODE_B(attn_decode128_b, 128, T_F16)

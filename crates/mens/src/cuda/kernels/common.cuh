@@ -63,6 +63,23 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// A block lets the next kernel launch once its loads are done (pdl_trigger() after the dot loops,
+// attention's P.V, the norm's sum), and a kernel issues its first weight loads before pdl_wait()
+// (PDL_EARLY: weights are never written), so the next kernel's blocks are placed during this
+// one's tail and their first loads overlap it. A kernel triggers only after its own pdl_wait(),
+// so whatever a kernel reads before waiting was written two or more kernels back and is complete.
+// H200 decode, on top of the head-split attention: 0.5B +9%, 1.5B +8%, 7B +2-4%; the trigger
+// alone +4-5% on the small models, the early loads alone level (docs/benchmarks.md, session 37;
+// a trigger at each kernel's start was 9-10% slower, session 28). -DPDL_NO_TRIGGER,
+// -DPDL_NO_EARLY: without them, for measurements.
+#ifndef PDL_NO_EARLY
+#define PDL_EARLY 1
+#endif
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900 && !defined(PDL_NO_TRIGGER)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 // Weight loads of the GPU layouts. Each weight byte is read once a step, so they are marked
 // streaming (ld.global.cs: evicted first), which leaves L1 and L2 to the activations that every
 // warp reads again: H200 decode +4-5% on the 0.5B, 1.5B and 7B (L1::no_allocate alike, .nc alone

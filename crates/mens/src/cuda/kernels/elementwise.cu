@@ -2,18 +2,23 @@
 // the whole row (1024 threads: the same bits in every block) and quantizes the 32-value chunks
 // blockIdx.y, blockIdx.y + gridDim.y, ... a warp each (gridDim.y = dim / 1024 blocks: one chunk a
 // warp, a short latency chain for a decode step's vector).
+// The weight of the thread's first chunk is loaded before pdl_wait() (never written).
 extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, float eps, int dim, i8* aq, float2* ad) {
   __shared__ float red[32];
+  int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  int b0 = blockIdx.y * nw + (threadIdx.x >> 5);
+  float w0 = b0 < dim / 32 ? w[b0 * 32 + lane] : 0.f;
   pdl_wait();
   const float* xr = x + (u64)blockIdx.x * dim;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
   ss = block_sum(ss, red);
+  pdl_trigger();
   float scale = rsqrtf(ss / dim + eps);
-  int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int b = blockIdx.y * nw + (threadIdx.x >> 5); b < dim / 32; b += gridDim.y * nw) {
+  for (int b = b0; b < dim / 32; b += gridDim.y * nw) {
     int i = b * 32 + lane;
-    quant_lane(xr[i] * scale * w[i], aq + (u64)blockIdx.x * dim + b * 32, ad + (u64)blockIdx.x * (dim / 32) + b);
+    quant_lane(xr[i] * scale * (b == b0 ? w0 : w[i]), aq + (u64)blockIdx.x * dim + b * 32,
+               ad + (u64)blockIdx.x * (dim / 32) + b);
   }
 }
 

@@ -544,15 +544,17 @@ __device__ __forceinline__ int dot16(const int* q, int4 a) {
 
 // Dot of one row with the whole q8 activation vector, by one warp. With `step` 64 (matvec2) the
 // warp takes the chunks 64 i + off + lane and returns its lanes' sums unreduced.
+// wait: pdl_wait() after the first weight load (PDL_EARLY), not before the call.
 template <int T>
 __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __restrict__ aq,
-                           const float2* __restrict__ ad, int off = 0, int step = 32) {
+                           const float2* __restrict__ ad, int off = 0, int step = 32, bool wait = false) {
   float acc = 0.f;
   int lane = threadIdx.x & 31;
 #ifndef NO_PF
   if (int_form(T)) {  // the weights loaded a chunk ahead; finish() gives dot32's bits
     Raw<T> r;
     if (lane + off < nchunks) raw_load<T>(r, row, lane + off, nchunks);
+    if (wait) pdl_wait();
     for (int c = lane + off; c < nchunks; c += step) {
       W32 w;
       raw_unpack<T>(r, w);
@@ -562,9 +564,11 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
       float2 ds = ad[c];
       acc += finish<T>(w, dot16(w.q, a0), dot16(w.q + 4, a1), ds.x, ds.y);
     }
+    pdl_trigger();
     return step == 32 ? warp_sum(acc) : acc;
   }
 #endif
+  if (wait) pdl_wait();
 #pragma unroll 4
   for (int c = lane + off; c < nchunks; c += step) {
     int a[8];
@@ -575,6 +579,7 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
     float2 ds = ad[c];
     acc += dot32<T>(row, c, a, ds.x, ds.y, nchunks);
   }
+  pdl_trigger();
   return step == 32 ? warp_sum(acc) : acc;
 }
 // R: also the Q5_0R and Q8_0R layouts (the `_r` kernels, for models that have them). Two cases more
@@ -582,23 +587,23 @@ __device__ float row_dot_t(const u8* __restrict__ row, int nchunks, const i8* __
 // kernels are built without them.
 template <bool R>
 __device__ float row_dot(int type, const u8* row, int nchunks, const i8* aq, const float2* ad, int off = 0,
-                         int step = 32) {
-  if (R && type == T_Q5_0R) return row_dot_t<T_Q5_0R>(row, nchunks, aq, ad, off, step);
-  if (R && type == T_Q8_0R) return row_dot_t<T_Q8_0R>(row, nchunks, aq, ad, off, step);
+                         int step = 32, bool wait = false) {
+  if (R && type == T_Q5_0R) return row_dot_t<T_Q5_0R>(row, nchunks, aq, ad, off, step, wait);
+  if (R && type == T_Q8_0R) return row_dot_t<T_Q8_0R>(row, nchunks, aq, ad, off, step, wait);
   switch (type) {
-    case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad, off, step);
-    case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad, off, step);
-    case T_Q4_KR: return row_dot_t<T_Q4_KR>(row, nchunks, aq, ad, off, step);
-    case T_Q6_KR: return row_dot_t<T_Q6_KR>(row, nchunks, aq, ad, off, step);
-    case T_Q5_0: return row_dot_t<T_Q5_0>(row, nchunks, aq, ad, off, step);
-    case T_Q8_0: return row_dot_t<T_Q8_0>(row, nchunks, aq, ad, off, step);
-    case T_Q4_0: return row_dot_t<T_Q4_0>(row, nchunks, aq, ad, off, step);
-    case T_Q4_1: return row_dot_t<T_Q4_1>(row, nchunks, aq, ad, off, step);
-    case T_Q5_1: return row_dot_t<T_Q5_1>(row, nchunks, aq, ad, off, step);
-    case T_Q5_K: return row_dot_t<T_Q5_K>(row, nchunks, aq, ad, off, step);
-    case T_F16: return row_dot_t<T_F16>(row, nchunks, aq, ad, off, step);
-    case T_BF16: return row_dot_t<T_BF16>(row, nchunks, aq, ad, off, step);
-    default: return row_dot_t<T_F32>(row, nchunks, aq, ad, off, step);
+    case T_Q4_K: return row_dot_t<T_Q4_K>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q6_K: return row_dot_t<T_Q6_K>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q4_KR: return row_dot_t<T_Q4_KR>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q6_KR: return row_dot_t<T_Q6_KR>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q5_0: return row_dot_t<T_Q5_0>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q8_0: return row_dot_t<T_Q8_0>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q4_0: return row_dot_t<T_Q4_0>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q4_1: return row_dot_t<T_Q4_1>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q5_1: return row_dot_t<T_Q5_1>(row, nchunks, aq, ad, off, step, wait);
+    case T_Q5_K: return row_dot_t<T_Q5_K>(row, nchunks, aq, ad, off, step, wait);
+    case T_F16: return row_dot_t<T_F16>(row, nchunks, aq, ad, off, step, wait);
+    case T_BF16: return row_dot_t<T_BF16>(row, nchunks, aq, ad, off, step, wait);
+    default: return row_dot_t<T_F32>(row, nchunks, aq, ad, off, step, wait);
   }
 }
 
@@ -627,9 +632,17 @@ __device__ __forceinline__ void matvec_t(Seg s0, Seg s1, Seg s2, int cols, const
       s = s2;
     }
   }
+#ifdef PDL_EARLY
+  if (r >= total) {
+    pdl_wait();
+    return;
+  }
+  float v = row_dot<R>(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad, 0, 32, true);
+#else
   pdl_wait();
   if (r >= total) return;
   float v = row_dot<R>(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad);
+#endif
   if ((threadIdx.x & 31) == 0) {
     if (bias) v += bias[r];
     out[r] = mode ? out[r] + v : v;
@@ -655,9 +668,14 @@ __device__ __forceinline__ void matvec2_t(Seg s, int cols, const i8* aq, const f
   __shared__ float part[2][32];
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = w & 1, j = w >> 1;
   int r = blockIdx.x * 2 + j;
-  pdl_wait();
   float v = 0.f;
+#ifdef PDL_EARLY
+  if (r < s.rows) v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64, true);
+  pdl_wait();
+#else
+  pdl_wait();
   if (r < s.rows) v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64);
+#endif
   if (h) part[j][lane] = v;
   __syncthreads();
   if (h || r >= s.rows) return;
@@ -780,7 +798,7 @@ __device__ __forceinline__ void norm_input(const float* nx, const float* ng, flo
 // Two rows of one type against the same activations, loads interleaved (gate and up).
 template <int T>
 __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ rb, int nchunks,
-                             const i8* __restrict__ aq, const float2* __restrict__ ad) {
+                             const i8* __restrict__ aq, const float2* __restrict__ ad, bool wait = false) {
   float x = 0.f, y = 0.f;
   int lane = threadIdx.x & 31;
 #ifndef NO_PF
@@ -790,6 +808,7 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
       raw_load<T>(ca, ra, lane, nchunks);
       raw_load<T>(cb, rb, lane, nchunks);
     }
+    if (wait) pdl_wait();
     for (int c = lane; c < nchunks; c += 32) {
       W32 wa, wb;
       raw_unpack<T>(ca, wa);
@@ -804,9 +823,11 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
       x += finish<T>(wa, dot16(wa.q, a0), dot16(wa.q + 4, a1), ds.x, ds.y);
       y += finish<T>(wb, dot16(wb.q, a0), dot16(wb.q + 4, a1), ds.x, ds.y);
     }
+    pdl_trigger();
     return make_float2(warp_sum(x), warp_sum(y));
   }
 #endif
+  if (wait) pdl_wait();
 #pragma unroll 2
   for (int c = lane; c < nchunks; c += 32) {
     int a[8];
@@ -818,24 +839,26 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
     x += dot32<T>(ra, c, a, ds.x, ds.y, nchunks);
     y += dot32<T>(rb, c, a, ds.x, ds.y, nchunks);
   }
+  pdl_trigger();
   return make_float2(warp_sum(x), warp_sum(y));
 }
 template <bool R>
-__device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchunks, const i8* aq, const float2* ad) {
+__device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchunks, const i8* aq, const float2* ad,
+                         bool wait = false) {
   if (ta == tb) {
-    if (R && ta == T_Q5_0R) return row_dot2_t<T_Q5_0R>(ra, rb, nchunks, aq, ad);
-    if (R && ta == T_Q8_0R) return row_dot2_t<T_Q8_0R>(ra, rb, nchunks, aq, ad);
+    if (R && ta == T_Q5_0R) return row_dot2_t<T_Q5_0R>(ra, rb, nchunks, aq, ad, wait);
+    if (R && ta == T_Q8_0R) return row_dot2_t<T_Q8_0R>(ra, rb, nchunks, aq, ad, wait);
     switch (ta) {
-      case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad);
-      case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad);
-      case T_Q4_KR: return row_dot2_t<T_Q4_KR>(ra, rb, nchunks, aq, ad);
-      case T_Q6_KR: return row_dot2_t<T_Q6_KR>(ra, rb, nchunks, aq, ad);
-      case T_Q5_0: return row_dot2_t<T_Q5_0>(ra, rb, nchunks, aq, ad);
-      case T_Q8_0: return row_dot2_t<T_Q8_0>(ra, rb, nchunks, aq, ad);
+      case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad, wait);
+      case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad, wait);
+      case T_Q4_KR: return row_dot2_t<T_Q4_KR>(ra, rb, nchunks, aq, ad, wait);
+      case T_Q6_KR: return row_dot2_t<T_Q6_KR>(ra, rb, nchunks, aq, ad, wait);
+      case T_Q5_0: return row_dot2_t<T_Q5_0>(ra, rb, nchunks, aq, ad, wait);
+      case T_Q8_0: return row_dot2_t<T_Q8_0>(ra, rb, nchunks, aq, ad, wait);
       default: break;
     }
   }
-  return make_float2(row_dot<R>(ta, ra, nchunks, aq, ad), row_dot<R>(tb, rb, nchunks, aq, ad));
+  return make_float2(row_dot<R>(ta, ra, nchunks, aq, ad, 0, 32, wait), row_dot<R>(tb, rb, nchunks, aq, ad));
 }
 
 // h = silu(gate . a) * (up . a), quantized to q8: a block makes 32 rows (one q8 block), a gate
@@ -847,18 +870,27 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
                                        float2* hd, const float* nx, const float* ng, float eps) {
   __shared__ float h[32];
   __shared__ __align__(16) NormQ8 ns;
-  norm_input(nx, ng, eps, cols, ns, aq, ad);
+  // PDL_EARLY: without a norm to make, the first row pair's first loads before pdl_wait() (with
+  // one, loads issued before it took registers and were slower on the 0.5B: session 37).
+#ifdef PDL_EARLY
+  bool early = !nx;
+#else
+  constexpr bool early = false;
+#endif
+  if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int j = w; j < 32; j += nw) {
     int r = blockIdx.x * 32 + j;
     float2 gu = make_float2(0.f, 0.f);
     if (r < gate.rows) {
       const u8 *ra = gate.w + (u64)r * gate.row_bytes, *rb = up.w + (u64)r * up.row_bytes;
-      gu = T < 0 ? row_dot2<true>(gate.type, ra, up.type, rb, cols / 32, aq, ad)
-                 : row_dot2_t<T < 0 ? T_F32 : T>(ra, rb, cols / 32, aq, ad);
+      bool wait = early && j == w;
+      gu = T < 0 ? row_dot2<true>(gate.type, ra, up.type, rb, cols / 32, aq, ad, wait)
+                 : row_dot2_t<T < 0 ? T_F32 : T>(ra, rb, cols / 32, aq, ad, wait);
     }
     if (lane == 0) h[j] = gu.x / (1.f + expf(-gu.x)) * gu.y;
   }
+  if (early) pdl_wait();
   __syncthreads();
   if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
 }
@@ -910,10 +942,19 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
       s = s2;
     }
   }
-  norm_input(nx, ng, eps, cols, ns, aq, ad);
-  if (p >= heads * half) return;
+#ifdef PDL_EARLY
+  bool early = !nx;
+#else
+  constexpr bool early = false;
+#endif
+  if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
+  if (p >= heads * half) {
+    pdl_wait();
+    return;
+  }
   float2 v = row_dot2<R>(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
-                      cols / 32, aq, ad);
+                      cols / 32, aq, ad, early);
+  if (early) pdl_wait();
   if ((threadIdx.x & 31) != 0) return;
   float x0 = v.x, x1 = v.y;
   if (bias) {
