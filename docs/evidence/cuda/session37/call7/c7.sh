@@ -1,0 +1,14 @@
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$f; chmod +x $B/$f; done
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 7b 1.5b 0.5b; do [ -f /tmp/mens-models/synth-$s.gguf ] || $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1 & done; wait
+export CUDA_CACHE_PATH=/tmp/jit-2
+date +%T > $O/state.txt
+MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 150 $B/cuda-test --test-threads=1 --nocapture > $O/tests.log 2>&1
+grep -E "test result|FAILED|panicked" $O/tests.log | head -12
+MENS_CUDA_MODEL=/tmp/mens-models/synth-1.5b.gguf timeout 60 $B/cuda-test --test-threads=1 --nocapture model_file 2>&1 | grep -E "test result|FAILED|panicked|rel L2|argmax" | head -8 | tee $O/tests-model.txt
+date +%T >> $O/state.txt
+for s in 0.5b 1.5b 7b; do timeout 40 $B/mens bench -m /tmp/mens-models/synth-$s.gguf --backend cuda --prompt 16 --steps 0 --depth 0,512 --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror|kernels per" | sed "s/^/$s final: /"; done | tee $O/decode.txt
+date +%T >> $O/state.txt
