@@ -18,10 +18,11 @@
 // Value i of the attention's output (a warp holds 32 consecutive values): rotated back from the
 // V blocks' rotation (quantized caches), then to f16 (o16: the batch's tensor-core matmul) or q8.
 // An f16 cache's loads for split `split` (n keys) of KV head kvh: the scoring thread's quarter
-// of K row tid / 4 (ku) and the P.V thread's 4 dimensions of keys tid / (HD / 4) + i * GROUPS (vu).
+// of K row tid / 4 (ku) and, with `v`, the P.V thread's 4 dimensions of keys tid / (HD / 4) +
+// i * GROUPS (vu).
 template <int HD>
 __device__ __forceinline__ void kv_f16_loads(const u8* kc, const u8* vc, const int* pt, u64 page_bytes, int split,
-                                             int n, int rb, int kvh, int tid, uint4* ku, uint2* vu) {
+                                             int n, int rb, int kvh, int tid, uint4* ku, uint2* vu, bool v) {
   constexpr int QUADS = HD / 4, GROUPS = 256 / QUADS, PD = HD / 4, VK = SPLIT / GROUPS;
   int k0 = split * SPLIT, kq = tid >> 2, part = tid & 3;
   if (kq < n) {
@@ -29,6 +30,7 @@ __device__ __forceinline__ void kv_f16_loads(const u8* kc, const u8* vc, const i
 #pragma unroll
     for (int i = 0; i < PD / 8; i++) ku[i] = p[i];
   }
+  if (!v) return;
   int dq = tid % QUADS, kg = tid / QUADS;
   const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
 #pragma unroll
@@ -76,7 +78,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
 #endif
   uint4 ku[PD / 8];
   uint2 vpre[VK];
-  if (hoist) kv_f16_loads<HD>(kc, vc, pt, page_bytes, worker, min(SPLIT, len - worker * SPLIT), rb, kvh, tid, ku, vpre);
+  if (hoist) kv_f16_loads<HD>(kc, vc, pt, page_bytes, worker, min(SPLIT, len - worker * SPLIT), rb, kvh, tid, ku, vpre, true);
   for (int i = tid; i < gn * HD; i += blockDim.x) {
     int h = i / HD, d = i % HD;
     qs[h * QS + (d / PD) * (PD + 1) + d % PD] = qkv[hb * HD + i] * scale;
@@ -115,7 +117,8 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
   constexpr bool early = T == T_F16;
 #endif
   const u8* vbase = kv_at(vc, pt, page_bytes, k0, rb);
-  if (early && !(hoist && split == worker)) kv_f16_loads<HD>(kc, vc, pt, page_bytes, split, n, rb, kvh, tid, ku, vpre);
+  if (T == T_F16 && !(hoist && split == worker))
+    kv_f16_loads<HD>(kc, vc, pt, page_bytes, split, n, rb, kvh, tid, ku, vpre, early);
   // Scores: four threads per key, each a quarter of the head's dimensions (one 16-byte load
   // per 8 f16 values, whole q8_0/q4_0 blocks), summed with two shuffles.
   {
@@ -125,11 +128,7 @@ __device__ void attn_decode_t(const float* qkv, const u8* kc, u8* vc, int len,
       const u8* krow = kv_at(kc, pt, page_bytes, k0, rb) + (u64)kq * rb;
       int d0 = kvh * HD + part * PD;
       if (T == T_F16) {
-        const uint4* p = (const uint4*)(krow + 2 * d0);
-        uint4* u = ku;
-        if (!early)
-#pragma unroll
-          for (int i = 0; i < PD / 8; i++) u[i] = p[i];
+        const uint4* u = ku;  // kv_f16_loads
 #pragma unroll
         for (int i = 0; i < PD / 8; i++) {
           kv[8 * i] = h2f(u[i].x & 0xffff); kv[8 * i + 1] = h2f(u[i].x >> 16);

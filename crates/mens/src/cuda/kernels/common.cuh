@@ -72,8 +72,10 @@ __device__ __forceinline__ void pdl_wait() {
 // alone +4-5% on the small models, the early loads alone level (docs/benchmarks.md, session 37;
 // a trigger at each kernel's start was 9-10% slower, session 28). -DPDL_NO_TRIGGER,
 // -DPDL_NO_EARLY: without them, for measurements.
-#ifndef PDL_NO_EARLY
-#define PDL_EARLY 1
+#ifdef PDL_NO_EARLY
+#define PDL_EARLY false
+#else
+#define PDL_EARLY true
 #endif
 __device__ __forceinline__ void pdl_trigger() {
 #if __CUDA_ARCH__ >= 900 && !defined(PDL_NO_TRIGGER)

@@ -632,17 +632,9 @@ __device__ __forceinline__ void matvec_t(Seg s0, Seg s1, Seg s2, int cols, const
       s = s2;
     }
   }
-#ifdef PDL_EARLY
-  if (r >= total) {
-    pdl_wait();
-    return;
-  }
-  float v = row_dot<R>(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad, 0, 32, true);
-#else
-  pdl_wait();
+  if (!PDL_EARLY || r >= total) pdl_wait();
   if (r >= total) return;
-  float v = row_dot<R>(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad);
-#endif
+  float v = row_dot<R>(s.type, s.w + (u64)rr * s.row_bytes, cols / 32, aq, ad, 0, 32, PDL_EARLY);
   if ((threadIdx.x & 31) == 0) {
     if (bias) v += bias[r];
     out[r] = mode ? out[r] + v : v;
@@ -669,13 +661,9 @@ __device__ __forceinline__ void matvec2_t(Seg s, int cols, const i8* aq, const f
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = w & 1, j = w >> 1;
   int r = blockIdx.x * 2 + j;
   float v = 0.f;
-#ifdef PDL_EARLY
-  if (r < s.rows) v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64, true);
-  pdl_wait();
-#else
-  pdl_wait();
-  if (r < s.rows) v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64);
-#endif
+  if (!PDL_EARLY) pdl_wait();
+  if (r < s.rows) v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 32 * h, 64, PDL_EARLY);
+  if (PDL_EARLY) pdl_wait();
   if (h) part[j][lane] = v;
   __syncthreads();
   if (h || r >= s.rows) return;
@@ -872,11 +860,7 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
   __shared__ __align__(16) NormQ8 ns;
   // PDL_EARLY: without a norm to make, the first row pair's first loads before pdl_wait() (with
   // one, loads issued before it took registers and were slower on the 0.5B: session 37).
-#ifdef PDL_EARLY
-  bool early = !nx;
-#else
-  constexpr bool early = false;
-#endif
+  bool early = PDL_EARLY && !nx;
   if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int j = w; j < 32; j += nw) {
@@ -942,11 +926,7 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
       s = s2;
     }
   }
-#ifdef PDL_EARLY
-  bool early = !nx;
-#else
-  constexpr bool early = false;
-#endif
+  bool early = PDL_EARLY && !nx;
   if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
   if (p >= heads * half) {
     pdl_wait();
