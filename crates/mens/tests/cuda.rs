@@ -76,6 +76,40 @@ fn matvec_kernel_matches_reference_for_every_type() {
     }
 }
 
+/// The LM head's two-rows-a-warp kernel (and the O projection's, which adds) gives `matvec`'s
+/// bits on every type, at an odd row count
+/// (the last warp's single row) and at the real models' widths (896: lanes without a chunk;
+/// 1536 and 3584: lanes with one chunk more than others).
+#[test]
+fn matvec_pair_gives_the_matvec_bits_for_every_type() {
+    let Some(dev) = device() else { return };
+    for (i, &t) in TYPES.iter().enumerate() {
+        for cols in [896usize, 1536, 3584] {
+            if cols as u64 % t.block_size() != 0 {
+                continue;
+            }
+            let w = qtensor(t, 67, cols, 300 + i as u64);
+            let (q, ds) = quantize_q8(&random(cols, 400 + i as u64));
+            let one = dev.test_matvec(&w, &q, &ds).unwrap();
+            let x = random(67, 500 + i as u64);
+            let (two, sum) = dev.test_matvec_pair(&w, &q, &ds, &x).unwrap();
+            assert!(
+                two.iter().all(|v| v.is_finite()),
+                "{} {cols}: unwritten rows",
+                t.name()
+            );
+            assert!(same_bits(&one, &two), "{} {cols}: bits differ", t.name());
+            // The O projection's: the residual plus matvec's value, as matvec's mode 1 adds it.
+            let want: Vec<f32> = x.iter().zip(&one).map(|(a, b)| a + b).collect();
+            assert!(
+                same_bits(&sum, &want),
+                "{} {cols}: added bits differ",
+                t.name()
+            );
+        }
+    }
+}
+
 #[test]
 fn the_gpu_layout_gives_the_gguf_layouts_bits() {
     let Some(dev) = device() else { return };

@@ -135,6 +135,10 @@ kernels!(Funcs:
     matvec2,
     matvec_r,
     matvec2_r,
+    matvec_pair,
+    matvec_pair_r,
+    matvec_pair_add,
+    matvec_pair_add_r,
     qkv_rope_r,
     matvec_glu_q8,
     matvec_glu_q8_q4k,
@@ -737,6 +741,12 @@ impl Device {
     pub(crate) fn matvec2_k(&self, seg: &Seg) -> sys::CUfunction {
         Self::plain_or_r(&[seg], self.f.matvec2, self.f.matvec2_r)
     }
+    pub(crate) fn matvec_pair_k(&self, seg: &Seg) -> sys::CUfunction {
+        Self::plain_or_r(&[seg], self.f.matvec_pair, self.f.matvec_pair_r)
+    }
+    pub(crate) fn matvec_pair_add_k(&self, seg: &Seg) -> sys::CUfunction {
+        Self::plain_or_r(&[seg], self.f.matvec_pair_add, self.f.matvec_pair_add_r)
+    }
     pub(crate) fn qkv_rope_k(&self, segs: &[&Seg]) -> sys::CUfunction {
         Self::plain_or_r(segs, self.f.qkv_rope, self.f.qkv_rope_r)
     }
@@ -1285,6 +1295,25 @@ fn fused_norm_with(dim: usize, setting: Option<&str>) -> bool {
     dim <= max && dim % 128 == 0
 }
 
+/// Whether decode's LM head runs two rows a warp (`matvec_pair`: the same bits as `matvec`);
+/// `MENS_CUDA_HEAD_PAIR=0` runs one, for measurements.
+fn head_pair() -> bool {
+    std::env::var("MENS_CUDA_HEAD_PAIR").as_deref() != Ok("0")
+}
+/// Whether decode's O projection does too (`matvec_pair_add`, 8 rows a block): where its blocks
+/// still fill the SMs (H200: 1.5B, 192 blocks, +1.3-1.7%; 7B level; the 0.5B's 112 blocks on
+/// 132 SMs 3% slower; docs/benchmarks.md, session 38). `MENS_CUDA_PAIR_O=0|1` sets it.
+fn pair_o(dim: usize, sms: usize) -> bool {
+    pair_o_with(dim, sms, std::env::var("MENS_CUDA_PAIR_O").ok().as_deref())
+}
+fn pair_o_with(dim: usize, sms: usize, setting: Option<&str>) -> bool {
+    match setting {
+        Some("0") => false,
+        Some("1") => true,
+        _ => dim.div_ceil(8) >= sms,
+    }
+}
+
 /// Blocks a KV head's query heads are spread over in decode attention (`attn_decode_t`: the same
 /// bits whatever the count), for a step of `rows` sequences: a block a query head for one or two
 /// (a shorter chain a block: H200 decode +5-7% at depth 0 and +6-11% at 512 on the synthetic 7B,
@@ -1439,7 +1468,9 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 
 #[cfg(test)]
 mod tests {
-    use super::{attn_head_groups_with, five_glu_blocks, fused_norm_with, repack, Device, Seg};
+    use super::{
+        attn_head_groups_with, five_glu_blocks, fused_norm_with, pair_o_with, repack, Device, Seg,
+    };
     use crate::gguf::TensorType;
     use crate::model::KvType;
 
@@ -1485,6 +1516,17 @@ mod tests {
 
     /// Gate/up blocks of 8 warps where the five-blocks kernel then takes the grid in one wave, else
     /// 16.
+    #[test]
+    fn o_projection_pairs_rows_where_its_blocks_fill_the_gpu() {
+        // H200, 132 SMs: the 0.5B's 896 rows (112 blocks) keep a row a warp; the 1.5B's 1536
+        // and the 7B's 3584 take two; a setting overrides.
+        assert!(!pair_o_with(896, 132, None));
+        assert!(pair_o_with(1536, 132, None));
+        assert!(pair_o_with(3584, 132, None));
+        assert!(pair_o_with(896, 132, Some("1")));
+        assert!(!pair_o_with(3584, 132, Some("0")));
+    }
+
     #[test]
     fn glu_threads_by_grid() {
         use super::glu_threads_with as t;

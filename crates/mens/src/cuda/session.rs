@@ -501,8 +501,13 @@ impl CudaSession {
         let h = m.head().seg;
         let rows = c.vocab_size;
         dev.moves(h.bytes() + q8_bytes(c.dim) + 4 * rows as u64);
-        launch!(dev, (dev.matvec_k(&[&h])) as "matvec (LM head)", (rows.div_ceil(4) as u32, 1), 128;
-            h, Seg::NONE, Seg::NONE, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr, 0u64, 0i32)?;
+        if head_pair() {
+            launch!(dev, (dev.matvec_pair_k(&h)) as "matvec (LM head)", (rows.div_ceil(8) as u32, 1), 128;
+                h, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr)?;
+        } else {
+            launch!(dev, (dev.matvec_k(&[&h])) as "matvec (LM head)", (rows.div_ceil(4) as u32, 1), 128;
+                h, Seg::NONE, Seg::NONE, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr, 0u64, 0i32)?;
+        }
         dev.moves(4 * rows as u64);
         launch!(dev, argmax, (ARGMAX_BLOCKS as u32, 1), 1024;
             self.logits.ptr, rows as i32, self.partial.ptr, self.counter.ptr, self.tok.ptr,
@@ -541,6 +546,7 @@ impl CudaSession {
         let hgs = attn_head_groups(c.n_head, c.n_kv_head, self.kv, 1);
         let (mut n, mut unfused) = (0, 0);
         let glu_block = glu_threads(c.ffn_dim / 32, dev.sms);
+        let pair_o = pair_o(c.dim, dev.sms);
         // Bytes each kernel moves, for the profile: weights, cache rows, activations.
         let (du, qu) = (c.dim as u64, q as u64);
         let norm_bytes = 8 * du + q8_bytes(c.dim);
@@ -607,8 +613,13 @@ impl CudaSession {
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
-            launch!(dev, (dev.matvec_k(&[&l.o.seg])) as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
-                l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
+            if pair_o {
+                launch!(dev, (dev.matvec_pair_add_k(&l.o.seg)) as "matvec (attn_output + residual)", ((c.dim).div_ceil(8) as u32, 1), 128;
+                    l.o.seg, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr)?;
+            } else {
+                launch!(dev, (dev.matvec_k(&[&l.o.seg])) as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
+                    l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
+            }
             if !fuse {
                 n += norm(&l.ffn_norm)?;
             }

@@ -120,6 +120,28 @@ impl Device {
         Ok(y)
     }
 
+    /// `matvec_pair` (two rows a warp, the LM head's): W · a; and `matvec_pair_add` (the O
+    /// projection's) into an output holding `x`: x + W · a.
+    pub fn test_matvec_pair(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let y = self.with_matrix(w, q, ds, repack_on(), 1, |m, aq, ad, out| {
+            launch!(self, (self.matvec_pair_k(&m.seg)) as "matvec_pair", (w.rows.div_ceil(8) as u32, 1), 128;
+                m.seg, w.cols as i32, aq, ad, out)
+        })?;
+        let m = Mat::upload_as(self, w, repack_on())?;
+        let (aq, ad, out) = (self.upload(q)?, self.upload(ds)?, self.upload(x)?);
+        launch!(self, (self.matvec_pair_add_k(&m.seg)) as "matvec_pair_add", (w.rows.div_ceil(8) as u32, 1), 128;
+            m.seg, w.cols as i32, aq.ptr, ad.ptr, out.ptr)?;
+        let mut sum = vec![0f32; x.len()];
+        self.read(&out, 0, &mut sum)?;
+        Ok((y, sum))
+    }
+
     /// `matvec2` (two warps a row, 64 streams): W · a.
     pub fn test_matvec2(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
         self.with_matrix(w, q, ds, repack_on(), 1, |m, aq, ad, out| {

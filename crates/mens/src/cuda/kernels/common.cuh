@@ -55,9 +55,7 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
 // it). The decode graph launches its kernels with it (MENS_CUDA_PDL=0 turns it off): a kernel's
 // blocks are placed while the one before it drains, so each kernel must `pdl_wait()` before it
 // reads or writes anything an earlier kernel touches, and on every path, so that its end implies
-// the end of the kernels before it. No kernel triggers its dependents early: they launch when it
-// completes (an early trigger made the 1.5B's decode 9-10% slower, from every kernel and from the
-// one-wave kernels alike; docs/benchmarks.md, session 28).
+// the end of the kernels before it.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

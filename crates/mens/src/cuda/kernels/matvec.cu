@@ -849,6 +849,42 @@ __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchun
   return make_float2(row_dot<R>(ta, ra, nchunks, aq, ad, 0, 32, wait), row_dot<R>(tb, rb, nchunks, aq, ad));
 }
 
+// out[r] = W[r] . a, two rows a warp (row_dot2: each row's bits as matvec's, with both rows'
+// loads in flight in each lane), 8 rows a block; the _add kernels add to out. The LM head (alone on the H200, 1.5B 89.6 ->
+// 76.2 us, 7B 142.9 -> 133.1; docs/benchmarks.md, session 38). PAIR_MINB: the blocks an SM its
+// launch bounds ask for, 6 (80 registers; 0: none, 96 registers and 5 blocks, 1.5B decode 1.3%
+// slower).
+#ifndef PAIR_MINB
+#define PAIR_MINB 6
+#endif
+#if PAIR_MINB > 0
+#define PAIR_LB __launch_bounds__(128, PAIR_MINB)
+#else
+#define PAIR_LB
+#endif
+#ifndef MENS_BATCH_MODULE
+template <bool R, bool ADD>
+__device__ __forceinline__ void matvec_pair_t(Seg s, int cols, const i8* aq, const float2* ad, float* out) {
+  int ra = 2 * (blockIdx.x * 4 + (threadIdx.x >> 5)), rb = min(ra + 1, s.rows - 1);
+  if (!PDL_EARLY || ra >= s.rows) pdl_wait();
+  if (ra >= s.rows) return;
+  float2 v = row_dot2<R>(s.type, s.w + (u64)ra * s.row_bytes, s.type, s.w + (u64)rb * s.row_bytes, cols / 32, aq,
+                         ad, PDL_EARLY);
+  if ((threadIdx.x & 31) == 0) {
+    out[ra] = ADD ? out[ra] + v.x : v.x;
+    if (rb > ra) out[rb] = ADD ? out[rb] + v.y : v.y;
+  }
+}
+#define MATVEC_PAIR(NAME, R, ADD)                                                                          \
+  extern "C" __global__ void PAIR_LB NAME(Seg s, int cols, const i8* aq, const float2* ad, float* out) {      \
+    matvec_pair_t<R, ADD>(s, cols, aq, ad, out);                                                           \
+  }
+MATVEC_PAIR(matvec_pair, false, false)
+MATVEC_PAIR(matvec_pair_r, true, false)
+MATVEC_PAIR(matvec_pair_add, false, true)
+MATVEC_PAIR(matvec_pair_add_r, true, true)
+#endif
+
 // h = silu(gate . a) * (up . a), quantized to q8: a block makes 32 rows (one q8 block), a gate
 // row and an up row at a time per warp (blocks of 32 warps: one pair each; of 8: four pairs,
 // and several blocks share an SM). T: the type of both matrices (one kernel per common type, so
