@@ -1301,7 +1301,7 @@ fn head_pair() -> bool {
     std::env::var("MENS_CUDA_HEAD_PAIR").as_deref() != Ok("0")
 }
 /// Whether decode's O projection does too (`matvec_pair_add`, 8 rows a block): where its blocks
-/// still fill the SMs (H200: 1.5B, 192 blocks, +1.3-1.7%; 7B level; the 0.5B's 112 blocks on
+/// still fill the SMs (H200: 1.5B, 192 blocks, +1.1-1.7%; 7B level; the 0.5B's 112 blocks on
 /// 132 SMs 3% slower; docs/benchmarks.md, session 38). `MENS_CUDA_PAIR_O=0|1` sets it.
 fn pair_o(dim: usize, sms: usize) -> bool {
     pair_o_with(dim, sms, std::env::var("MENS_CUDA_PAIR_O").ok().as_deref())
@@ -1514,8 +1514,6 @@ mod tests {
         assert!(!fused_norm_with(960, None) && !fused_norm_with(2880, Some("1")));
     }
 
-    /// Gate/up blocks of 8 warps where the five-blocks kernel then takes the grid in one wave, else
-    /// 16.
     #[test]
     fn o_projection_pairs_rows_where_its_blocks_fill_the_gpu() {
         // H200, 132 SMs: the 0.5B's 896 rows (112 blocks) keep a row a warp; the 1.5B's 1536
@@ -1527,6 +1525,8 @@ mod tests {
         assert!(!pair_o_with(3584, 132, Some("0")));
     }
 
+    /// Gate/up blocks of 8 warps where the five-blocks kernel then takes the grid in one wave, else
+    /// 16.
     #[test]
     fn glu_threads_by_grid() {
         use super::glu_threads_with as t;

@@ -850,10 +850,10 @@ __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchun
 }
 
 // out[r] = W[r] . a, two rows a warp (row_dot2: each row's bits as matvec's, with both rows'
-// loads in flight in each lane), 8 rows a block; the _add kernels add to out. The LM head (alone on the H200, 1.5B 89.6 ->
-// 76.2 us, 7B 142.9 -> 133.1; docs/benchmarks.md, session 38). PAIR_MINB: the blocks an SM its
-// launch bounds ask for, 6 (80 registers; 0: none, 96 registers and 5 blocks, 1.5B decode 1.3%
-// slower).
+// loads in flight in each lane), 8 rows a block; the _add kernels add to out (the O projection's
+// residual). The LM head alone on the H200: 1.5B 89.6 -> 76.2 us, 7B 142.9 -> 133.1
+// (docs/benchmarks.md, session 38). PAIR_MINB: the blocks an SM its launch bounds ask for, 6 (80
+// registers; 0: none, 96 registers and 5 blocks, 1.5B decode 1.3% slower).
 #ifndef PAIR_MINB
 #define PAIR_MINB 6
 #endif
