@@ -35,12 +35,25 @@ impl Device {
         rows: usize,
         run: impl FnOnce(&Mat, u64, u64, u64) -> Result<()>,
     ) -> Result<Vec<f32>> {
+        self.with_matrix_on(w, q, ds, layout, &vec![f32::NAN; rows * w.rows], run)
+    }
+
+    /// The same with the output holding `init` before the launch (a kernel that adds to it).
+    fn with_matrix_on(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        layout: bool,
+        init: &[f32],
+        run: impl FnOnce(&Mat, u64, u64, u64) -> Result<()>,
+    ) -> Result<Vec<f32>> {
         self.bind()?;
         let m = Mat::upload_as(self, w, layout)?;
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
-        let out = self.upload(&vec![f32::NAN; rows * w.rows])?;
+        let out = self.upload(init)?;
         run(&m, aq.ptr, ad.ptr, out.ptr)?;
-        let mut y = vec![0f32; rows * w.rows];
+        let mut y = vec![0f32; init.len()];
         self.read(&out, 0, &mut y)?;
         Ok(y)
     }
@@ -133,12 +146,10 @@ impl Device {
             launch!(self, (self.matvec_pair_k(&m.seg)) as "matvec_pair", (w.rows.div_ceil(8) as u32, 1), 128;
                 m.seg, w.cols as i32, aq, ad, out)
         })?;
-        let m = Mat::upload_as(self, w, repack_on())?;
-        let (aq, ad, out) = (self.upload(q)?, self.upload(ds)?, self.upload(x)?);
-        launch!(self, (self.matvec_pair_add_k(&m.seg)) as "matvec_pair_add", (w.rows.div_ceil(8) as u32, 1), 128;
-            m.seg, w.cols as i32, aq.ptr, ad.ptr, out.ptr)?;
-        let mut sum = vec![0f32; x.len()];
-        self.read(&out, 0, &mut sum)?;
+        let sum = self.with_matrix_on(w, q, ds, repack_on(), x, |m, aq, ad, out| {
+            launch!(self, (self.matvec_pair_add_k(&m.seg)) as "matvec_pair_add", (w.rows.div_ceil(8) as u32, 1), 128;
+                m.seg, w.cols as i32, aq, ad, out)
+        })?;
         Ok((y, sum))
     }
 
