@@ -110,6 +110,100 @@ fn matvec_pair_gives_the_matvec_bits_for_every_type() {
     }
 }
 
+/// The half-warp kernels (a row pair a half-warp, each lane holding two of the row-a-warp
+/// kernels' lane sums) give their bits: the pair kernel `matvec_pair`'s, the gate/up kernel the
+/// decode gate/up kernel's, Q/K/V `qkv_rope`'s; at widths of 24, 48, 112 and
+/// 144 chunks (lanes with a chunk more than others, and none short) and an odd row count.
+#[test]
+fn half_warp_kernels_give_the_row_a_warp_bits() {
+    let Some(dev) = device() else { return };
+    if std::env::var("MENS_CUDA_REPACK").as_deref() == Ok("0") {
+        return; // the half-warp kernels read the GPU layouts only
+    }
+    for (i, t) in [TensorType::Q4K, TensorType::Q6K].into_iter().enumerate() {
+        for cols in [768usize, 1536, 3584, 4608] {
+            let seed = 700 + 10 * i as u64 + cols as u64;
+            let w = qtensor(t, 67, cols, seed);
+            let (q, ds) = quantize_q8(&random(cols, seed + 1));
+            let one = dev.test_matvec(&w, &q, &ds).unwrap();
+            let two = dev
+                .test_matvec_pair_half(&w, &q, &ds)
+                .unwrap()
+                .expect("a half-warp pair kernel for the GPU layout");
+            assert!(
+                two.iter().all(|v| v.is_finite()),
+                "{} {cols}: unwritten rows",
+                t.name()
+            );
+            assert!(same_bits(&one, &two), "{} {cols}: bits differ", t.name());
+            // Q/K/V: the 7B's and 1.5B's heads where the width allows, K-quant types mixed.
+            if cols == 3584 || cols == 1536 {
+                use mens::rope::RopeTable;
+                let (nh, nkv, hd) = if cols == 3584 {
+                    (28, 4, 128)
+                } else {
+                    (12, 2, 128)
+                };
+                let other = if t == TensorType::Q4K {
+                    TensorType::Q6K
+                } else {
+                    TensorType::Q4K
+                };
+                let m = [
+                    qtensor(t, nh * hd, cols, seed + 5),
+                    qtensor(t, nkv * hd, cols, seed + 6),
+                    qtensor(other, nkv * hd, cols, seed + 7),
+                ];
+                let bias = random((nh + 2 * nkv) * hd, seed + 8);
+                let rope = RopeTable::new(64, hd, 1e6, None);
+                let run = |half| {
+                    dev.test_qkv_rope_as(
+                        [&m[0], &m[1], &m[2]],
+                        Some(&bias),
+                        (&q, &ds),
+                        (nh, nkv, hd),
+                        true,
+                        &rope,
+                        41,
+                        half,
+                    )
+                    .unwrap()
+                };
+                let (full, halves) = (run(false), run(true));
+                for (a, b) in [
+                    (&full.0, &halves.0),
+                    (&full.1, &halves.1),
+                    (&full.2, &halves.2),
+                ] {
+                    assert!(same_bits(a, b), "{} {cols}: Q/K/V bits differ", t.name());
+                }
+            }
+            if t != TensorType::Q4K {
+                continue;
+            }
+            let (gate, up) = (
+                qtensor(t, 96, cols, seed + 3),
+                qtensor(t, 96, cols, seed + 4),
+            );
+            let glu = dev.test_glu(&gate, &up, &q, &ds, false, 8).unwrap();
+            for (name, warps) in [
+                ("matvec_glu_q8_q4kr_h", 1u32),
+                ("matvec_glu_q8_q4kr_h", 2),
+                ("matvec_glu_q8_q4kr_h", 16),
+                ("matvec_glu_q8_q4kr_h", 8),
+            ] {
+                let got = dev
+                    .test_glu_named(&gate, &up, &q, &ds, name, warps)
+                    .unwrap();
+                assert!(
+                    same_bits(&got, &glu) && got.len() == glu.len(),
+                    "{cols}: {name}, {warps} warps: bits differ"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_gpu_layout_gives_the_gguf_layouts_bits() {
     let Some(dev) = device() else { return };

@@ -148,6 +148,10 @@ kernels!(Funcs:
     matvec_glu_q8_q4kr,
     matvec_glu_q8_q4kr_5,
     matvec_glu_q8_q6kr,
+    matvec_glu_q8_q4kr_h,
+    matvec_pair_h_q4kr,
+    matvec_pair_h_q6kr,
+    qkv_rope_h,
     rmsnorm_q8,
     add_rmsnorm_f16,
     dequant_f16,
@@ -772,6 +776,50 @@ impl Device {
         }
     }
 
+    /// The half-warp gate/up kernel (`glu_q8<T, true>`: the same bits) for these matrices
+    /// (`cols` wide) in blocks of `threads`, where it has one (Q4_KR, up to 16 warps, not the
+    /// five-blocks kernel's grid) and `on` (None: where `half_saves`).
+    pub(crate) fn glu_half(
+        &self,
+        gate: &Seg,
+        up: &Seg,
+        cols: usize,
+        threads: u32,
+        on: Option<bool>,
+    ) -> Option<(&'static str, sys::CUfunction)> {
+        let fits = gate.ty == up.ty
+            && kind(gate.ty as u32) == Kind::Q4KR
+            && threads <= 512
+            && !five_glu_blocks(gate.rows as usize / 32, threads, self.sms);
+        (fits && on.unwrap_or_else(|| half_saves(cols / 32)))
+            .then_some(("matvec_glu_q8_q4kr_h", self.f.matvec_glu_q8_q4kr_h))
+    }
+
+    /// The half-warp pair kernel (four rows a warp, 16 a block; `matvec_pair`'s bits) for
+    /// `seg`, where its type has one.
+    pub(crate) fn pair_half(&self, seg: &Seg) -> Option<(&'static str, sys::CUfunction)> {
+        match kind(seg.ty as u32) {
+            Kind::Q4KR => Some(("matvec_pair_h_q4kr", self.f.matvec_pair_h_q4kr)),
+            Kind::Q6KR => Some(("matvec_pair_h_q6kr", self.f.matvec_pair_h_q6kr)),
+            _ => None,
+        }
+    }
+
+    /// The half-warp Q/K/V kernel (two RoPE pairs a warp; `qkv_rope`'s bits) where Q, K and V
+    /// are all Q4_KR or Q6_KR, `cols` wide, and `on` (None: where `half_saves`).
+    pub(crate) fn qkv_half(
+        &self,
+        segs: &[&Seg],
+        cols: usize,
+        on: Option<bool>,
+    ) -> Option<(&'static str, sys::CUfunction)> {
+        let fits = segs
+            .iter()
+            .all(|s| matches!(kind(s.ty as u32), Kind::Q4KR | Kind::Q6KR));
+        (fits && on.unwrap_or_else(|| half_saves(cols / 32)))
+            .then_some(("qkv_rope_h", self.f.qkv_rope_h))
+    }
+
     /// Decode attention for head size `hd` over a cache of type `t`.
     fn attn_decode(&self, hd: usize, t: KvType) -> (&'static str, sys::CUfunction) {
         let f = &self.f;
@@ -1383,6 +1431,44 @@ fn glu_threads_with(blocks: usize, sms: usize, setting: Option<&str>) -> u32 {
     32 * w
 }
 
+/// Which decode kernels run a row pair a half-warp (the same bits; `row_dot2_half_t` in
+/// kernels/matvec.cu): the LM head, and gate/up and Q/K/V where `half_saves`. H200
+/// (docs/benchmarks.md, session 39): 1.5B decode +7%, the 7B's +1.3% (its head 134 -> 116 us);
+/// where the saving is smaller they lost (the 7B's gate/up 7%, its Q/K/V; O everywhere).
+/// `MENS_CUDA_HALF` (a comma-separated list of `glu`, `head`, `qkv`; empty or `none`: none) sets
+/// the parts instead, for measurements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Half {
+    /// None: where `half_saves`; Some: everywhere the kernel fits, or nowhere.
+    pub glu: Option<bool>,
+    pub head: bool,
+    pub qkv: Option<bool>,
+}
+pub(crate) fn half() -> Half {
+    half_with(std::env::var("MENS_CUDA_HALF").ok().as_deref())
+}
+fn half_with(setting: Option<&str>) -> Half {
+    let Some(v) = setting else {
+        return Half {
+            glu: None,
+            head: true,
+            qkv: None,
+        };
+    };
+    let has = |p: &str| v.split(',').any(|x| x.trim() == p);
+    Half {
+        glu: Some(has("glu")),
+        head: has("head"),
+        qkv: Some(has("qkv")),
+    }
+}
+/// Whether rows of `nchunks` chunks lose a quarter or more of a warp's chain of passes when a
+/// half-warp takes each pair: ceil(n / 16) passes for two pairs against 2 ceil(n / 32) (48
+/// chunks, the 1.5B: 3 against 4; 112, the 7B: 7 against 8, not enough).
+fn half_saves(nchunks: usize) -> bool {
+    4 * nchunks.div_ceil(16) <= 6 * nchunks.div_ceil(32)
+}
+
 /// Bytes of `n` values as q8 activations (int8 values, a float2 a block of 32).
 fn q8_bytes(n: usize) -> u64 {
     (n + n / 32 * 8) as u64
@@ -1469,7 +1555,8 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 #[cfg(test)]
 mod tests {
     use super::{
-        attn_head_groups_with, five_glu_blocks, fused_norm_with, pair_o_with, repack, Device, Seg,
+        attn_head_groups_with, five_glu_blocks, fused_norm_with, half_saves, half_with,
+        pair_o_with, repack, Device, Seg,
     };
     use crate::gguf::TensorType;
     use crate::model::KvType;
@@ -1512,6 +1599,25 @@ mod tests {
         assert!(fused_norm_with(1536, Some("1")) && fused_norm_with(4096, Some("1")));
         assert!(!fused_norm_with(5120, Some("1")) && !fused_norm_with(896, Some("0")));
         assert!(!fused_norm_with(960, None) && !fused_norm_with(2880, Some("1")));
+    }
+
+    /// The half-warp kernels: the head, and gate/up and Q/K/V by the saving rule by default (the
+    /// 1.5B's 1536 columns yes; the 7B's 3584, the 0.5B's 896 and wider rows no); a list sets
+    /// exactly the parts it names.
+    #[test]
+    fn half_warp_parts_by_default_and_by_setting() {
+        let d = half_with(None);
+        assert_eq!((d.glu, d.head, d.qkv), (None, true, None));
+        let s = half_with(Some("glu, qkv"));
+        assert_eq!((s.glu, s.head, s.qkv), (Some(true), false, Some(true)));
+        for off in ["", "none"] {
+            let n = half_with(Some(off));
+            assert_eq!((n.glu, n.head, n.qkv), (Some(false), false, Some(false)));
+        }
+        assert!(half_saves(1536 / 32) && half_saves(1280 / 32));
+        for cols in [896, 768, 1792, 2560, 3584, 4608, 18944] {
+            assert!(!half_saves(cols / 32), "{cols}");
+        }
     }
 
     #[test]

@@ -501,7 +501,11 @@ impl CudaSession {
         let h = m.head().seg;
         let rows = c.vocab_size;
         dev.moves(h.bytes() + q8_bytes(c.dim) + 4 * rows as u64);
-        if head_pair() {
+        let half_k = dev.pair_half(&h).filter(|_| half().head);
+        if let Some(k) = half_k {
+            launch!(dev, [k], (rows.div_ceil(16) as u32, 1), 128;
+                h, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr)?;
+        } else if head_pair() {
             launch!(dev, (dev.matvec_pair_k(&h)) as "matvec (LM head)", (rows.div_ceil(8) as u32, 1), 128;
                 h, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr)?;
         } else {
@@ -547,6 +551,7 @@ impl CudaSession {
         let (mut n, mut unfused) = (0, 0);
         let glu_block = glu_threads(c.ffn_dim / 32, dev.sms);
         let pair_o = pair_o(c.dim, dev.sms);
+        let half = half();
         // Bytes each kernel moves, for the profile: weights, cache rows, activations.
         let (du, qu) = (c.dim as u64, q as u64);
         let norm_bytes = 8 * du + q8_bytes(c.dim);
@@ -589,7 +594,12 @@ impl CudaSession {
                     c.n_kv_head as i32, c.head_dim as i32, neox, wk, wv, 0u64, 1i32, 0u64)?;
                 unfused += 2;
             } else {
-                launch!(dev, (dev.qkv_rope_k(&[&l.q.seg, &l.k.seg, &l.v.seg])) as "qkv_rope", ((row / 2).div_ceil(4) as u32, 1), 128;
+                let segs = [&l.q.seg, &l.k.seg, &l.v.seg];
+                let (k, per_block) = match dev.qkv_half(&segs, c.dim, half.qkv) {
+                    Some(k) => (k, 8),
+                    None => (("qkv_rope", dev.qkv_rope_k(&segs)), 4),
+                };
+                launch!(dev, [k], ((row / 2).div_ceil(per_block) as u32, 1), 128;
                     l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
                     self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
                     c.head_dim as i32, neox, self.qkv.ptr, wk, wv, nx, l.attn_norm.ptr, eps)?;
@@ -630,7 +640,10 @@ impl CudaSession {
                     + q8_bytes(c.ffn_dim)
                     + fused_bytes,
             );
-            launch!(dev, [dev.glu(&l.gate.seg, &l.up.seg, glu_block)], ((c.ffn_dim / 32) as u32, 1), glu_block;
+            let glu_k = dev
+                .glu_half(&l.gate.seg, &l.up.seg, c.dim, glu_block, half.glu)
+                .unwrap_or_else(|| dev.glu(&l.gate.seg, &l.up.seg, glu_block));
+            launch!(dev, [glu_k], ((c.ffn_dim / 32) as u32, 1), glu_block;
                 l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr, nx,
                 l.ffn_norm.ptr, eps)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);

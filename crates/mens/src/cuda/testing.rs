@@ -153,6 +153,25 @@ impl Device {
         Ok((y, sum))
     }
 
+    /// The half-warp pair kernel (`matvec_pair_h_*`) on `w` in the GPU layout: W · a; None where
+    /// the layout's type has none.
+    pub fn test_matvec_pair_half(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+    ) -> Result<Option<Vec<f32>>> {
+        let mut found = false;
+        let y = self.with_matrix(w, q, ds, true, 1, |m, aq, ad, out| {
+            let Some(k) = self.pair_half(&m.seg) else {
+                return Ok(());
+            };
+            found = true;
+            launch!(self, [k], (w.rows.div_ceil(16) as u32, 1), 128; m.seg, w.cols as i32, aq, ad, out)
+        })?;
+        Ok(found.then_some(y))
+    }
+
     /// `matvec2` (two warps a row, 64 streams): W · a.
     pub fn test_matvec2(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
         self.with_matrix(w, q, ds, repack_on(), 1, |m, aq, ad, out| {
@@ -407,10 +426,26 @@ impl Device {
         w: [&QTensor; 3],
         bias: Option<&[f32]>,
         q8: (&[i8], &[[f32; 2]]),
+        heads: (usize, usize, usize),
+        neox: bool,
+        rope: &RopeTable,
+        pos: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        self.test_qkv_rope_as(w, bias, q8, heads, neox, rope, pos, false)
+    }
+
+    /// The same by the half-warp kernel (`qkv_rope_h`) with `half`, for matrices it takes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn test_qkv_rope_as(
+        &self,
+        w: [&QTensor; 3],
+        bias: Option<&[f32]>,
+        q8: (&[i8], &[[f32; 2]]),
         (n_head, n_kv_head, head_dim): (usize, usize, usize),
         neox: bool,
         rope: &RopeTable,
         pos: usize,
+        half: bool,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         self.bind()?;
         let m: Vec<Mat> = w
@@ -426,7 +461,19 @@ impl Device {
         let kc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
         let vc = self.upload(&vec![0xFFFFu16; (pos + 1) * kvd])?;
         let pairs = (qd + 2 * kvd) / 2;
-        launch!(self, (self.qkv_rope_k(&[&m[0].seg, &m[1].seg, &m[2].seg])) as "qkv_rope", (pairs.div_ceil(4) as u32, 1), 128;
+        let segs = [&m[0].seg, &m[1].seg, &m[2].seg];
+        let (k, per_block) = if half {
+            let k = self.qkv_half(&segs, w[0].cols, Some(true));
+            (
+                k.ok_or_else(|| {
+                    Error::Backend("no half-warp Q/K/V kernel for these types".into())
+                })?,
+                8,
+            )
+        } else {
+            (("qkv_rope", self.qkv_rope_k(&segs)), 4)
+        };
+        launch!(self, [k], (pairs.div_ceil(per_block) as u32, 1), 128;
             m[0].seg, m[1].seg, m[2].seg, w[0].cols as i32, aq.ptr, ad.ptr, b.as_ref().map_or(0, |b| b.ptr),
             cos.ptr, sin.ptr, p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, neox as i32,
             qkv.ptr, kc.ptr, vc.ptr, 0u64, 0u64, 0f32)?;

@@ -830,6 +830,57 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
   pdl_trigger();
   return make_float2(warp_sum(x), warp_sum(y));
 }
+// Chunk c (loaded in ca, cb) into x, y; chunk `next` (if below n) loaded into ca, cb meanwhile.
+template <int T>
+__device__ __forceinline__ void half_step(Raw<T>& ca, Raw<T>& cb, const u8* ra, const u8* rb, int c, int next,
+                                          int n, const i8* __restrict__ aq, const float2* __restrict__ ad,
+                                          float& x, float& y) {
+  W32 wa, wb;
+  raw_unpack<T>(ca, wa);
+  raw_unpack<T>(cb, wb);
+  if (next < n) {
+    raw_load<T>(ca, ra, next, n);
+    raw_load<T>(cb, rb, next, n);
+  }
+  const int4* ap = (const int4*)(aq + c * 32);
+  int4 a0 = ap[0], a1 = ap[1];
+  float2 ds = ad[c];
+  x += finish<T>(wa, dot16(wa.q, a0), dot16(wa.q + 4, a1), ds.x, ds.y);
+  y += finish<T>(wb, dot16(wb.q, a0), dot16(wb.q + 4, a1), ds.x, ds.y);
+}
+// row_dot2_t's sums, the same bits, with each half-warp on its own pair of rows: lane h of a half
+// takes chunks h, h + 16, h + 32, ... into two sums, chunks h + 32 i (the stream of row_dot2_t's
+// lane h) and h + 16 + 32 i (lane h + 16's), adds them as warp_sum's first step adds those two
+// lanes, then the rest of warp_sum's tree within the half. Two row pairs then take ceil(n / 16)
+// passes where a warp takes 2 ceil(n / 32) for them (112 chunks: 7 against 8; 48: 3 against 4).
+// Int forms only (Raw loads).
+template <int T>
+__device__ float2 row_dot2_half_t(const u8* __restrict__ ra, const u8* __restrict__ rb, int nchunks,
+                                  const i8* __restrict__ aq, const float2* __restrict__ ad, bool wait = false) {
+  float x0 = 0.f, y0 = 0.f, x1 = 0.f, y1 = 0.f;
+  int h = threadIdx.x & 15;
+  Raw<T> ca, cb;
+  if (h < nchunks) {
+    raw_load<T>(ca, ra, h, nchunks);
+    raw_load<T>(cb, rb, h, nchunks);
+  }
+  if (wait) pdl_wait();
+  for (int c = h; c < nchunks; c += 32) {
+    half_step<T>(ca, cb, ra, rb, c, c + 16, nchunks, aq, ad, x0, y0);
+    if (c + 16 < nchunks) half_step<T>(ca, cb, ra, rb, c + 16, c + 32, nchunks, aq, ad, x1, y1);
+  }
+  pdl_trigger();
+  float x = x0 + x1, y = y0 + y1;
+  for (int o = 8; o > 0; o >>= 1) {
+    x += __shfl_xor_sync(0xffffffff, x, o);
+    y += __shfl_xor_sync(0xffffffff, y, o);
+  }
+  return make_float2(x, y);
+}
+__device__ __forceinline__ constexpr bool half_form(int t) {
+  return t == T_Q4_KR || t == T_Q6_KR || t == T_Q4_K || t == T_Q6_K;
+}
+
 template <bool R>
 __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchunks, const i8* aq, const float2* ad,
                          bool wait = false) {
@@ -875,6 +926,28 @@ __device__ __forceinline__ void matvec_pair_t(Seg s, int cols, const i8* aq, con
     if (rb > ra) out[rb] = ADD ? out[rb] + v.y : v.y;
   }
 }
+// The same, four rows a warp (a pair a half-warp: row_dot2_half_t), 16 rows a block; a kernel
+// per type (the GPU layouts). The LM head: 7B 134 -> 116 us on the H200 (session 39).
+template <int T>
+__device__ __forceinline__ void matvec_pair_h_t(Seg s, int cols, const i8* aq, const float2* ad, float* out) {
+  int lane = threadIdx.x & 31;
+  int first = 4 * (blockIdx.x * 4 + (threadIdx.x >> 5)), ra = first + 2 * (lane >> 4);
+  if (!PDL_EARLY || first >= s.rows) pdl_wait();
+  if (first >= s.rows) return;
+  int a = min(ra, s.rows - 1), b = min(ra + 1, s.rows - 1);
+  float2 v = row_dot2_half_t<T>(s.w + (u64)a * s.row_bytes, s.w + (u64)b * s.row_bytes, cols / 32, aq, ad,
+                                PDL_EARLY);
+  if ((lane & 15) == 0) {
+    if (ra < s.rows) out[ra] = v.x;
+    if (ra + 1 < s.rows) out[ra + 1] = v.y;
+  }
+}
+#define MATVEC_PAIR_H(NAME, T)                                                                           \
+  extern "C" __global__ void PAIR_LB NAME(Seg s, int cols, const i8* aq, const float2* ad, float* out) {  \
+    matvec_pair_h_t<T>(s, cols, aq, ad, out);                                                            \
+  }
+MATVEC_PAIR_H(matvec_pair_h_q4kr, T_Q4_KR)
+MATVEC_PAIR_H(matvec_pair_h_q6kr, T_Q6_KR)
 #define MATVEC_PAIR(NAME, R, ADD)                                                                          \
   extern "C" __global__ void PAIR_LB NAME(Seg s, int cols, const i8* aq, const float2* ad, float* out) {      \
     matvec_pair_t<R, ADD>(s, cols, aq, ad, out);                                                           \
@@ -889,7 +962,7 @@ MATVEC_PAIR(matvec_pair_add_r, true, true)
 // row and an up row at a time per warp (blocks of 32 warps: one pair each; of 8: four pairs,
 // and several blocks share an SM). T: the type of both matrices (one kernel per common type, so
 // that each gets its own registers: the kernel for any types spills), or -1.
-template <int T>
+template <int T, bool HALF = false>
 __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq,
                                        float2* hd, const float* nx, const float* ng, float eps) {
   __shared__ float h[32];
@@ -899,6 +972,16 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
   bool early = PDL_EARLY && !nx;
   if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  if (HALF && half_form(T)) {  // two row pairs a warp at a time, a half-warp each (32 warps: one idles)
+    for (int j0 = w; j0 < 32; j0 += 2 * nw) {
+      int j = j0 + (lane >> 4) * nw, r = blockIdx.x * 32 + j;
+      int rr = min(r, gate.rows - 1);
+      float2 gu = row_dot2_half_t<half_form(T) ? T : T_Q4_K>(
+          gate.w + (u64)rr * gate.row_bytes, up.w + (u64)rr * up.row_bytes, cols / 32, aq, ad, early && j0 == w);
+      if (r >= gate.rows) gu = make_float2(0.f, 0.f);
+      if ((lane & 15) == 0 && j < 32) h[j] = gu.x / (1.f + expf(-gu.x)) * gu.y;
+    }
+  } else
   for (int j = w; j < 32; j += nw) {
     int r = blockIdx.x * 32 + j;
     float2 gu = make_float2(0.f, 0.f);
@@ -914,18 +997,20 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
   __syncthreads();
   if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
 }
-#define GLU_Q8_LB(NAME, T, LB)                                                                            \
+#define GLU_Q8_LBH(NAME, T, LB, HALF)                                                                     \
   extern "C" __global__ void LB                                                                           \
       NAME(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq, float2* hd, const float* nx,  \
            const float* ng, float eps) {                                                                   \
-    glu_q8<T>(gate, up, cols, aq, ad, hq, hd, nx, ng, eps);                                                \
+    glu_q8<T, HALF>(gate, up, cols, aq, ad, hq, hd, nx, ng, eps);                                          \
   }
+#define GLU_Q8_LB(NAME, T, LB) GLU_Q8_LBH(NAME, T, LB, false)
 #define GLU_Q8(NAME, T) GLU_Q8_LB(NAME, T, __launch_bounds__(1024))
 // Registers for five blocks of 256 threads an SM (48; the kernel above takes 56, four blocks): a
 // grid of more than four blocks an SM (the 7B's 592) then runs in one wave, not two (7B decode
 // +5%; the 1.5B's 280 blocks lose 1% with it, so they keep the kernel above).
 #ifndef MENS_BATCH_MODULE
 GLU_Q8_LB(matvec_glu_q8_q4kr_5, T_Q4_KR, __launch_bounds__(256, 5))
+GLU_Q8_LBH(matvec_glu_q8_q4kr_h, T_Q4_KR, __launch_bounds__(1024), true)
 GLU_Q8(matvec_glu_q8, -1)
 GLU_Q8(matvec_glu_q8_q4k, T_Q4_K)
 GLU_Q8(matvec_glu_q8_q6k, T_Q6_K)
@@ -941,14 +1026,17 @@ GLU_Q8(matvec_glu_q8_q8_0r, T_Q8_0R)
 // of rows that RoPE rotates together (NeoX: i and i + hd/2; normal: 2i and 2i + 1); V rows are
 // paired the same way, unrotated.
 #ifndef MENS_BATCH_MODULE
-template <bool R>
+template <bool R, bool HALF = false>
 __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                            const float* bias, const float* cosv, const float* sinv, const int* pos,
                                            int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,
                                            const float* nx, const float* ng, float eps) {
   __shared__ __align__(16) NormQ8 ns;
   int half = hd / 2;
-  int p = blockIdx.x * 4 + (threadIdx.x >> 5);
+  // HALF: two pairs a warp, a half-warp each (row_dot2_half_t; pairs 2 i and 2 i + 1 share a head,
+  // so a segment and a type).
+  int p = HALF ? 2 * (blockIdx.x * 4 + (threadIdx.x >> 5)) + ((threadIdx.x >> 4) & 1)
+               : blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
   int h = p / half, k = p % half;
   int ra = h * hd + (neox ? k : 2 * k), rb = h * hd + (neox ? k + half : 2 * k + 1);
@@ -964,14 +1052,27 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
   }
   bool early = PDL_EARLY && !nx;
   if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
-  if (p >= heads * half) {
+  if (HALF) {
+    if ((p & ~1) >= heads * half) {  // the warp's first pair
+      pdl_wait();
+      return;
+    }
+  } else if (p >= heads * half) {
     pdl_wait();
     return;
   }
-  float2 v = row_dot2<R>(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
-                      cols / 32, aq, ad, early);
+  float2 v;
+  if (HALF) {
+    const u8 *wa = s.w + (u64)(ra - base) * s.row_bytes, *wb = s.w + (u64)(rb - base) * s.row_bytes;
+    v = s.type == T_Q6_KR ? row_dot2_half_t<T_Q6_KR>(wa, wb, cols / 32, aq, ad, early)
+                          : row_dot2_half_t<T_Q4_KR>(wa, wb, cols / 32, aq, ad, early);
+    if (p >= heads * half) return;  // after the half-warp's shuffles
+  } else {
+    v = row_dot2<R>(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
+                    cols / 32, aq, ad, early);
+  }
   if (early) pdl_wait();
-  if ((threadIdx.x & 31) != 0) return;
+  if ((threadIdx.x & (HALF ? 15 : 31)) != 0) return;
   float x0 = v.x, x1 = v.y;
   if (bias) {
     x0 += bias[ra];
@@ -1001,15 +1102,17 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
     vc[o + rb - h * hd] = f2h(x1);
   }
 }
-#define QKV_ROPE(NAME, R)                                                                                  \
+#define QKV_ROPE(NAME, R) QKV_ROPE_H(NAME, R, false)
+#define QKV_ROPE_H(NAME, R, HALF)                                                                          \
   extern "C" __global__ void NAME(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,           \
                                   const float* bias, const float* cosv, const float* sinv, const int* pos,    \
                                   int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,  \
                                   const float* nx, const float* ng, float eps) {                              \
-    qkv_rope_t<R>(s0, s1, s2, cols, aq, ad, bias, cosv, sinv, pos, n_head, n_kv_head, hd, neox, qkv, kc, vc,   \
-                  nx, ng, eps);                                                                                \
+    qkv_rope_t<R, HALF>(s0, s1, s2, cols, aq, ad, bias, cosv, sinv, pos, n_head, n_kv_head, hd, neox, qkv, kc, \
+                        vc, nx, ng, eps);                                                                  \
   }
 QKV_ROPE(qkv_rope, false)
 QKV_ROPE(qkv_rope_r, true)
+QKV_ROPE_H(qkv_rope_h, false, true)  // Q, K and V all Q4_KR or Q6_KR
 #endif
 
