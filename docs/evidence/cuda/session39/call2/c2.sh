@@ -1,0 +1,29 @@
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$(basename $f); chmod +x $B/$(basename $f); done
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 7b 1.5b 0.5b; do [ -f /tmp/mens-models/synth-$s.gguf ] || $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1 & done; wait
+export CUDA_CACHE_PATH=/tmp/jit-2
+date +%T > $O/state.txt
+MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 200 $B/cuda-test --test-threads=1 --nocapture > $O/tests.log 2>&1
+grep -E "test result|FAILED|panicked" $O/tests.log | head -12
+MENS_CUDA_MODEL=/tmp/mens-models/synth-1.5b.gguf timeout 60 $B/cuda-test --test-threads=1 --nocapture model_file 2>&1 | grep -E "test result|FAILED|panicked|rel L2|argmax" | head -8 | tee $O/tests-model.txt
+H=glu,head,o,qkv
+for s in 0.5b 1.5b; do MENS_CUDA_HALF=$H MENS_CUDA_MODEL=/tmp/mens-models/synth-$s.gguf timeout 90 $B/cuda-test --test-threads=1 gpu_matches_cpu batch_decodes_like batch_verify_rows model_file 2>&1 | grep -E "test result|FAILED|panicked" | sed "s/^/HALF $s: /"; done | tee $O/tests-half.txt
+date +%T >> $O/state.txt
+b() { l=$1; shift; env "$@" timeout 60 $B/mens bench -m $m --backend cuda --prompt 16 --steps 0 --depth 0,512 --gen 128 --reps 3 --paired 0 -q 2>&1 | grep -E "^\| tg|rror" | sed "s/^/$s $l: /"; }
+for s in 7b 1.5b 0.5b; do m=/tmp/mens-models/synth-$s.gguf
+  for r in 1 2; do
+    b base X=1
+    b all MENS_CUDA_HALF=$H
+    [ $s = 0.5b ] && continue
+    b glu MENS_CUDA_HALF=glu
+    b hoq MENS_CUDA_HALF=head,o,qkv
+    [ $s = 7b ] && b all-h4 MENS_CUDA_HALF=$H MENS_CUDA_HALF5=0
+  done
+done | tee $O/decode.txt
+date +%T >> $O/state.txt
+m=/tmp/mens-models/synth-7b.gguf
+for v in "X=1" "MENS_CUDA_HALF=$H" "MENS_CUDA_HALF=$H MENS_CUDA_HALF5=0"; do echo "== $v"; env $v timeout 60 $B/mens bench -m $m --backend cuda --prompt 16 --steps 64 --reps 1 --paired 0 --profile 2>&1 | grep -E "^\|" | tail -14; done > $O/profile-7b.txt
+date +%T >> $O/state.txt
