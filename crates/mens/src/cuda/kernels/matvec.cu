@@ -783,6 +783,24 @@ __device__ __forceinline__ void norm_input(const float* nx, const float* ng, flo
   }
 }
 
+// Chunk c (loaded in ca, cb) into x, y; chunk `next` (if below n) loaded into ca, cb meanwhile.
+template <int T>
+__device__ __forceinline__ void dot2_step(Raw<T>& ca, Raw<T>& cb, const u8* ra, const u8* rb, int c, int next,
+                                          int n, const i8* __restrict__ aq, const float2* __restrict__ ad,
+                                          float& x, float& y) {
+  W32 wa, wb;
+  raw_unpack<T>(ca, wa);
+  raw_unpack<T>(cb, wb);
+  if (next < n) {
+    raw_load<T>(ca, ra, next, n);
+    raw_load<T>(cb, rb, next, n);
+  }
+  const int4* ap = (const int4*)(aq + c * 32);
+  int4 a0 = ap[0], a1 = ap[1];
+  float2 ds = ad[c];
+  x += finish<T>(wa, dot16(wa.q, a0), dot16(wa.q + 4, a1), ds.x, ds.y);
+  y += finish<T>(wb, dot16(wb.q, a0), dot16(wb.q + 4, a1), ds.x, ds.y);
+}
 // Two rows of one type against the same activations, loads interleaved (gate and up).
 template <int T>
 __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ rb, int nchunks,
@@ -797,20 +815,7 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
       raw_load<T>(cb, rb, lane, nchunks);
     }
     if (wait) pdl_wait();
-    for (int c = lane; c < nchunks; c += 32) {
-      W32 wa, wb;
-      raw_unpack<T>(ca, wa);
-      raw_unpack<T>(cb, wb);
-      if (c + 32 < nchunks) {
-        raw_load<T>(ca, ra, c + 32, nchunks);
-        raw_load<T>(cb, rb, c + 32, nchunks);
-      }
-      const int4* ap = (const int4*)(aq + c * 32);
-      int4 a0 = ap[0], a1 = ap[1];
-      float2 ds = ad[c];
-      x += finish<T>(wa, dot16(wa.q, a0), dot16(wa.q + 4, a1), ds.x, ds.y);
-      y += finish<T>(wb, dot16(wb.q, a0), dot16(wb.q + 4, a1), ds.x, ds.y);
-    }
+    for (int c = lane; c < nchunks; c += 32) dot2_step<T>(ca, cb, ra, rb, c, c + 32, nchunks, aq, ad, x, y);
     pdl_trigger();
     return make_float2(warp_sum(x), warp_sum(y));
   }
@@ -830,24 +835,6 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
   pdl_trigger();
   return make_float2(warp_sum(x), warp_sum(y));
 }
-// Chunk c (loaded in ca, cb) into x, y; chunk `next` (if below n) loaded into ca, cb meanwhile.
-template <int T>
-__device__ __forceinline__ void half_step(Raw<T>& ca, Raw<T>& cb, const u8* ra, const u8* rb, int c, int next,
-                                          int n, const i8* __restrict__ aq, const float2* __restrict__ ad,
-                                          float& x, float& y) {
-  W32 wa, wb;
-  raw_unpack<T>(ca, wa);
-  raw_unpack<T>(cb, wb);
-  if (next < n) {
-    raw_load<T>(ca, ra, next, n);
-    raw_load<T>(cb, rb, next, n);
-  }
-  const int4* ap = (const int4*)(aq + c * 32);
-  int4 a0 = ap[0], a1 = ap[1];
-  float2 ds = ad[c];
-  x += finish<T>(wa, dot16(wa.q, a0), dot16(wa.q + 4, a1), ds.x, ds.y);
-  y += finish<T>(wb, dot16(wb.q, a0), dot16(wb.q + 4, a1), ds.x, ds.y);
-}
 // row_dot2_t's sums, the same bits, with each half-warp on its own pair of rows: lane h of a half
 // takes chunks h, h + 16, h + 32, ... into two sums, chunks h + 32 i (the stream of row_dot2_t's
 // lane h) and h + 16 + 32 i (lane h + 16's), adds them as warp_sum's first step adds those two
@@ -866,8 +853,8 @@ __device__ float2 row_dot2_half_t(const u8* __restrict__ ra, const u8* __restric
   }
   if (wait) pdl_wait();
   for (int c = h; c < nchunks; c += 32) {
-    half_step<T>(ca, cb, ra, rb, c, c + 16, nchunks, aq, ad, x0, y0);
-    if (c + 16 < nchunks) half_step<T>(ca, cb, ra, rb, c + 16, c + 32, nchunks, aq, ad, x1, y1);
+    dot2_step<T>(ca, cb, ra, rb, c, c + 16, nchunks, aq, ad, x0, y0);
+    if (c + 16 < nchunks) dot2_step<T>(ca, cb, ra, rb, c + 16, c + 32, nchunks, aq, ad, x1, y1);
   }
   pdl_trigger();
   float x = x0 + x1, y = y0 + y1;
