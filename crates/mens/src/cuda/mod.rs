@@ -806,16 +806,20 @@ impl Device {
     }
 
     /// The half-warp Q/K/V kernel (two RoPE pairs a warp; `qkv_rope`'s bits) where Q, K and V
-    /// are all Q4_KR or Q6_KR, `cols` wide, and `on` (None: where `half_saves`).
+    /// are all Q4_KR or Q6_KR, `cols` wide, and `on` (None: where `half_saves`). A warp's two
+    /// pairs must share a head (one segment, one type, the half-warps' shuffles in step): heads
+    /// of a multiple of 4 values.
     pub(crate) fn qkv_half(
         &self,
         segs: &[&Seg],
         cols: usize,
+        head_dim: usize,
         on: Option<bool>,
     ) -> Option<(&'static str, sys::CUfunction)> {
-        let fits = segs
-            .iter()
-            .all(|s| matches!(kind(s.ty as u32), Kind::Q4KR | Kind::Q6KR));
+        let fits = head_dim % 4 == 0
+            && segs
+                .iter()
+                .all(|s| matches!(kind(s.ty as u32), Kind::Q4KR | Kind::Q6KR));
         (fits && on.unwrap_or_else(|| half_saves(cols / 32)))
             .then_some(("qkv_rope_h", self.f.qkv_rope_h))
     }

@@ -502,8 +502,8 @@ impl CudaSession {
         let rows = c.vocab_size;
         dev.moves(h.bytes() + q8_bytes(c.dim) + 4 * rows as u64);
         let half_k = dev.pair_half(&h).filter(|_| half().head);
-        if let Some(k) = half_k {
-            launch!(dev, [k], (rows.div_ceil(16) as u32, 1), 128;
+        if let Some((_, k)) = half_k {
+            launch!(dev, (k) as "matvec (LM head)", (rows.div_ceil(16) as u32, 1), 128;
                 h, c.dim as i32, self.aq.ptr, self.ad.ptr, self.logits.ptr)?;
         } else if head_pair() {
             launch!(dev, (dev.matvec_pair_k(&h)) as "matvec (LM head)", (rows.div_ceil(8) as u32, 1), 128;
@@ -595,7 +595,7 @@ impl CudaSession {
                 unfused += 2;
             } else {
                 let segs = [&l.q.seg, &l.k.seg, &l.v.seg];
-                let (k, per_block) = match dev.qkv_half(&segs, c.dim, half.qkv) {
+                let (k, per_block) = match dev.qkv_half(&segs, c.dim, c.head_dim, half.qkv) {
                     Some(k) => (k, 8),
                     None => (("qkv_rope", dev.qkv_rope_k(&segs)), 4),
                 };

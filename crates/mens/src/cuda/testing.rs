@@ -463,7 +463,7 @@ impl Device {
         let pairs = (qd + 2 * kvd) / 2;
         let segs = [&m[0].seg, &m[1].seg, &m[2].seg];
         let (k, per_block) = if half {
-            let k = self.qkv_half(&segs, w[0].cols, Some(true));
+            let k = self.qkv_half(&segs, w[0].cols, head_dim, Some(true));
             (
                 k.ok_or_else(|| {
                     Error::Backend("no half-warp Q/K/V kernel for these types".into())
