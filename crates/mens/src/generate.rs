@@ -156,145 +156,154 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
     let mut k = spec.map_or(0, |s| s.max.min(4));
     let mut planner = crate::spec::Planner::default();
 
-    while let Some(next) = pending.take().or_else(|| queue.pop_front()) {
-        popped += 1;
-        let in_cache = ahead > 0;
-        ahead = ahead.saturating_sub(1);
-        stats.generated += 1;
-        if tokenizer.is_stop(next) {
-            stats.stop = StopReason::Eos;
-            break;
-        }
-        let (emit, hit) = stream.push(tokenizer, next);
-        if !emit.is_empty() && !on_text(emit) {
-            stats.stop = StopReason::Cancelled;
-            break;
-        }
-        if hit {
-            stats.stop = StopReason::Stop;
-            break;
-        }
-        if stats.generated >= opts.max_tokens {
-            stats.stop = StopReason::Length;
-            break;
-        }
-        if in_cache {
-            continue;
-        }
-        if session.tokens().len() + 1 >= ctx {
-            stats.stop = StopReason::ContextFull;
-            break;
-        }
-        let t = Instant::now();
-        draft.clear();
-        let mut class = 0;
-        if let Some(sp) = spec {
-            // Propose from the history (the cache and `next`): as many tokens as the planner
-            // expects to pay (with the gate), else `k`.
-            step_tokens.clear();
-            step_tokens.extend_from_slice(session.tokens());
-            step_tokens.push(next);
-            let room = ctx - session.tokens().len() - 1;
-            // The step yields the accepted proposals and one more token: stay within max_tokens.
-            let left = (opts.max_tokens - stats.generated).saturating_sub(1);
-            let cap = sp.most().min(room - 1).min(left);
-            // The prompt lookup's proposal; with a draft model, the draft's instead unless the
-            // planner expects more of the lookup (it costs no draft steps: an answer that
-            // repeats the prompt).
-            let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
-            let lookup = crate::spec::lookup_class(found);
-            let dk = k.min(cap);
-            let lookup_pays = || {
-                sp.gate
-                    && !draft.is_empty()
-                    && match (
-                        planner.best(lookup, draft.len(), false),
-                        planner.best(crate::spec::DRAFT_CLASS, dk, true),
-                    ) {
-                        (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
-                        _ => false,
+    // Plain greedy decoding may run a step ahead on a GPU (the loop reads no logits).
+    let pipelined = spec.is_none() && !opts.no_kv_cache;
+    session.pipeline_greedy(pipelined);
+    let mut decode_loop = || -> Result<()> {
+        while let Some(next) = pending.take().or_else(|| queue.pop_front()) {
+            popped += 1;
+            let in_cache = ahead > 0;
+            ahead = ahead.saturating_sub(1);
+            stats.generated += 1;
+            if tokenizer.is_stop(next) {
+                stats.stop = StopReason::Eos;
+                break;
+            }
+            let (emit, hit) = stream.push(tokenizer, next);
+            if !emit.is_empty() && !on_text(emit) {
+                stats.stop = StopReason::Cancelled;
+                break;
+            }
+            if hit {
+                stats.stop = StopReason::Stop;
+                break;
+            }
+            if stats.generated >= opts.max_tokens {
+                stats.stop = StopReason::Length;
+                break;
+            }
+            if in_cache {
+                continue;
+            }
+            if session.tokens().len() + 1 >= ctx {
+                stats.stop = StopReason::ContextFull;
+                break;
+            }
+            let t = Instant::now();
+            draft.clear();
+            let mut class = 0;
+            if let Some(sp) = spec {
+                // Propose from the history (the cache and `next`): as many tokens as the planner
+                // expects to pay (with the gate), else `k`.
+                step_tokens.clear();
+                step_tokens.extend_from_slice(session.tokens());
+                step_tokens.push(next);
+                let room = ctx - session.tokens().len() - 1;
+                // The step yields the accepted proposals and one more token: stay within max_tokens.
+                let left = (opts.max_tokens - stats.generated).saturating_sub(1);
+                let cap = sp.most().min(room - 1).min(left);
+                // The prompt lookup's proposal; with a draft model, the draft's instead unless the
+                // planner expects more of the lookup (it costs no draft steps: an answer that
+                // repeats the prompt).
+                let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
+                let lookup = crate::spec::lookup_class(found);
+                let dk = k.min(cap);
+                let lookup_pays = || {
+                    sp.gate
+                        && !draft.is_empty()
+                        && match (
+                            planner.best(lookup, draft.len(), false),
+                            planner.best(crate::spec::DRAFT_CLASS, dk, true),
+                        ) {
+                            (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
+                            _ => false,
+                        }
+                };
+                match draft_model.as_deref_mut() {
+                    Some(d) if !lookup_pays() => {
+                        class = crate::spec::DRAFT_CLASS;
+                        let want = if sp.gate {
+                            planner.plan(class, dk, true)
+                        } else {
+                            dk
+                        };
+                        let (steps, secs) = crate::spec::draft(d, &step_tokens, want, &mut draft)?;
+                        planner.record_draft(steps, secs);
                     }
-            };
-            match draft_model.as_deref_mut() {
-                Some(d) if !lookup_pays() => {
-                    class = crate::spec::DRAFT_CLASS;
-                    let want = if sp.gate {
-                        planner.plan(class, dk, true)
-                    } else {
-                        dk
-                    };
-                    let (steps, secs) = crate::spec::draft(d, &step_tokens, want, &mut draft)?;
-                    planner.record_draft(steps, secs);
-                }
-                _ => {
-                    class = lookup;
-                    if sp.gate {
-                        let want = planner.plan(class, draft.len(), false);
-                        draft.truncate(want);
+                    _ => {
+                        class = lookup;
+                        if sp.gate {
+                            let want = planner.plan(class, draft.len(), false);
+                            draft.truncate(want);
+                        }
                     }
                 }
             }
-        }
-        let tv = Instant::now();
-        if let (Some(sp), false) = (spec, draft.is_empty()) {
-            // Check every proposal in one pass.
-            step_tokens.clear();
-            step_tokens.push(next);
-            step_tokens.extend_from_slice(&draft);
-            picks.clear();
-            rows.clear();
-            let base = session.tokens().len();
-            let logits = if greedy {
-                Logits::Argmax {
-                    from: 0,
-                    f: &mut |_, t| picks.push(t),
-                }
-            } else {
-                Logits::All {
-                    from: 0,
-                    f: &mut |_, l| rows.extend_from_slice(l),
-                }
-            };
-            session.forward(&step_tokens, logits)?;
-            let (agree, next_token) = if greedy {
-                let agree = crate::spec::agreeing(&draft, &picks);
-                (agree, picks[agree])
-            } else {
-                let v = rows.len() / step_tokens.len();
-                let mut out = None;
-                for (i, &d) in draft.iter().enumerate() {
-                    let (ok, t) = sampler.speculate(&rows[i * v..(i + 1) * v], d);
-                    if !ok {
-                        out = Some((i, t));
-                        break;
+            let tv = Instant::now();
+            if let (Some(sp), false) = (spec, draft.is_empty()) {
+                // Check every proposal in one pass.
+                step_tokens.clear();
+                step_tokens.push(next);
+                step_tokens.extend_from_slice(&draft);
+                picks.clear();
+                rows.clear();
+                let base = session.tokens().len();
+                let logits = if greedy {
+                    Logits::Argmax {
+                        from: 0,
+                        f: &mut |_, t| picks.push(t),
                     }
-                }
-                out.unwrap_or_else(|| {
-                    let i = draft.len();
-                    (i, sampler.choose(&mut rows[i * v..(i + 1) * v], &[]))
-                })
-            };
-            session.truncate(base + 1 + agree);
-            planner.record_step(step_tokens.len(), tv.elapsed().as_secs_f64());
-            queue.extend(draft[..agree].iter().copied());
-            queue.push_back(next_token);
-            ahead = agree;
-            stats.proposed += draft.len();
-            stats.accepted += agree;
-            planner.record_accept(class, draft.len(), agree);
-            k = crate::spec::next_k(k, draft.len(), agree, sp.max);
-        } else {
-            if opts.no_kv_cache {
-                session.rerun(&[next], &mut all)?;
+                } else {
+                    Logits::All {
+                        from: 0,
+                        f: &mut |_, l| rows.extend_from_slice(l),
+                    }
+                };
+                session.forward(&step_tokens, logits)?;
+                let (agree, next_token) = if greedy {
+                    let agree = crate::spec::agreeing(&draft, &picks);
+                    (agree, picks[agree])
+                } else {
+                    let v = rows.len() / step_tokens.len();
+                    let mut out = None;
+                    for (i, &d) in draft.iter().enumerate() {
+                        let (ok, t) = sampler.speculate(&rows[i * v..(i + 1) * v], d);
+                        if !ok {
+                            out = Some((i, t));
+                            break;
+                        }
+                    }
+                    out.unwrap_or_else(|| {
+                        let i = draft.len();
+                        (i, sampler.choose(&mut rows[i * v..(i + 1) * v], &[]))
+                    })
+                };
+                session.truncate(base + 1 + agree);
+                planner.record_step(step_tokens.len(), tv.elapsed().as_secs_f64());
+                queue.extend(draft[..agree].iter().copied());
+                queue.push_back(next_token);
+                ahead = agree;
+                stats.proposed += draft.len();
+                stats.accepted += agree;
+                planner.record_accept(class, draft.len(), agree);
+                k = crate::spec::next_k(k, draft.len(), agree, sp.max);
             } else {
-                session.forward(&[next], Logits::Last)?;
+                if opts.no_kv_cache {
+                    session.rerun(&[next], &mut all)?;
+                } else {
+                    session.forward(&[next], Logits::Last)?;
+                }
+                pending = Some(session.sample(sampler)?);
+                planner.record_step(1, tv.elapsed().as_secs_f64());
             }
-            pending = Some(session.sample(sampler)?);
-            planner.record_step(1, tv.elapsed().as_secs_f64());
+            stats.decode += t.elapsed();
+            stats.decode_steps += 1;
         }
-        stats.decode += t.elapsed();
-        stats.decode_steps += 1;
-    }
+        Ok(())
+    };
+    let looped = decode_loop();
+    session.pipeline_greedy(false);
+    looped?;
     // As without speculation: the cache holds the prompt and every token but the last one.
     if spec.is_some() && popped > 0 && session.tokens().len() > len0 + popped - 1 {
         session.truncate(len0 + popped - 1);

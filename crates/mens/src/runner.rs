@@ -156,6 +156,12 @@ pub trait Runner {
     /// Pick a slot's next token from its last-position logits of the last step.
     fn sample_slot(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32>;
     fn memory(&self) -> Memory;
+    /// Greedy decoding of slot 0 may run a step ahead (a GPU launches the next step, on its own
+    /// greedy pick, before the host has read this one's, so the device never waits for the
+    /// host): `on` promises that, until it is turned off, each `sample` with a greedy sampler is
+    /// followed by `forward` of the token it returned or by nothing that reads logits. Anything
+    /// else first waits for (and drops) the step run ahead. Default: nothing.
+    fn pipeline_greedy(&mut self, _on: bool) {}
     /// For a GPU: launches the host issues per decode token and kernels they run.
     fn launches_per_token(&self) -> Option<(usize, usize)> {
         None

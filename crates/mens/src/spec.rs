@@ -95,16 +95,28 @@ pub fn draft(
     }
     let t0 = std::time::Instant::now();
     let short = tail.len() <= 2;
-    d.forward(tail, Logits::Last)?;
-    let t1 = std::time::Instant::now();
-    let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
-    for i in 0..k {
-        let t = d.sample(&mut greedy)?;
-        out.push(t);
-        if i + 1 < k {
-            d.forward(&[t], Logits::Last)?;
+    // A GPU draft may run each step ahead but the last (whose token is not fed back).
+    d.pipeline_greedy(k > 1);
+    let mut t1 = t0;
+    let mut steps = || -> Result<()> {
+        d.forward(tail, Logits::Last)?;
+        t1 = std::time::Instant::now();
+        let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
+        for i in 0..k {
+            if i + 1 == k {
+                d.pipeline_greedy(false);
+            }
+            let t = d.sample(&mut greedy)?;
+            out.push(t);
+            if i + 1 < k {
+                d.forward(&[t], Logits::Last)?;
+            }
         }
-    }
+        Ok(())
+    };
+    let r = steps();
+    d.pipeline_greedy(false);
+    r?;
     Ok(if short {
         (k, t0.elapsed().as_secs_f64())
     } else if k > 1 {

@@ -612,6 +612,168 @@ fn compare_with(
     }
 }
 
+/// Greedy steps run ahead (`pipeline_greedy`) give plain decoding's tokens, and whatever the
+/// caller does after a sample instead of claiming the step run ahead (another token, a truncate,
+/// a second sample) gives what a session that never ran ahead gives, bit for bit; logits read
+/// while a step ran ahead are an error, not stale numbers.
+#[test]
+fn greedy_steps_run_ahead_give_plain_decodings_tokens() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let vocab = model.config.vocab_size;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut plain = CudaSession::new(gm.clone(), 256, 64).unwrap();
+    let mut ahead = CudaSession::new(gm, 256, 64).unwrap();
+    ahead.pipeline_greedy(true);
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), vocab).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
+    plain.forward(&prompt, Logits::Last).unwrap();
+    ahead.forward(&prompt, Logits::Last).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..48 {
+        let t = plain.sample(&mut greedy).unwrap();
+        plain.forward(&[t], Logits::Last).unwrap();
+        a.push(t);
+        let t = ahead.sample(&mut greedy).unwrap();
+        ahead.forward(&[t], Logits::Last).unwrap();
+        b.push(t);
+    }
+    assert_eq!(a, b, "greedy tokens with steps run ahead");
+    assert!(
+        ahead.steps_ahead >= 46,
+        "ran ahead {} times of 48",
+        ahead.steps_ahead
+    );
+    // A sample, then another token than the one sampled: the step run ahead is dropped.
+    let (ta, tb) = (
+        plain.sample(&mut greedy).unwrap(),
+        ahead.sample(&mut greedy).unwrap(),
+    );
+    assert_eq!(ta, tb);
+    let other = (ta + 1) % 200;
+    plain.forward(&[other], Logits::Last).unwrap();
+    ahead.forward(&[other], Logits::Last).unwrap();
+    assert!(
+        same_bits(plain.logits().unwrap(), ahead.logits().unwrap()),
+        "after another token"
+    );
+    // Logits read after a sample that ran a step ahead: an error; the session goes on as plain.
+    let t = plain.sample(&mut greedy).unwrap();
+    assert_eq!(ahead.sample(&mut greedy).unwrap(), t);
+    assert!(
+        ahead.logits().is_err(),
+        "logits overwritten by a step run ahead must be an error"
+    );
+    plain.forward(&[t], Logits::Last).unwrap();
+    ahead.forward(&[t], Logits::Last).unwrap();
+    assert!(
+        same_bits(plain.logits().unwrap(), ahead.logits().unwrap()),
+        "after the error"
+    );
+    // A sample twice (the second drops the step run ahead), then a truncate and a prompt.
+    let t = ahead.sample(&mut greedy).unwrap();
+    assert_eq!(ahead.sample(&mut greedy).unwrap(), t, "sampled twice");
+    assert_eq!(plain.sample(&mut greedy).unwrap(), t);
+    let n = plain.tokens().len() - 5;
+    plain.truncate(n);
+    ahead.truncate(n);
+    plain.forward(&prompt[..9], Logits::Last).unwrap();
+    ahead.forward(&prompt[..9], Logits::Last).unwrap();
+    assert!(
+        same_bits(plain.logits().unwrap(), ahead.logits().unwrap()),
+        "after a truncate"
+    );
+    // And greedy decoding on from there, still equal.
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..16 {
+        let t = plain.sample(&mut greedy).unwrap();
+        plain.forward(&[t], Logits::Last).unwrap();
+        a.push(t);
+        let t = ahead.sample(&mut greedy).unwrap();
+        ahead.forward(&[t], Logits::Last).unwrap();
+        b.push(t);
+    }
+    assert_eq!(a, b, "greedy tokens after a truncate");
+    assert_eq!(plain.tokens(), ahead.tokens());
+}
+
+/// `generate` (which runs greedy steps ahead on a GPU) gives the tokens of a plain sample/forward
+/// loop, and so does speculation with a GPU draft (the same model: every proposal is accepted), whose
+/// draft steps run ahead too.
+#[test]
+fn generate_and_a_gpu_draft_give_plain_greedy_tokens() {
+    use mens::generate::{generate, generate_with_draft, GenerateOptions};
+    use mens::spec::SpecOptions;
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen2());
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&model.gguf).unwrap();
+    let vocab = model.config.vocab_size;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 11 + 5) % 200).collect();
+    let n = 40;
+    let mut greedy = Sampler::new(SamplerConfig::greedy(), vocab).unwrap();
+    // The plain loop, no step run ahead; stop tokens are ignored here, so compare a prefix.
+    let mut plain = CudaSession::new(gm.clone(), 256, 64).unwrap();
+    plain.forward(&prompt, Logits::Last).unwrap();
+    let mut want = Vec::new();
+    for _ in 0..n {
+        let t = plain.sample(&mut greedy).unwrap();
+        plain.forward(&[t], Logits::Last).unwrap();
+        want.push(t);
+    }
+    let run = |spec: bool| {
+        let mut s = CudaSession::new(gm.clone(), 256, 64).unwrap();
+        let mut d = CudaSession::new(gm.clone(), 256, 64).unwrap();
+        let mut sampler = Sampler::new(SamplerConfig::greedy(), vocab).unwrap();
+        let opts = GenerateOptions {
+            max_tokens: n,
+            spec: spec.then_some(SpecOptions {
+                max: 6,
+                ngram: 3,
+                gate: false,
+            }),
+            ..Default::default()
+        };
+        let st = if spec {
+            generate_with_draft(
+                &mut s,
+                Some(&mut d),
+                &tok,
+                &mut sampler,
+                &prompt,
+                &opts,
+                |_| true,
+            )
+        } else {
+            generate(&mut s, &tok, &mut sampler, &prompt, &opts, |_| true)
+        }
+        .unwrap();
+        let got = s.tokens()[prompt.len()..].to_vec();
+        (got, st, s.steps_ahead, d.steps_ahead)
+    };
+    let (got, st, ahead, _) = run(false);
+    assert!(
+        !got.is_empty() && got[..] == want[..got.len()],
+        "generate: {got:?} against {want:?}"
+    );
+    assert!(
+        st.generated < 4 || ahead + 2 >= st.generated,
+        "ran ahead {ahead} of {}",
+        st.generated
+    );
+    let (got, st, _, draft_ahead) = run(true);
+    assert!(
+        !got.is_empty() && got[..] == want[..got.len()],
+        "draft: {got:?} against {want:?}"
+    );
+    if st.generated > 8 {
+        assert!(
+            st.accepted > 0 && draft_ahead > 0,
+            "{st:?}, draft ran ahead {draft_ahead}"
+        );
+    }
+}
+
 #[test]
 fn tiny_qwen2_gpu_matches_cpu() {
     let Some(dev) = device() else { return };

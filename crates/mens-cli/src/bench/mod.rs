@@ -419,6 +419,7 @@ impl Measure<'_> {
         self.s.truncate(0);
         self.s.forward(&prompt, Logits::Last)?;
         let (a0, k0) = (allocations(), dispatches());
+        self.s.pipeline_greedy(true);
         for step in 1..=steps {
             let t0 = Instant::now();
             let next = self.s.sample(&mut self.greedy)?;
@@ -428,6 +429,7 @@ impl Measure<'_> {
             sch.times.push((step, dt));
             self.bar.inc(1);
         }
+        self.s.pipeline_greedy(false);
         let n = steps as f64;
         sch.allocations_per_step = (allocations() - a0) as f64 / n;
         if self.args.profile {
@@ -570,6 +572,8 @@ impl Measure<'_> {
                     // The first token is the prompt's (on a GPU, sampling it waits for the
                     // prefill): the clock starts after it, then times `gen` decode steps.
                     let mut next = self.s.sample(&mut self.greedy)?;
+                    // As `mens run` decodes greedily: a GPU may run each step ahead.
+                    self.s.pipeline_greedy(cached);
                     let t0 = Instant::now();
                     for _ in 0..gen {
                         if cached {
@@ -580,6 +584,7 @@ impl Measure<'_> {
                         next = self.s.sample(&mut self.greedy)?;
                     }
                     tps.push(gen as f64 / t0.elapsed().as_secs_f64());
+                    self.s.pipeline_greedy(false);
                     if cached {
                         self.bar.inc(1);
                     }

@@ -1393,6 +1393,27 @@ fn attn_head_groups_with(g: usize, kv: KvType, rows: usize, setting: Option<&str
     n.clamp(1, g.max(1))
 }
 
+/// Blocks a KV head group of the single-sequence decode attention takes (the grid's height): a
+/// block per 64-key split up to about eight blocks an SM over the whole grid, each block taking
+/// every `workers`-th split beyond. The graph is recorded once for the whole context, so the grid
+/// of a block per split of the context it had before launched tens of thousands of blocks that
+/// found no keys at a 32k context: the 7B decoded 450 tokens/s there against 548 now and at a
+/// 641-token context. Eight an SM against four: 7B at depth 16384 +6%, elsewhere level or better;
+/// 0.5B −5% at depth 4096, +4% at 16384 (H200, docs/benchmarks.md, session 40). The bits do not
+/// depend on it (each split is computed alone, the splits combined in order).
+/// `MENS_CUDA_ATTN_WORKERS=N` sets it (0: a block per split).
+pub(crate) fn decode_attn_workers(ctx: usize, blocks_per_split: usize, sms: usize) -> usize {
+    let splits = ctx.div_ceil(SPLIT).max(1);
+    let set = std::env::var("MENS_CUDA_ATTN_WORKERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    match set {
+        Some(0) => splits,
+        Some(n) => n.min(splits),
+        None => (8 * sms).div_ceil(blocks_per_split.max(1)).clamp(1, splits),
+    }
+}
+
 /// For measuring only: whether `MENS_CUDA_OMIT` (comma-separated parts of kernel names, e.g.
 /// `rmsnorm,attn_decode`) leaves this kernel out of the decode graph. The step's output is then
 /// wrong; its time, against the whole step's, is what the left-out kernels cost inside the graph.
@@ -1559,8 +1580,8 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 #[cfg(test)]
 mod tests {
     use super::{
-        attn_head_groups_with, five_glu_blocks, fused_norm_with, half_saves, half_with,
-        pair_o_with, repack, Device, Seg,
+        attn_head_groups_with, decode_attn_workers, five_glu_blocks, fused_norm_with, half_saves,
+        half_with, pair_o_with, repack, Device, Seg,
     };
     use crate::gguf::TensorType;
     use crate::model::KvType;
@@ -1659,6 +1680,21 @@ mod tests {
         assert_eq!(attn_head_groups_with(7, KvType::F16, 1, Some("0")), 1);
         assert_eq!(attn_head_groups_with(6, KvType::Q8_0, 1, None), 1);
         assert_eq!(attn_head_groups_with(7, KvType::F16, 1, Some("x")), 7);
+    }
+
+    /// The decode attention's grid: a block a split while the grid stays within about eight blocks
+    /// an SM, never more blocks than splits, at least one.
+    #[test]
+    fn decode_attention_workers_bounded() {
+        if std::env::var_os("MENS_CUDA_ATTN_WORKERS").is_some() {
+            return;
+        }
+        // The 7B: 4 KV heads of 7 query heads, a block each.
+        assert_eq!(decode_attn_workers(641, 28, 132), 11);
+        assert_eq!(decode_attn_workers(32768, 28, 132), 38);
+        assert_eq!(decode_attn_workers(64, 28, 132), 1);
+        assert_eq!(decode_attn_workers(1, 1000, 132), 1);
+        assert_eq!(decode_attn_workers(32768, 0, 132), 512);
     }
 
     /// The five-blocks gate/up kernel goes only where four blocks an SM leave a partial second

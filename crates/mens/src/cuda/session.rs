@@ -105,8 +105,22 @@ pub struct CudaSession {
     /// A packed pass's positions ([`CudaSession::prefill_packed`]): each sequence's first, then
     /// each token's (position, cache row).
     pos_many: Buf,
+    /// Pinned host memory: the greedy id of a step, in slot 0 or 1 (its decode graph's).
     pinned: *mut i32,
-    graph: Option<sys::CUgraphExec>,
+    /// The decode graphs: graph i copies its greedy id to pinned slot i (slot 1: steps run ahead).
+    graphs: [Option<sys::CUgraphExec>; 2],
+    /// Recorded after each step that reports to slot i, when steps may run ahead.
+    done: [sys::CUevent; 2],
+    /// Greedy steps run ahead ([`crate::runner::Runner::pipeline_greedy`]).
+    ahead_on: bool,
+    /// A step launched ahead of its `forward`: (its pinned slot, its input token).
+    ahead: Option<(usize, u32)>,
+    /// The pinned slot of the last step whose token the host is owed.
+    last_slot: usize,
+    /// Whether the last step to report to slot i recorded `done[i]` after it.
+    evented: [bool; 2],
+    /// Steps launched ahead so far (claimed or not).
+    pub steps_ahead: usize,
     /// The token id the device holds as the next step's input (sampled there).
     dev_tok: Option<u32>,
     /// Whether the device's pos equals tokens.len() (false after truncate/reset).
@@ -250,6 +264,11 @@ impl CudaSession {
         let vc = a(kv_len)?;
         let pinned =
             unsafe { drv::malloc_host(16, 0) }.map_err(|e| err("pinned memory", e))? as *mut i32;
+        let event = || {
+            drv::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| err("event", e))
+        };
+        let done = [event()?, event()?];
         let s = CudaSession {
             cos: dev.upload(&rope.cos)?,
             sin: dev.upload(&rope.sin)?,
@@ -288,7 +307,13 @@ impl CudaSession {
             vc,
             kv_ext: if own_kv { None } else { Some((0, 0)) },
             pinned,
-            graph: None,
+            graphs: [None, None],
+            done,
+            ahead_on: false,
+            ahead: None,
+            last_slot: 0,
+            evented: [false; 2],
+            steps_ahead: 0,
             dev_tok: None,
             pos_synced: false,
             host_logits: vec![0f32; v],
@@ -302,7 +327,7 @@ impl CudaSession {
         let mut s = s;
         // Record the decode graph now, so the first token does not pay for it.
         if own_kv {
-            s.capture()?;
+            s.capture(0)?;
         }
         Ok(s)
     }
@@ -313,6 +338,7 @@ impl CudaSession {
     /// since the last [`CudaSession::release_cache`] on it, so the position on the device is still
     /// valid (no upload of it, which costs a synchronous copy each step).
     pub(super) fn use_cache(&mut self, kc: u64, vc: u64, tokens: &mut Vec<u32>, resume: bool) {
+        let _ = self.settle();
         let same = self.point_at(kc, vc);
         std::mem::swap(&mut self.tokens, tokens);
         self.logits_valid = false;
@@ -329,7 +355,7 @@ impl CudaSession {
             return true;
         }
         self.kv_ext = Some((kc, vc));
-        if let Some(g) = self.graph.take() {
+        for g in self.graphs.iter_mut().filter_map(Option::take) {
             unsafe {
                 let _ = drv::graph::exec_destroy(g);
             }
@@ -373,6 +399,7 @@ impl CudaSession {
         self.truncate(0);
     }
     pub fn truncate(&mut self, n: usize) {
+        let _ = self.settle();
         self.tokens.truncate(n);
         self.logits_valid = false;
         self.pos_synced = false;
@@ -403,6 +430,17 @@ impl CudaSession {
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.check(tokens)?;
         self.model.dev.bind()?;
+        if let Some((slot, t)) = self.ahead {
+            if tokens == [t] && matches!(logits, Logits::Last | Logits::None) {
+                // The step this forward asks for is already running: it is now the last one.
+                self.ahead = None;
+                self.last_slot = slot;
+                self.tokens.push(t);
+                self.logits_valid = false;
+                return Ok(());
+            }
+        }
+        self.settle()?;
         let Some(from) = logits.start() else {
             // The head runs anyway (a prefill chunk without logits costs one more matvec).
             return if tokens.len() == 1 {
@@ -424,6 +462,7 @@ impl CudaSession {
 
     /// The last position's logits, copied to the host.
     pub fn logits(&mut self) -> Result<&[f32]> {
+        self.no_step_ahead()?;
         if !self.logits_valid {
             let dev = &self.model.dev;
             dev.read(&self.logits, 0, &mut self.host_logits)?;
@@ -438,9 +477,29 @@ impl CudaSession {
         match DeviceSampling::of(sampler) {
             DeviceSampling::Greedy => {
                 // The decode graph / prefill already ran argmax and copied the id.
-                self.model.dev.sync()?;
-                let t = unsafe { *self.pinned } as u32;
-                self.dev_tok = Some(t);
+                if self.ahead.is_some() {
+                    // Sampled twice: the step run ahead goes; this step's id is still in its slot.
+                    self.settle()?;
+                } else if self.can_run_ahead() {
+                    // The next step (on the device's own pick) starts before this one's id is
+                    // read back: the GPU goes from one step to the next without waiting.
+                    let slot = self.last_slot ^ 1;
+                    self.launch_step(slot)?;
+                    self.ahead = Some((slot, 0));
+                    self.steps_ahead += 1;
+                }
+                let last = self.last_slot;
+                if self.ahead.is_some() {
+                    unsafe { drv::event::synchronize(self.done[last]) }
+                        .map_err(|e| err("kernel execution", e))?;
+                } else {
+                    self.model.dev.sync()?;
+                }
+                let t = unsafe { *self.pinned.add(last) } as u32;
+                match &mut self.ahead {
+                    Some((_, input)) => *input = t,
+                    None => self.dev_tok = Some(t),
+                }
                 Ok(t)
             }
             DeviceSampling::TopK {
@@ -450,6 +509,7 @@ impl CudaSession {
                 min_p,
                 seed,
             } => {
+                self.no_step_ahead()?;
                 let t = self.sample_device(k, temp, top_p, min_p, seed)?;
                 self.dev_tok = Some(t);
                 Ok(t)
@@ -494,7 +554,7 @@ impl CudaSession {
 
     /// The LM head on the q8 activations in `aq`, then argmax (advancing pos by `advance`) and the
     /// copy of the chosen id to pinned host memory.
-    fn head(&self, advance: i32) -> Result<()> {
+    fn head(&self, advance: i32, slot: usize) -> Result<()> {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
@@ -518,7 +578,7 @@ impl CudaSession {
             self.out.ptr, self.pos.ptr, advance)?;
         unsafe {
             drv::memcpy_dtoh_async(
-                std::slice::from_raw_parts_mut(self.pinned, 1),
+                std::slice::from_raw_parts_mut(self.pinned.add(slot), 1),
                 self.out.ptr,
                 dev.stream,
             )
@@ -527,27 +587,27 @@ impl CudaSession {
     }
 
     /// Every kernel of one decode step (what the graph holds).
-    fn decode_kernels(&self) -> Result<usize> {
+    fn decode_kernels(&self, slot: usize) -> Result<usize> {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
         let (d, f) = (c.dim as i32, c.ffn_dim as i32);
         let eps = c.rms_eps;
         launch!(dev, embed, (1, 1), 128; m.embedding.seg, d, self.tok.ptr, self.x.ptr)?;
-        Ok(1 + dev.decode_graph(|| self.decode_layers(d, f, eps))?)
+        Ok(1 + dev.decode_graph(|| self.decode_layers(d, f, eps, slot))?)
     }
 
     /// The decode step after the embedding: the layers, the head and argmax.
-    fn decode_layers(&self, d: i32, f: i32, eps: f32) -> Result<usize> {
+    fn decode_layers(&self, d: i32, f: i32, eps: f32, slot: usize) -> Result<usize> {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
         let (q, kv) = (c.q_dim(), c.kv_dim());
         let row = q + 2 * kv;
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
-        let splits = self.ctx.div_ceil(SPLIT) as u32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let hgs = attn_head_groups(c.n_head, c.n_kv_head, self.kv, 1);
+        let workers = decode_attn_workers(self.ctx, c.n_kv_head * hgs, dev.sms) as u32;
         let (mut n, mut unfused) = (0, 0);
         let glu_block = glu_threads(c.ffn_dim / 32, dev.sms);
         let pair_o = pair_o(c.dim, dev.sms);
@@ -619,7 +679,7 @@ impl CudaSession {
                 self.ad.ptr,
             );
             dev.moves(cache_bytes + q8_bytes(q));
-            launch!(dev, [dev.attn_decode(c.head_dim, self.kv)], ((c.n_kv_head * hgs) as u32, splits), 256;
+            launch!(dev, [dev.attn_decode(c.head_dim, self.kv)], ((c.n_kv_head * hgs) as u32, workers), 256;
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
@@ -659,7 +719,7 @@ impl CudaSession {
                 n += norm(next.map_or(&m.output_norm, |n| &n.attn_norm))?;
             }
         }
-        self.head(1)?;
+        self.head(1, slot)?;
         Ok(n + unfused + 2)
     }
 
@@ -673,18 +733,75 @@ impl CudaSession {
             dev.write(&self.pos, 0, &[self.tokens.len() as i32])?;
             self.pos_synced = true;
         }
-        if self.graph.is_none() {
-            self.capture()?;
-        }
-        unsafe { drv::graph::launch(self.graph.unwrap(), dev.stream) }
-            .map_err(|e| err("graph launch", e))?;
+        self.launch_step(0)?;
+        self.last_slot = 0;
         self.tokens.push(token);
         self.dev_tok = None;
         self.logits_valid = false;
         Ok(())
     }
 
-    fn capture(&mut self) -> Result<()> {
+    /// Replay the decode graph that reports to pinned slot `slot` (recording its event when steps
+    /// may run ahead).
+    fn launch_step(&mut self, slot: usize) -> Result<()> {
+        if self.graphs[slot].is_none() {
+            self.capture(slot)?;
+        }
+        let stream = self.model.dev.stream;
+        unsafe { drv::graph::launch(self.graphs[slot].unwrap(), stream) }
+            .map_err(|e| err("graph launch", e))?;
+        if self.ahead_on {
+            unsafe { drv::event::record(self.done[slot], stream) }.map_err(|e| err("event", e))?;
+        }
+        self.evented[slot] = self.ahead_on;
+        Ok(())
+    }
+
+    /// Whether the next greedy step may start before the host reads this one's id: asked for,
+    /// the session's own cache, the device's position in step with the host's (the step run ahead
+    /// advances it on the device), and room for one more token.
+    fn can_run_ahead(&self) -> bool {
+        self.ahead_on
+            && self.evented[self.last_slot]
+            && self.kv_ext.is_none()
+            && self.pos_synced
+            && self.tokens.len() + 1 < self.ctx
+    }
+
+    /// Wait for a step run ahead that nobody claimed, and forget it: it wrote a cache row past
+    /// the host's tokens (overwritten when that position runs), its logits and the device's
+    /// token and position, which are rewritten before the next step. Whether there was one.
+    fn settle(&mut self) -> Result<bool> {
+        if self.ahead.take().is_none() {
+            return Ok(false);
+        }
+        self.model.dev.sync()?;
+        self.pos_synced = false;
+        self.dev_tok = None;
+        self.logits_valid = false;
+        Ok(true)
+    }
+
+    /// Logits are read: a step run ahead has overwritten the last step's.
+    fn no_step_ahead(&mut self) -> Result<()> {
+        if self.settle()? {
+            return Err(Error::InvalidArgument(
+                "the last step's logits were overwritten by a greedy step run ahead".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Run greedy steps ahead (see [`crate::runner::Runner::pipeline_greedy`]). Turned off, a
+    /// step in flight is left to finish: the next call that needs the device waits for it.
+    /// `MENS_CUDA_AHEAD=0` keeps them off.
+    pub fn pipeline_greedy(&mut self, on: bool) {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var("MENS_CUDA_AHEAD").as_deref() == Ok("0"));
+        self.ahead_on = on && !off;
+    }
+
+    fn capture(&mut self, slot: usize) -> Result<()> {
         let dev = self.model.dev.clone();
         dev.sync()?;
         unsafe {
@@ -694,7 +811,7 @@ impl CudaSession {
             )
         }
         .map_err(|e| err("graph capture", e))?;
-        let r = self.decode_kernels();
+        let r = self.decode_kernels(slot);
         let g = unsafe { drv::stream::end_capture(dev.stream) };
         let n = r?;
         let g = g.map_err(|e| err("graph capture", e))?;
@@ -703,7 +820,7 @@ impl CudaSession {
         unsafe {
             let _ = drv::graph::destroy(g);
         }
-        self.graph = Some(exec);
+        self.graphs[slot] = Some(exec);
         self.graph_kernels = n;
         Ok(())
     }
@@ -959,6 +1076,9 @@ impl CudaSession {
         self.dev_tok = None;
         self.logits_valid = false;
         self.pos_synced = true;
+        // The prompt's head reported to slot 0, with no event after it.
+        self.last_slot = 0;
+        self.evented[0] = false;
         Ok(())
     }
 
@@ -977,7 +1097,7 @@ impl CudaSession {
         if last {
             launch!(dev, rmsnorm_q8, norm_grid(1, c.dim), 1024;
                 self.x.at(4 * (t - 1) * d), m.output_norm.ptr, eps, d as i32, self.aq.ptr, self.ad.ptr)?;
-            self.head(t as i32)?;
+            self.head(t as i32, 0)?;
         }
         self.tokens.extend_from_slice(toks);
         Ok(())
@@ -1175,10 +1295,11 @@ impl CudaSession {
     /// The steps decode the device's own greedy tokens; the session's tokens are not extended, so
     /// the cache entries written here are overwritten by the next forward pass.
     pub fn profile_decode(&mut self, steps: usize) -> Result<crate::runner::Profile> {
+        self.settle()?;
         let dev = self.model.dev.clone();
         dev.bind()?;
         dev.write(&self.pos, 0, &[self.tokens.len() as i32])?;
-        let kernels = dev.time_kernels(steps, || self.decode_kernels())?;
+        let kernels = dev.time_kernels(steps, || self.decode_kernels(0))?;
         // The profiled steps advanced the device's position: put it back.
         self.pos_synced = false;
         self.dev_tok = None;
@@ -1195,8 +1316,11 @@ impl Drop for CudaSession {
         let _ = self.model.dev.bind();
         let _ = self.model.dev.sync();
         unsafe {
-            if let Some(g) = self.graph.take() {
+            for g in self.graphs.iter_mut().filter_map(Option::take) {
                 let _ = drv::graph::exec_destroy(g);
+            }
+            for e in self.done {
+                let _ = drv::event::destroy(e);
             }
             let _ = drv::free_host(self.pinned as *mut c_void);
         }
@@ -1253,6 +1377,9 @@ impl crate::runner::Runner for CudaSession {
     }
     fn sample_slot(&mut self, _slot: usize, sampler: &mut Sampler) -> Result<u32> {
         CudaSession::sample(self, sampler)
+    }
+    fn pipeline_greedy(&mut self, on: bool) {
+        CudaSession::pipeline_greedy(self, on)
     }
     fn memory(&self) -> crate::runner::Memory {
         let kv = CudaSession::kv_cache_bytes(self);
