@@ -484,41 +484,25 @@ extern "C" __global__ void argmax_b(const float* x, int n, const int* orow, floa
   __shared__ int bi[32];
   __shared__ bool last;
   int b = blockIdx.y, o = orow[b];
-  const float* xr = x + (u64)o * n;
-  float v = NEG_INF * 10.f;
-  int idx = 0x7fffffff;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    float y = xr[i];
-    if (y > v) { v = y; idx = i; }
-  }
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int s = 16; s > 0; s >>= 1) {
-    float v2 = __shfl_xor_sync(0xffffffff, v, s);
-    int i2 = __shfl_xor_sync(0xffffffff, idx, s);
-    if (v2 > v || (v2 == v && i2 < idx)) { v = v2; idx = i2; }
-  }
-  if (lane == 0) { bv[w] = v; bi[w] = idx; }
-  __syncthreads();
+  float v;
+  int idx;
+  am_block(x + (u64)o * n, n, v, idx, bv, bi);
   float2* pb = partial + (u64)b * gridDim.x;
   if (threadIdx.x == 0) {
-    for (int k = 1; k < nw; k++)
-      if (bv[k] > v || (bv[k] == v && bi[k] < idx)) { v = bv[k]; idx = bi[k]; }
     pb[blockIdx.x] = make_float2(v, __int_as_float(idx));
     __threadfence();
     last = atomicAdd(&counter[b], 1) == gridDim.x - 1;
   }
   __syncthreads();
-  if (last && threadIdx.x == 0) {
+  if (last && threadIdx.x < 32) {
     __threadfence();
-    float2 best = __ldcg(&pb[0]);
-    for (int k = 1; k < gridDim.x; k++) {
-      float2 c = __ldcg(&pb[k]);
-      if (c.x > best.x || (c.x == best.x && __float_as_int(c.y) < __float_as_int(best.y))) best = c;
+    am_partials(pb, gridDim.x, v, idx);
+    if (threadIdx.x == 0) {
+      int r = idx;
+      if (r < 0 || r >= n) r = 0;  // only when every logit is NaN
+      ids[o] = r;
+      counter[b] = 0;
     }
-    int r = __float_as_int(best.y);
-    if (r < 0 || r >= n) r = 0;  // only when every logit is NaN
-    ids[o] = r;
-    counter[b] = 0;
   }
 }
 

@@ -257,3 +257,53 @@ __device__ __forceinline__ void kv_store_block(float x, u8* row, int kvd, int j,
     if (lane == 0) *(u16*)(row + kvd / 2 + 2 * j) = f2h(d);
   }
 }
+
+// Greedy's order on (value, index) pairs: the larger value, on ties the lower index (the first
+// maximum). A total order, so any reduction tree gives the same pair.
+__device__ __forceinline__ bool am_first(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+__device__ __forceinline__ void am_warp(float& v, int& idx) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float v2 = __shfl_xor_sync(0xffffffff, v, o);
+    int i2 = __shfl_xor_sync(0xffffffff, idx, o);
+    if (am_first(v2, i2, v, idx)) { v = v2; idx = i2; }
+  }
+}
+// The first maximum of x[0..n) over this block's share of the grid (every gridDim.x * blockDim.x-th
+// value from its thread's), in warp 0 (all its lanes). Four loads in flight a thread: the logits
+// of a 152k vocabulary are 4-5 a thread at 32 blocks of 1024.
+__device__ __forceinline__ void am_block(const float* x, int n, float& v, int& idx, float* bv, int* bi) {
+  v = NEG_INF * 10.f;
+  idx = 0x7fffffff;
+  int stride = gridDim.x * blockDim.x, i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    float y0 = x[i], y1 = x[i + stride], y2 = x[i + 2 * stride], y3 = x[i + 3 * stride];
+    if (y0 > v) { v = y0; idx = i; }
+    if (y1 > v) { v = y1; idx = i + stride; }
+    if (y2 > v) { v = y2; idx = i + 2 * stride; }
+    if (y3 > v) { v = y3; idx = i + 3 * stride; }
+  }
+  for (; i < n; i += stride) {
+    float y = x[i];
+    if (y > v) { v = y; idx = i; }
+  }
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  am_warp(v, idx);
+  if (lane == 0) { bv[w] = v; bi[w] = idx; }
+  __syncthreads();
+  if (w == 0) {
+    v = lane < nw ? bv[lane] : NEG_INF * 10.f;
+    idx = lane < nw ? bi[lane] : 0x7fffffff;
+    am_warp(v, idx);
+  }
+}
+// The first maximum of `count` partial pairs (value, index as float bits), read from L2 by warp 0,
+// a pair a lane at a time; the result in every lane of warp 0.
+__device__ __forceinline__ void am_partials(const float2* p, int count, float& v, int& idx) {
+  v = NEG_INF * 10.f;
+  idx = 0x7fffffff;
+  for (int k = threadIdx.x & 31; k < count; k += 32) {
+    float2 c = __ldcg(&p[k]);
+    if (am_first(c.x, __float_as_int(c.y), v, idx)) { v = c.x; idx = __float_as_int(c.y); }
+  }
+  am_warp(v, idx);
+}

@@ -8,48 +8,44 @@ extern "C" __global__ void argmax(const float* x, int n, float2* partial, u32* c
   __shared__ int bi[32];
   __shared__ bool last;
   pdl_wait();
-  float v = NEG_INF * 10.f;
-  int idx = 0x7fffffff;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    float y = x[i];
-    if (y > v) { v = y; idx = i; }
-  }
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) {
-    float v2 = __shfl_xor_sync(0xffffffff, v, o);
-    int i2 = __shfl_xor_sync(0xffffffff, idx, o);
-    if (v2 > v || (v2 == v && i2 < idx)) { v = v2; idx = i2; }
-  }
-  if (lane == 0) { bv[w] = v; bi[w] = idx; }
-  __syncthreads();
+  float v;
+  int idx;
+  am_block(x, n, v, idx, bv, bi);
   if (threadIdx.x == 0) {
-    for (int k = 1; k < nw; k++)
-      if (bv[k] > v || (bv[k] == v && bi[k] < idx)) { v = bv[k]; idx = bi[k]; }
     partial[blockIdx.x] = make_float2(v, __int_as_float(idx));
     __threadfence();
     last = atomicAdd(counter, 1) == gridDim.x - 1;
   }
   __syncthreads();
+#ifdef ARGMAX_SERIAL  // for measuring: the last block's thread 0 reads the partials one by one
   if (last && threadIdx.x == 0) {
     __threadfence();
     float2 b = __ldcg(&partial[0]);
     for (int k = 1; k < gridDim.x; k++) {
       float2 c = __ldcg(&partial[k]);
-      if (c.x > b.x || (c.x == b.x && __float_as_int(c.y) < __float_as_int(b.y))) b = c;
+      if (am_first(c.x, __float_as_int(c.y), b.x, __float_as_int(b.y))) b = c;
     }
-    int r = __float_as_int(b.y);
-    if (r < 0 || r >= n) r = 0;  // only when every logit is NaN
-    *tok = r;
-    *out = r;
-    *pos += advance;
-    *counter = 0;
+    idx = __float_as_int(b.y);
+#else
+  if (last && threadIdx.x < 32) {
+    __threadfence();
+    am_partials(partial, gridDim.x, v, idx);
+#endif
+    if (threadIdx.x == 0) {
+      int r = idx;
+      if (r < 0 || r >= n) r = 0;  // only when every logit is NaN
+      *tok = r;
+      *out = r;
+      *pos += advance;
+      *counter = 0;
+    }
   }
 }
 #endif
 
 // Sampling, step 1: each block keeps the top K (value desc, index asc) of its slice of the logits.
 #define KMAX 64
-__device__ __forceinline__ bool before(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+__device__ __forceinline__ bool before(float v, int i, float bv, int bi) { return am_first(v, i, bv, bi); }
 // The block's first (value desc, index asc) of every thread's (v, idx), returned to every thread.
 // wv, wi: shared scratch of 32 entries.
 __device__ void block_best(float& v, int& idx, float* wv, int* wi) {
