@@ -1,0 +1,24 @@
+set -u
+O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
+for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$(basename $f); chmod +x $B/$(basename $f); done
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache; mkdir -p $MENS_CUDA_CACHE
+for f in .device/ptx/*.ptx.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"; done
+for s in 7b 1.5b 0.5b; do [ -f /tmp/mens-models/synth-$s.gguf ] || $B/mens synth --shape $s -o /tmp/mens-models/synth-$s.gguf >/dev/null 2>&1 & done; wait
+export CUDA_CACHE_PATH=/tmp/jit-3
+date +%T > $O/state.txt
+MENS_CUDA_MODEL=/tmp/mens-models/synth-0.5b.gguf timeout 200 $B/cuda-test --test-threads=1 --nocapture > $O/tests.log 2>&1
+grep -E "test result|FAILED|panicked" $O/tests.log | head -12
+date +%T >> $O/state.txt
+b() { l=$1; shift; env "$@" timeout 100 $B/mens bench -m $m --backend cuda --prompt 16 --steps 0 --gen 128 --reps 3 --paired 0 -q $ARGS 2>&1 | grep -E "^\| tg|rror" | sed "s/^/$s $l: /"; }
+for s in 0.5b 1.5b 7b; do m=/tmp/mens-models/synth-$s.gguf
+  $B/mens bench -m $m --backend cuda --prompt 16 --steps 0 --depth 0 --gen 32 --reps 1 --paired 0 -q >/dev/null 2>&1
+  for r in 1 2; do
+    ARGS="--depth 0,256,512"; b new X=1; b old MENS_CUDA_ATTN_WORKERS=0
+    ARGS="-c 32768 --depth 0,512,4096"; b new-32k X=1; b old-32k MENS_CUDA_ATTN_WORKERS=0
+  done
+done | tee $O/decode.txt
+date +%T >> $O/state.txt
+s=7b; m=/tmp/mens-models/synth-$s.gguf; ARGS="-c 32768 --depth 16384"
+for w in X=1 MENS_CUDA_ATTN_WORKERS=38 MENS_CUDA_ATTN_WORKERS=76 MENS_CUDA_ATTN_WORKERS=0; do b $w $w; done | tee $O/long.txt
+date +%T >> $O/state.txt
+timeout 60 $B/mens run -m /tmp/mens-models/synth-7b.gguf --backend cuda -n 200 --temp 0 -p "def fib(n):" 2>&1 >/dev/null | tail -1
