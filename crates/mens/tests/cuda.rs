@@ -612,6 +612,17 @@ fn compare_with(
     }
 }
 
+/// `n` greedy steps: sample, then feed the token back.
+fn greedy_steps(s: &mut CudaSession, greedy: &mut Sampler, n: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = s.sample(greedy).unwrap();
+        s.forward(&[t], Logits::Last).unwrap();
+        out.push(t);
+    }
+    out
+}
+
 /// Greedy steps run ahead (`pipeline_greedy`) give plain decoding's tokens, and whatever the
 /// caller does after a sample instead of claiming the step run ahead (another token, a truncate,
 /// a second sample) gives what a session that never ran ahead gives, bit for bit; logits read
@@ -629,15 +640,8 @@ fn greedy_steps_run_ahead_give_plain_decodings_tokens() {
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
     plain.forward(&prompt, Logits::Last).unwrap();
     ahead.forward(&prompt, Logits::Last).unwrap();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..48 {
-        let t = plain.sample(&mut greedy).unwrap();
-        plain.forward(&[t], Logits::Last).unwrap();
-        a.push(t);
-        let t = ahead.sample(&mut greedy).unwrap();
-        ahead.forward(&[t], Logits::Last).unwrap();
-        b.push(t);
-    }
+    let a = greedy_steps(&mut plain, &mut greedy, 48);
+    let b = greedy_steps(&mut ahead, &mut greedy, 48);
     assert_eq!(a, b, "greedy tokens with steps run ahead");
     assert!(
         ahead.steps_ahead >= 46,
@@ -684,15 +688,8 @@ fn greedy_steps_run_ahead_give_plain_decodings_tokens() {
         "after a truncate"
     );
     // And greedy decoding on from there, still equal.
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..16 {
-        let t = plain.sample(&mut greedy).unwrap();
-        plain.forward(&[t], Logits::Last).unwrap();
-        a.push(t);
-        let t = ahead.sample(&mut greedy).unwrap();
-        ahead.forward(&[t], Logits::Last).unwrap();
-        b.push(t);
-    }
+    let a = greedy_steps(&mut plain, &mut greedy, 16);
+    let b = greedy_steps(&mut ahead, &mut greedy, 16);
     assert_eq!(a, b, "greedy tokens after a truncate");
     assert_eq!(plain.tokens(), ahead.tokens());
 }
@@ -715,12 +712,7 @@ fn generate_and_a_gpu_draft_give_plain_greedy_tokens() {
     // The plain loop, no step run ahead; stop tokens are ignored here, so compare a prefix.
     let mut plain = CudaSession::new(gm.clone(), 256, 64).unwrap();
     plain.forward(&prompt, Logits::Last).unwrap();
-    let mut want = Vec::new();
-    for _ in 0..n {
-        let t = plain.sample(&mut greedy).unwrap();
-        plain.forward(&[t], Logits::Last).unwrap();
-        want.push(t);
-    }
+    let want = greedy_steps(&mut plain, &mut greedy, n);
     let run = |spec: bool| {
         let mut s = CudaSession::new(gm.clone(), 256, 64).unwrap();
         let mut d = CudaSession::new(gm.clone(), 256, 64).unwrap();
