@@ -158,8 +158,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
 
     // Plain greedy decoding may run a step ahead on a GPU (the loop reads no logits).
     let pipelined = spec.is_none() && !opts.no_kv_cache;
-    session.pipeline_greedy(pipelined);
-    let mut decode_loop = || -> Result<()> {
+    crate::runner::with_greedy_pipeline(session, pipelined, |session| {
         while let Some(next) = pending.take().or_else(|| queue.pop_front()) {
             popped += 1;
             let in_cache = ahead > 0;
@@ -300,10 +299,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
             stats.decode_steps += 1;
         }
         Ok(())
-    };
-    let looped = decode_loop();
-    session.pipeline_greedy(false);
-    looped?;
+    })?;
     // As without speculation: the cache holds the prompt and every token but the last one.
     if spec.is_some() && popped > 0 && session.tokens().len() > len0 + popped - 1 {
         session.truncate(len0 + popped - 1);

@@ -239,6 +239,19 @@ pub fn single<'p, 'a>(parts: &'p mut [Part<'a>]) -> Result<&'p mut Part<'a>> {
     }
 }
 
+/// Run `f` on `r` with greedy steps run ahead when `on` ([`Runner::pipeline_greedy`]), turned off
+/// again after it whatever it returns.
+pub fn with_greedy_pipeline<R: Runner + ?Sized, T>(
+    r: &mut R,
+    on: bool,
+    f: impl FnOnce(&mut R) -> Result<T>,
+) -> Result<T> {
+    r.pipeline_greedy(on);
+    let out = f(r);
+    r.pipeline_greedy(false);
+    out
+}
+
 /// Check that `tokens` may be appended to a sequence holding `pos` of `ctx` tokens (every backend).
 pub fn check_tokens(pos: usize, ctx: usize, tokens: &[u32], vocab: usize) -> Result<()> {
     if tokens.is_empty() {

@@ -96,9 +96,8 @@ pub fn draft(
     let t0 = std::time::Instant::now();
     let short = tail.len() <= 2;
     // A GPU draft may run each step ahead but the last (whose token is not fed back).
-    d.pipeline_greedy(k > 1);
     let mut t1 = t0;
-    let mut steps = || -> Result<()> {
+    crate::runner::with_greedy_pipeline(d, k > 1, |d| {
         d.forward(tail, Logits::Last)?;
         t1 = std::time::Instant::now();
         let mut greedy = crate::sample::Sampler::new(crate::sample::SamplerConfig::greedy(), 1)?;
@@ -113,10 +112,7 @@ pub fn draft(
             }
         }
         Ok(())
-    };
-    let r = steps();
-    d.pipeline_greedy(false);
-    r?;
+    })?;
     Ok(if short {
         (k, t0.elapsed().as_secs_f64())
     } else if k > 1 {
