@@ -45,21 +45,16 @@ extern "C" __global__ void argmax(const float* x, int n, float2* partial, u32* c
 
 // Sampling, step 1: each block keeps the top K (value desc, index asc) of its slice of the logits.
 #define KMAX 64
-__device__ __forceinline__ bool before(float v, int i, float bv, int bi) { return am_first(v, i, bv, bi); }
-// The block's first (value desc, index asc) of every thread's (v, idx), returned to every thread.
-// wv, wi: shared scratch of 32 entries.
+// The block's first (value desc, index asc: am_first) of every thread's (v, idx), returned to every
+// thread. wv, wi: shared scratch of 32 entries.
 __device__ void block_best(float& v, int& idx, float* wv, int* wi) {
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) {
-    float v2 = __shfl_xor_sync(0xffffffff, v, o);
-    int i2 = __shfl_xor_sync(0xffffffff, idx, o);
-    if (before(v2, i2, v, idx)) { v = v2; idx = i2; }
-  }
+  am_warp(v, idx);
   if (lane == 0) { wv[w] = v; wi[w] = idx; }
   __syncthreads();
   v = wv[0]; idx = wi[0];
   for (int j = 1; j < nw; j++)
-    if (before(wv[j], wi[j], v, idx)) { v = wv[j]; idx = wi[j]; }
+    if (am_first(wv[j], wi[j], v, idx)) { v = wv[j]; idx = wi[j]; }
   __syncthreads();
 }
 #ifndef MENS_BATCH_MODULE
@@ -74,7 +69,7 @@ extern "C" __global__ void topk_partial(const float* x, int n, int k, int slice,
     int idx = 0x7fffffff;
     for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
       float y = x[i];
-      if (before(pv, pi, y, i) && before(y, i, v, idx)) { v = y; idx = i; }
+      if (am_first(pv, pi, y, i) && am_first(y, i, v, idx)) { v = y; idx = i; }
     }
     block_best(v, idx, wv, wi);
     if (threadIdx.x == 0) cand[blockIdx.x * k + r] = make_float2(v, __int_as_float(idx));
@@ -109,7 +104,7 @@ extern "C" __global__ void sample_final(const float2* cand, int ncand, int k, fl
     for (int i = threadIdx.x; i < ncand; i += blockDim.x) {
       float2 c = cand[i];
       int ci = __float_as_int(c.y);
-      if (ci != 0x7fffffff && before(pv, pi, c.x, ci) && before(c.x, ci, v, idx)) { v = c.x; idx = ci; }
+      if (ci != 0x7fffffff && am_first(pv, pi, c.x, ci) && am_first(c.x, ci, v, idx)) { v = c.x; idx = ci; }
     }
     block_best(v, idx, wv, wi);
     if (threadIdx.x == 0) { tv[r] = v; ti[r] = idx; }
