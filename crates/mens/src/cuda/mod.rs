@@ -1403,11 +1403,21 @@ fn attn_head_groups_with(g: usize, kv: KvType, rows: usize, setting: Option<&str
 /// depend on it (each split is computed alone, the splits combined in order).
 /// `MENS_CUDA_ATTN_WORKERS=N` sets it (0: a block per split).
 pub(crate) fn decode_attn_workers(ctx: usize, blocks_per_split: usize, sms: usize) -> usize {
+    decode_attn_workers_with(
+        ctx,
+        blocks_per_split,
+        sms,
+        std::env::var("MENS_CUDA_ATTN_WORKERS").ok().as_deref(),
+    )
+}
+fn decode_attn_workers_with(
+    ctx: usize,
+    blocks_per_split: usize,
+    sms: usize,
+    setting: Option<&str>,
+) -> usize {
     let splits = ctx.div_ceil(SPLIT).max(1);
-    let set = std::env::var("MENS_CUDA_ATTN_WORKERS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok());
-    match set {
+    match setting.and_then(|v| v.parse::<usize>().ok()) {
         Some(0) => splits,
         Some(n) => n.min(splits),
         None => (8 * sms).div_ceil(blocks_per_split.max(1)).clamp(1, splits),
@@ -1580,8 +1590,8 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 #[cfg(test)]
 mod tests {
     use super::{
-        attn_head_groups_with, decode_attn_workers, five_glu_blocks, fused_norm_with, half_saves,
-        half_with, pair_o_with, repack, Device, Seg,
+        attn_head_groups_with, decode_attn_workers_with, five_glu_blocks, fused_norm_with,
+        half_saves, half_with, pair_o_with, repack, Device, Seg,
     };
     use crate::gguf::TensorType;
     use crate::model::KvType;
@@ -1683,18 +1693,20 @@ mod tests {
     }
 
     /// The decode attention's grid: a block a split while the grid stays within about eight blocks
-    /// an SM, never more blocks than splits, at least one.
+    /// an SM, never more blocks than splits, at least one; a setting of n (0: a block a split).
     #[test]
     fn decode_attention_workers_bounded() {
-        if std::env::var_os("MENS_CUDA_ATTN_WORKERS").is_some() {
-            return;
-        }
+        let w = |ctx, bps| decode_attn_workers_with(ctx, bps, 132, None);
         // The 7B: 4 KV heads of 7 query heads, a block each.
-        assert_eq!(decode_attn_workers(641, 28, 132), 11);
-        assert_eq!(decode_attn_workers(32768, 28, 132), 38);
-        assert_eq!(decode_attn_workers(64, 28, 132), 1);
-        assert_eq!(decode_attn_workers(1, 1000, 132), 1);
-        assert_eq!(decode_attn_workers(32768, 0, 132), 512);
+        assert_eq!(w(641, 28), 11);
+        assert_eq!(w(32768, 28), 38);
+        assert_eq!(w(64, 28), 1);
+        assert_eq!(w(1, 1000), 1);
+        assert_eq!(w(32768, 0), 512);
+        assert_eq!(decode_attn_workers_with(32768, 28, 132, Some("0")), 512);
+        assert_eq!(decode_attn_workers_with(32768, 28, 132, Some("76")), 76);
+        assert_eq!(decode_attn_workers_with(641, 28, 132, Some("76")), 11);
+        assert_eq!(decode_attn_workers_with(32768, 28, 132, Some("x")), 38);
     }
 
     /// The five-blocks gate/up kernel goes only where four blocks an SM leave a partial second
