@@ -42,6 +42,7 @@ fn decode_bytes(c: &Config, slots: usize, ctx: usize) -> usize {
             + 8 * wide / 32
             + f
             + 8 * f / 32
+            + 4
             + 4 * q
             + 4 * (q + 2 * c.kv_dim())
             + 8 * f
@@ -293,6 +294,8 @@ pub struct CudaBatch {
     ad: Buf,
     hq: Buf,
     hd: Buf,
+    /// A deferred norm's scale of each row (rmsnorm_q8s).
+    ns: Buf,
     q: Buf,
     qkv: Buf,
     gu: Buf,
@@ -511,6 +514,7 @@ impl CudaBatch {
             ad: zeros(8 * s * wide / 32)?,
             hq: zeros(s * f)?,
             hd: zeros(8 * s * f / 32)?,
+            ns: zeros(4 * s)?,
             q: zeros(4 * s * q)?,
             qkv: zeros(4 * s * (q + 2 * c.kv_dim()))?,
             gu: zeros(8 * s * f)?,
@@ -862,6 +866,14 @@ impl CudaBatch {
                 self.qkv.ptr, hgs as i32)
         };
         launch!(dev, embed, (bp as u32, 1), 128; m.embedding.seg, d, tok, self.x.ptr)?;
+        // Deferred norms (norms_deferred): each row's q8 of x · w and its scale for Q/K/V and
+        // gate/up, the decode step's bits; the head's norm as before.
+        let defer = !mma && norms_deferred(m);
+        let ns = if defer { self.ns.ptr } else { 0 };
+        let norm_d = |w: u64| -> Result<()> {
+            launch!(dev, rmsnorm_q8s, (bp as u32, 1), 1024;
+                self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr, self.ns.ptr)
+        };
         let norm = |w: u64| -> Result<()> {
             if mma {
                 launch!(dev, add_rmsnorm_f16, (bp as u32, 1), 256;
@@ -871,7 +883,11 @@ impl CudaBatch {
                     self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr)
             }
         };
-        norm(m.layers[0].attn_norm.ptr)?;
+        if defer {
+            norm_d(m.layers[0].attn_norm.ptr)?;
+        } else {
+            norm(m.layers[0].attn_norm.ptr)?;
+        }
         let mut n = 2;
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = (
@@ -989,18 +1005,22 @@ impl CudaBatch {
                     launch!(dev, (dev.qkv_rope_b(narrow)?) as "qkv_rope_b", ((row / 2).div_ceil(4) as u32, 1), 128;
                         l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, b, bias, cos, sin, pos,
                         slot, pages, maxp, pb, c.n_head as i32, c.n_kv_head as i32, c.head_dim as i32, neox,
-                        self.q.ptr, wk, wv, self.qkv.ptr)?;
+                        self.q.ptr, wk, wv, self.qkv.ptr, ns)?;
                 }
                 att(li, kc, vc, 0)?;
                 let (k, grid, block) = dev.matmul_q8(narrow, bp, &[&l.o.seg])?;
                 launch!(dev, (k) as "matmul_q8 (attn_output + residual)", grid, block;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
                     0u64, 0u64, MODE_ADD)?;
-                norm(l.ffn_norm.ptr)?;
+                if defer {
+                    norm_d(l.ffn_norm.ptr)?;
+                } else {
+                    norm(l.ffn_norm.ptr)?;
+                }
                 launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
-                    l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr)?;
+                    l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr, ns)?;
                 // Added to the residual, in the decode step's split order where it has one.
-                let split = dev.split_rows(&l.down.seg, f);
+                let split = !defer && dev.split_rows(&l.down.seg, f);
                 let (k, grid, block) = if split {
                     dev.matmul_q8_split(narrow, &l.down.seg)?
                 } else {
@@ -1009,7 +1029,11 @@ impl CudaBatch {
                 launch!(dev, (k) as "matmul_q8 (ffn_down + residual)", grid, block;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
                     0u64, 0u64, MODE_ADD | if split { MODE_SPLIT } else { 0 })?;
-                norm(rest.ptr)?;
+                if defer && li + 1 < m.layers.len() {
+                    norm_d(rest.ptr)?;
+                } else {
+                    norm(rest.ptr)?;
+                }
                 n += 7;
             }
         }

@@ -139,6 +139,12 @@ kernels!(Funcs:
     matvec_pair_r,
     matvec_pair_add,
     matvec_pair_add_r,
+    matvec_add_nq,
+    matvec_add_nq_r,
+    matvec_pair_add_nq,
+    matvec_pair_add_nq_r,
+    rmsnorm_q8d,
+    rmsnorm_q8s,
     qkv_rope_r,
     matvec_glu_q8,
     matvec_glu_q8_q4k,
@@ -751,6 +757,15 @@ impl Device {
     pub(crate) fn matvec_pair_add_k(&self, seg: &Seg) -> sys::CUfunction {
         Self::plain_or_r(&[seg], self.f.matvec_pair_add, self.f.matvec_pair_add_r)
     }
+    /// The residual matvec that also makes the next deferred norm's input (`matvec_add_nq_t`):
+    /// two rows a warp where `pair`, else one.
+    pub(crate) fn matvec_add_nq_k(&self, seg: &Seg, pair: bool) -> sys::CUfunction {
+        let f = &self.f;
+        match pair {
+            true => Self::plain_or_r(&[seg], f.matvec_pair_add_nq, f.matvec_pair_add_nq_r),
+            false => Self::plain_or_r(&[seg], f.matvec_add_nq, f.matvec_add_nq_r),
+        }
+    }
     pub(crate) fn qkv_rope_k(&self, segs: &[&Seg]) -> sys::CUfunction {
         Self::plain_or_r(segs, self.f.qkv_rope, self.f.qkv_rope_r)
     }
@@ -1261,6 +1276,7 @@ arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20);
 arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20, V 21, W 22);
+arg_ptrs!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13, O 14, P 15, Q 16, R 17, S 18, T 19, U 20, V 21, W 22, X 23);
 
 /// The batch matmul kernels' mode bits (kernels/batch.cu, `matmul_q8_t`): add to the output
 /// instead of storing, and sum each row in `matvec2`'s 64 streams (grid from `matmul_q8_split`).
@@ -1319,6 +1335,38 @@ impl Seg {
 /// (one chunk a warp).
 fn norm_grid(rows: usize, dim: usize) -> (u32, u32) {
     (rows as u32, (dim / 32).div_ceil(32).max(1) as u32)
+}
+
+/// A deferred norm's sums: copies a row, and groups a copy (NP_REPS, NP_MAX in kernels/common.cuh).
+const NP_REPS: usize = 32;
+const NP_MAX: usize = 128;
+/// Whether the decode step and the batched step (dp4a) defer this model's norms (kernels/common.cuh,
+/// parts_lane): the O and ffn_down matvecs make the next norm's input, so there are no norm
+/// kernels but the first and the last. H200 decode at depth 0 / 512: 7B 550 / 517 -> 585 / 550
+/// tokens/s, 1.5B +1% and 0.5B +4.5% over split ffn_down rows (which it replaces: `split_rows`
+/// is not asked then); docs/benchmarks.md, session 41. Where dims are a multiple of 32 up to 4096
+/// and no layer has a Q/K norm; not with a fused norm, nor with `MENS_CUDA_NORM_DEFER=0` or
+/// `MENS_CUDA_SPLIT=1`.
+pub(crate) fn norms_deferred(m: &GpuModel) -> bool {
+    norms_deferred_with(
+        m.config.dim,
+        m.layers.iter().any(|l| l.qk_norm.is_some()),
+        std::env::var("MENS_CUDA_NORM_DEFER").ok().as_deref(),
+        std::env::var("MENS_CUDA_SPLIT").ok().as_deref(),
+    )
+}
+fn norms_deferred_with(
+    dim: usize,
+    qk_norm: bool,
+    setting: Option<&str>,
+    split: Option<&str>,
+) -> bool {
+    setting != Some("0")
+        && split != Some("1")
+        && !fused_norm(dim)
+        && dim % 32 == 0
+        && dim / 32 <= NP_MAX
+        && !qk_norm
 }
 
 /// Dims up to which a decode kernel can normalise its own input (NORM_MAXD in kernels/matvec.cu).
@@ -1591,7 +1639,7 @@ pub use session::{session_bytes, CudaSession, DeviceSampling};
 mod tests {
     use super::{
         attn_head_groups_with, decode_attn_workers_with, five_glu_blocks, fused_norm_with,
-        half_saves, half_with, pair_o_with, repack, Device, Seg,
+        half_saves, half_with, norms_deferred_with, pair_o_with, repack, Device, Seg,
     };
     use crate::gguf::TensorType;
     use crate::model::KvType;
@@ -1626,6 +1674,20 @@ mod tests {
 
     /// The decode kernels normalise their own input only on request (MENS_CUDA_NORM_FUSE=1), up to
     /// what their shared memory holds, never on a width their warps do not tile.
+    #[test]
+    fn norms_deferred_by_shape_and_setting() {
+        for d in [896, 1536, 3584, 4096] {
+            assert!(norms_deferred_with(d, false, None, None), "{d}");
+        }
+        assert!(
+            !norms_deferred_with(4128, false, None, None)
+                && !norms_deferred_with(900, false, None, None)
+        );
+        assert!(!norms_deferred_with(3584, true, None, None), "a Q/K norm");
+        assert!(!norms_deferred_with(3584, false, Some("0"), None));
+        assert!(!norms_deferred_with(3584, false, None, Some("1")));
+        assert!(norms_deferred_with(3584, false, Some("1"), Some("0")));
+    }
     #[test]
     fn fused_norm_by_width_and_setting() {
         assert!(!fused_norm_with(896, None) && !fused_norm_with(640, Some("")));

@@ -81,6 +81,10 @@ pub struct CudaSession {
     ad: Buf,
     hq: Buf,
     hd: Buf,
+    /// A deferred norm's input: q8 of x · w, and each group's sum of squares of x.
+    nq: Buf,
+    nd: Buf,
+    np: Buf,
     part_o: Buf,
     part_ml: Buf,
     logits: Buf,
@@ -168,6 +172,8 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
     let dec = 4 * (b * d + b * row)
         + HEAD_ROWS * d.max(q) * 2
         + f * 2
+        + d * 2
+        + 4 * NP_REPS * NP_MAX
         + splits * c.n_head * (c.head_dim + 2) * 4
         + v * 4;
     let pre = 2 * b * d.max(q)
@@ -278,6 +284,9 @@ impl CudaSession {
             ad: a(HEAD_ROWS * 8 * d.max(q) / 32)?,
             hq: a(f)?,
             hd: a(8 * f / 32)?,
+            nq: a(d)?,
+            nd: a(8 * d / 32)?,
+            np: a(4 * NP_REPS * NP_MAX)?,
             part_o: a(4 * splits * c.n_head * c.head_dim)?,
             part_ml: a(8 * splits * c.n_head)?,
             logits: a(4 * v)?,
@@ -621,6 +630,14 @@ impl CudaSession {
         // kernels/matvec.cu: rmsnorm_q8's bits), so the norms between the layers' matvecs go.
         let fuse = fused_norm(c.dim) && m.layers.iter().all(|l| l.qk_norm.is_none());
         let (nx, fused_bytes) = if fuse { (self.x.ptr, 8 * du) } else { (0, 0) };
+        // Deferred norms (kernels/common.cuh, parts_lane): O and down leave the next norm's
+        // input (nq, nd, np), Q/K/V and gate/up scale their rows; no norm kernels but the first
+        // and the last.
+        let defer = !fuse && norms_deferred(m);
+        let (nq, nd, np) = match defer {
+            true => (self.nq.ptr, self.nd.ptr, self.np.ptr),
+            false => (self.aq.ptr, self.ad.ptr, 0),
+        };
         // rmsnorm(x) · w into aq/ad for the next matvec: one kernel.
         let norm = |w: &Buf| -> Result<usize> {
             dev.moves(norm_bytes);
@@ -628,7 +645,12 @@ impl CudaSession {
                 self.x.ptr, w.ptr, eps, d, self.aq.ptr, self.ad.ptr)?;
             Ok(1)
         };
-        if !fuse {
+        if defer {
+            dev.moves(norm_bytes);
+            launch!(dev, rmsnorm_q8d, norm_grid(1, c.dim), 1024;
+                self.x.ptr, m.layers[0].attn_norm.ptr, d, nq, nd, np)?;
+            n += 1;
+        } else if !fuse {
             n += norm(&m.layers[0].attn_norm)?;
         }
         let quantized = self.kv != KvType::F16;
@@ -660,9 +682,9 @@ impl CudaSession {
                     None => (("qkv_rope", dev.qkv_rope_k(&segs)), 4),
                 };
                 launch!(dev, [k], ((row / 2).div_ceil(per_block) as u32, 1), 128;
-                    l.q.seg, l.k.seg, l.v.seg, d, self.aq.ptr, self.ad.ptr, bias, self.cos.ptr,
+                    l.q.seg, l.k.seg, l.v.seg, d, nq, nd, bias, self.cos.ptr,
                     self.sin.ptr, self.pos.ptr, c.n_head as i32, c.n_kv_head as i32,
-                    c.head_dim as i32, neox, self.qkv.ptr, wk, wv, nx, l.attn_norm.ptr, eps)?;
+                    c.head_dim as i32, neox, self.qkv.ptr, wk, wv, nx, l.attn_norm.ptr, eps, np)?;
             }
             let args = (
                 self.qkv.ptr,
@@ -683,14 +705,18 @@ impl CudaSession {
                 args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
                 args.9, args.10, args.11)?;
             dev.moves(l.o.seg.bytes() + q8_bytes(q) + 8 * du);
-            if pair_o {
+            if defer {
+                let rows_a_block = if pair_o { 8 } else { 4 };
+                launch!(dev, (dev.matvec_add_nq_k(&l.o.seg, pair_o)) as "matvec (attn_output + residual)", ((c.dim / rows_a_block) as u32, 1), 128;
+                    l.o.seg, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, l.ffn_norm.ptr, nq, nd, np)?;
+            } else if pair_o {
                 launch!(dev, (dev.matvec_pair_add_k(&l.o.seg)) as "matvec (attn_output + residual)", ((c.dim).div_ceil(8) as u32, 1), 128;
                     l.o.seg, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr)?;
             } else {
                 launch!(dev, (dev.matvec_k(&[&l.o.seg])) as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
             }
-            if !fuse {
+            if !fuse && !defer {
                 n += norm(&l.ffn_norm)?;
             }
             dev.moves(
@@ -704,18 +730,21 @@ impl CudaSession {
                 .glu_half(&l.gate.seg, &l.up.seg, c.dim, glu_block, half.glu)
                 .unwrap_or_else(|| dev.glu(&l.gate.seg, &l.up.seg, glu_block));
             launch!(dev, [glu_k], ((c.ffn_dim / 32) as u32, 1), glu_block;
-                l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, self.hq.ptr, self.hd.ptr, nx,
-                l.ffn_norm.ptr, eps)?;
+                l.gate.seg, l.up.seg, d, nq, nd, self.hq.ptr, self.hd.ptr, nx,
+                l.ffn_norm.ptr, eps, np)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
-            if dev.split_rows(&l.down.seg, c.ffn_dim) {
+            let next = m.layers.get(li + 1);
+            if let (true, Some(nl)) = (defer, next) {
+                launch!(dev, (dev.matvec_add_nq_k(&l.down.seg, false)) as "matvec (ffn_down + residual)", ((c.dim / 4) as u32, 1), 128;
+                    l.down.seg, f, self.hq.ptr, self.hd.ptr, self.x.ptr, nl.attn_norm.ptr, nq, nd, np)?;
+            } else if !defer && dev.split_rows(&l.down.seg, c.ffn_dim) {
                 launch!(dev, (dev.matvec2_k(&l.down.seg)) as "matvec (ffn_down + residual)", ((c.dim).div_ceil(2) as u32, 1), 128;
                     l.down.seg, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 1i32)?;
             } else {
                 launch!(dev, (dev.matvec_k(&[&l.down.seg])) as "matvec (ffn_down + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                     l.down.seg, Seg::NONE, Seg::NONE, f, self.hq.ptr, self.hd.ptr, self.x.ptr, 0u64, 1i32)?;
             }
-            let next = m.layers.get(li + 1);
-            if !fuse || next.is_none() {
+            if (!fuse && !defer) || next.is_none() {
                 n += norm(next.map_or(&m.output_norm, |n| &n.attn_norm))?;
             }
         }

@@ -328,7 +328,7 @@ impl Device {
         let hd = self.upload(&vec![[f32::NAN; 2]; rows / 32])?;
         let f = pick(&g.seg, &u.seg)?;
         launch!(self, [f], ((rows / 32) as u32, 1), 32 * warps;
-            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr, 0u64, 0u64, 0f32)?;
+            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr, 0u64, 0u64, 0f32, 0u64)?;
         self.dequant_q8(&hq, &hd, rows)
     }
 
@@ -375,7 +375,7 @@ impl Device {
             let hq = self.upload(&vec![0i8; f])?;
             let hd = self.upload(&vec![[f32::NAN; 2]; f / 32])?;
             launch!(self, [self.glu(&g.seg, &u.seg, 256)], ((f / 32) as u32, 1), 256;
-                g.seg, u.seg, d as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr, nx, wb.ptr, eps)?;
+                g.seg, u.seg, d as i32, aq.ptr, ad.ptr, hq.ptr, hd.ptr, nx, wb.ptr, eps, 0u64)?;
             let mut bytes = read(&hq)?;
             bytes.extend(read(&hd)?);
             glu.push(bytes);
@@ -383,7 +383,7 @@ impl Device {
             launch!(self, (self.qkv_rope_k(&[&m[0].seg, &m[1].seg, &m[2].seg])) as "qkv_rope", ((out / 2).div_ceil(4) as u32, 1), 128;
                 m[0].seg, m[1].seg, m[2].seg, d as i32, aq.ptr, ad.ptr, 0u64, cos.ptr, sin.ptr,
                 p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, 1i32, o.ptr, 0u64, 0u64,
-                nx, wb.ptr, eps)?;
+                nx, wb.ptr, eps, 0u64)?;
             rope_out.push(read(&o)?);
         }
         let (g1, g0) = (glu.pop().unwrap(), glu.pop().unwrap());
@@ -414,7 +414,7 @@ impl Device {
         let hq = self.upload(&vec![0i8; rows * f])?;
         let hd = self.upload(&vec![[f32::NAN; 2]; rows * f / 32])?;
         launch!(self, (self.glu_q8_b_with(rows, &g.seg, &u.seg, mq)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
-            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, rows as i32, hq.ptr, hd.ptr)?;
+            g.seg, u.seg, gate.cols as i32, aq.ptr, ad.ptr, rows as i32, hq.ptr, hd.ptr, 0u64)?;
         self.dequant_q8(&hq, &hd, rows * f)
     }
 
@@ -476,7 +476,7 @@ impl Device {
         launch!(self, [k], (pairs.div_ceil(per_block) as u32, 1), 128;
             m[0].seg, m[1].seg, m[2].seg, w[0].cols as i32, aq.ptr, ad.ptr, b.as_ref().map_or(0, |b| b.ptr),
             cos.ptr, sin.ptr, p.ptr, n_head as i32, n_kv_head as i32, head_dim as i32, neox as i32,
-            qkv.ptr, kc.ptr, vc.ptr, 0u64, 0u64, 0f32)?;
+            qkv.ptr, kc.ptr, vc.ptr, 0u64, 0u64, 0f32, 0u64)?;
         let mut q = vec![0f32; qd];
         self.read(&qkv, 0, &mut q)?;
         let row = |c: &Buf| -> Result<Vec<f32>> {

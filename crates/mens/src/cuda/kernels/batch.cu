@@ -269,7 +269,8 @@ static_assert(GLU_RP == 1 || GLU_RP == 2 || GLU_RP == 4, "GLU_RP: 1, 2 or 4 pair
 // 8 warps makes 32 rows (one q8 block of every h[b]), each warp a gate and an up row (one tile when
 // they have one type) four times, or GLU_RP pairs at once 4 / GLU_RP times (the typed kernels).
 template <int N, int TT>
-__device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) {
+__device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd,
+                         const float* ns) {
   __shared__ float h[N][32];
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int f = gate.rows;
@@ -289,7 +290,9 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
         if (lane < N)
 #pragma unroll
           for (int p = 0; p < GLU_RP; p++) {
-            float x = pick<N, 2 * GLU_RP>(acc, 2 * p * N + lane), y = pick<N, 2 * GLU_RP>(acc, (2 * p + 1) * N + lane);
+            float sc = ns ? ns[min(b0 + lane, B - 1)] : 1.f;
+            float x = __fmul_rn(pick<N, 2 * GLU_RP>(acc, 2 * p * N + lane), sc);
+            float y = __fmul_rn(pick<N, 2 * GLU_RP>(acc, (2 * p + 1) * N + lane), sc);
             h[lane][8 * (k + p) + w] = x / (1.f + expf(-x)) * y;
           }
       }
@@ -302,7 +305,8 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
         float acc[2][N];
         pair_dots<N, TT>(gate.type, g, up.type, u, true, cols, aq, ad, b0, B, acc);
         if (lane < N) {
-          float x = pick<N, 2>(acc, lane), y = pick<N, 2>(acc, N + lane);
+          float sc = ns ? ns[min(b0 + lane, B - 1)] : 1.f;
+          float x = __fmul_rn(pick<N, 2>(acc, lane), sc), y = __fmul_rn(pick<N, 2>(acc, N + lane), sc);
           h[lane][rr] = x / (1.f + expf(-x)) * y;
         }
       }
@@ -321,7 +325,8 @@ template <int N>
 __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,
                            const float* bias, const float* cosv, const float* sinv, const int* pos,
                            const int* slot, const int* pages, int max_pages, u64 page_bytes, int n_head,
-                           int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv) {
+                           int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv,
+                           const float* ns) {
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
@@ -338,8 +343,9 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
     float x[2][N];
     tile_dots<N, 2, -1>(type, rows, cols, aq, ad, b0, B, x);
     int b = b0 + lane;
-    float x0 = pick<N, 2>(x, lane) + ba, x1 = pick<N, 2>(x, N + lane) + bb;
     if (lane >= N || b >= B) continue;
+    float sc = ns ? ns[b] : 1.f;  // a deferred norm's scale (no FMA with the bias: decode's bits)
+    float x0 = __fmul_rn(pick<N, 2>(x, lane), sc) + ba, x1 = __fmul_rn(pick<N, 2>(x, N + lane), sc) + bb;
     int ps = pos[b];
     if (ps < 0) continue;  // padding
     const int* pt = pages + slot[b] * max_pages;
@@ -386,16 +392,18 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
     matmul_q8_t<N, -1>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                           \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(256, GLU_MINB)                                                 \
-      glu_q8_b_##N(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) { \
-    glu_q8_t<N, -1>(gate, up, cols, aq, ad, B, hq, hd);                                                    \
+      glu_q8_b_##N(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd,   \
+                   const float* ns) {                                                                   \
+    glu_q8_t<N, -1>(gate, up, cols, aq, ad, B, hq, hd, ns);                                                \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(128, Q8_MINB)                                                 \
       qkv_rope_b_##N(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B,          \
                      const float* bias, const float* cosv, const float* sinv, const int* pos,          \
                      const int* slot, const int* pages, int max_pages, u64 page_bytes, int n_head,     \
-                     int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv) {        \
+                     int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv,          \
+                     const float* ns) {                                                                \
     qkv_rope_t<N>(s0, s1, s2, cols, aq, ad, B, bias, cosv, sinv, pos, slot, pages, max_pages,          \
-                  page_bytes, n_head, n_kv_head, hd, neox, q, kc8, vc8, qkv);                          \
+                  page_bytes, n_head, n_kv_head, hd, neox, q, kc8, vc8, qkv, ns);                      \
   }
 DP4A_KERNELS(1)
 DP4A_KERNELS(2)
@@ -410,8 +418,8 @@ DP4A_KERNELS(8)
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(256, GLU_MINB)                                                 \
       glu_q8_b_##N##_##SUF(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq,    \
-                           float2* hd) {                                                               \
-    glu_q8_t<N, T>(gate, up, cols, aq, ad, B, hq, hd);                                                 \
+                           float2* hd, const float* ns) {                                              \
+    glu_q8_t<N, T>(gate, up, cols, aq, ad, B, hq, hd, ns);                                             \
   }
 DP4A_TYPED(1, q4k, T_Q4_K)
 DP4A_TYPED(2, q4k, T_Q4_K)

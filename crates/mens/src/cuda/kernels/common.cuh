@@ -150,6 +150,38 @@ __device__ float block_sum(float v, float* red) {
   float t = lane < nw ? red[lane] : 0.f;
   return warp_sum(t);
 }
+// Deferred norms (MENS_CUDA_NORM_DEFER): the kernel before a norm leaves q8 of x · w (the norm's
+// weight, not yet its scale) and each 32-value group's sum of squares of x in np; the matvec after
+// it sums the groups (lane l the groups l, l + 32, ... in order, then warp_sum's tree: the same bits
+// in every warp, decode or batch) and multiplies each row's dot by rsqrt(mean + eps), which is
+// the norm's scale taken out of the sum. One kernel a norm fewer between the layers' matvecs.
+// np holds NP_REPS copies of a row's sums, NP_MAX apart (dims up to 4096): each block reads the
+// copy np_copy gives it, as one copy read by every warp of a matvec was an L2 hot spot (7B decode
+// 550 -> 462 tokens/s, docs/benchmarks.md, session 41).
+#define NP_MAX 128
+#define NP_REPS 32
+__device__ __forceinline__ const float* np_copy(const float* np) {
+  return np ? np + (blockIdx.x % NP_REPS) * NP_MAX : np;
+}
+// Lane l's part of the sum of a copy's n sums: groups l, l + 32, ... in order.
+__device__ __forceinline__ float parts_lane(const float* c, int n) {
+  int l = threadIdx.x & 31;
+  float v[NP_MAX / 32];
+#pragma unroll
+  for (int k = 0; k < NP_MAX / 32; k++) v[k] = l + 32 * k < n ? c[l + 32 * k] : 0.f;
+  float p = 0.f;
+#pragma unroll
+  for (int k = 0; k < NP_MAX / 32; k++) p += v[k];
+  return p;
+}
+__device__ __forceinline__ float norm_scale(float p, int n, float eps) {
+  return rsqrtf(warp_sum(p) / (float)(32 * n) + eps);
+}
+// The lines of n floats at p into L1, a line a lane (no registers held; for a read at the end).
+__device__ __forceinline__ void prefetch_l1(const float* p, int n) {
+  int l = threadIdx.x & 31;
+  if (p && l * 32 < n) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + l * 32));
+}
 // Signed bytes v - 32 for bytes v in 0..63, without borrows between bytes.
 __device__ __forceinline__ int sub32(int v) {
   u32 n = ~(u32)v & 0x20202020u;

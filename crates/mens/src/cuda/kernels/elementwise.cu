@@ -22,6 +22,41 @@ extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, float eps,
   }
 }
 
+// Deferred norm (see parts_lane in common.cuh): row blockIdx.x's groups, a warp each, as q8 of
+// x · w (aq, ad) and their sums of squares of x (np: NP_REPS copies a row); the residual matvecs' cluster
+// tails (matvec_add_nq_t) make the same bits.
+extern "C" __global__ void rmsnorm_q8d(const float* x, const float* w, int dim, i8* aq, float2* ad, float* np) {
+  int lane = threadIdx.x & 31, groups = dim / 32;
+  int g = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  float wl = g < groups ? w[g * 32 + lane] : 0.f;
+  pdl_wait();
+  if (g >= groups) return;
+  float v = x[(u64)blockIdx.x * dim + g * 32 + lane];
+  pdl_trigger();
+  u64 o = (u64)blockIdx.x * groups;
+  norm_group(v, wl, g, aq + o * 32, ad + o, np + (u64)blockIdx.x * NP_REPS * NP_MAX);
+}
+
+// The batched step's deferred norm: rmsnorm_q8d's q8 of x · w for row blockIdx.x, and the row's
+// scale in ns[row], as the decode matvecs make it from the sums (norm_scale over parts_lane).
+extern "C" __global__ void rmsnorm_q8s(const float* x, const float* w, float eps, int dim, i8* aq, float2* ad,
+                                       float* ns) {
+  __shared__ float parts[NP_MAX];
+  int lane = threadIdx.x & 31, nw = blockDim.x >> 5, groups = dim / 32;
+  u64 row = blockIdx.x;
+  for (int g = threadIdx.x >> 5; g < groups; g += nw) {
+    float v = x[row * dim + g * 32 + lane];
+    quant_lane(__fmul_rn(v, w[g * 32 + lane]), aq + row * dim + g * 32, ad + row * groups + g);
+    float p = warp_sum(__fmul_rn(v, v));
+    if (lane == 0) parts[g] = p;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float sc = norm_scale(parts_lane(parts, groups), groups, eps);
+    if (lane == 0) ns[row] = sc;
+  }
+}
+
 // Batched norm for prefill: out16[t] = rmsnorm(x[t] (+= delta[t])) * w, in f16 for cuBLAS.
 extern "C" __global__ void add_rmsnorm_f16(float* x, const float* delta, const float* w, float eps, int dim, u16* out) {
   __shared__ float red[32];

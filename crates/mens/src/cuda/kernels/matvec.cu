@@ -802,9 +802,11 @@ __device__ __forceinline__ void dot2_step(Raw<T>& ca, Raw<T>& cb, const u8* ra, 
   y += finish<T>(wb, dot16(wb.q, a0), dot16(wb.q + 4, a1), ds.x, ds.y);
 }
 // Two rows of one type against the same activations, loads interleaved (gate and up).
+// pf: lines to prefetch into L1 after the wait (a deferred norm's sums, read at the kernel's end).
 template <int T>
 __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ rb, int nchunks,
-                             const i8* __restrict__ aq, const float2* __restrict__ ad, bool wait = false) {
+                             const i8* __restrict__ aq, const float2* __restrict__ ad, bool wait = false,
+                             const float* pf = nullptr) {
   float x = 0.f, y = 0.f;
   int lane = threadIdx.x & 31;
 #ifndef NO_PF
@@ -815,12 +817,14 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
       raw_load<T>(cb, rb, lane, nchunks);
     }
     if (wait) pdl_wait();
+    prefetch_l1(pf, nchunks);
     for (int c = lane; c < nchunks; c += 32) dot2_step<T>(ca, cb, ra, rb, c, c + 32, nchunks, aq, ad, x, y);
     pdl_trigger();
     return make_float2(warp_sum(x), warp_sum(y));
   }
 #endif
   if (wait) pdl_wait();
+  prefetch_l1(pf, nchunks);
 #pragma unroll 2
   for (int c = lane; c < nchunks; c += 32) {
     int a[8];
@@ -843,7 +847,8 @@ __device__ float2 row_dot2_t(const u8* __restrict__ ra, const u8* __restrict__ r
 // Int forms only (Raw loads).
 template <int T>
 __device__ float2 row_dot2_half_t(const u8* __restrict__ ra, const u8* __restrict__ rb, int nchunks,
-                                  const i8* __restrict__ aq, const float2* __restrict__ ad, bool wait = false) {
+                                  const i8* __restrict__ aq, const float2* __restrict__ ad, bool wait = false,
+                                  const float* pf = nullptr) {
   float x0 = 0.f, y0 = 0.f, x1 = 0.f, y1 = 0.f;
   int h = threadIdx.x & 15;
   Raw<T> ca, cb;
@@ -852,6 +857,7 @@ __device__ float2 row_dot2_half_t(const u8* __restrict__ ra, const u8* __restric
     raw_load<T>(cb, rb, h, nchunks);
   }
   if (wait) pdl_wait();
+  prefetch_l1(pf, nchunks);
   for (int c = h; c < nchunks; c += 32) {
     dot2_step<T>(ca, cb, ra, rb, c, c + 16, nchunks, aq, ad, x0, y0);
     if (c + 16 < nchunks) dot2_step<T>(ca, cb, ra, rb, c + 16, c + 32, nchunks, aq, ad, x1, y1);
@@ -870,17 +876,17 @@ __device__ __forceinline__ constexpr bool half_form(int t) {
 
 template <bool R>
 __device__ float2 row_dot2(int ta, const u8* ra, int tb, const u8* rb, int nchunks, const i8* aq, const float2* ad,
-                         bool wait = false) {
+                         bool wait = false, const float* pf = nullptr) {
   if (ta == tb) {
-    if (R && ta == T_Q5_0R) return row_dot2_t<T_Q5_0R>(ra, rb, nchunks, aq, ad, wait);
-    if (R && ta == T_Q8_0R) return row_dot2_t<T_Q8_0R>(ra, rb, nchunks, aq, ad, wait);
+    if (R && ta == T_Q5_0R) return row_dot2_t<T_Q5_0R>(ra, rb, nchunks, aq, ad, wait, pf);
+    if (R && ta == T_Q8_0R) return row_dot2_t<T_Q8_0R>(ra, rb, nchunks, aq, ad, wait, pf);
     switch (ta) {
-      case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad, wait);
-      case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad, wait);
-      case T_Q4_KR: return row_dot2_t<T_Q4_KR>(ra, rb, nchunks, aq, ad, wait);
-      case T_Q6_KR: return row_dot2_t<T_Q6_KR>(ra, rb, nchunks, aq, ad, wait);
-      case T_Q5_0: return row_dot2_t<T_Q5_0>(ra, rb, nchunks, aq, ad, wait);
-      case T_Q8_0: return row_dot2_t<T_Q8_0>(ra, rb, nchunks, aq, ad, wait);
+      case T_Q4_K: return row_dot2_t<T_Q4_K>(ra, rb, nchunks, aq, ad, wait, pf);
+      case T_Q6_K: return row_dot2_t<T_Q6_K>(ra, rb, nchunks, aq, ad, wait, pf);
+      case T_Q4_KR: return row_dot2_t<T_Q4_KR>(ra, rb, nchunks, aq, ad, wait, pf);
+      case T_Q6_KR: return row_dot2_t<T_Q6_KR>(ra, rb, nchunks, aq, ad, wait, pf);
+      case T_Q5_0: return row_dot2_t<T_Q5_0>(ra, rb, nchunks, aq, ad, wait, pf);
+      case T_Q8_0: return row_dot2_t<T_Q8_0>(ra, rb, nchunks, aq, ad, wait, pf);
       default: break;
     }
   }
@@ -943,6 +949,81 @@ MATVEC_PAIR(matvec_pair, false, false)
 MATVEC_PAIR(matvec_pair_r, true, false)
 MATVEC_PAIR(matvec_pair_add, false, true)
 MATVEC_PAIR(matvec_pair_add_r, true, true)
+
+// The residual matvecs before a deferred norm (O, down): out[r] += W[r] . a as matvec (a row a
+// warp, 4 rows a block) or matvec_pair_add (a row pair a warp, 8 rows a block), then each q8 group
+// of the next norm's input from a cluster of blocks that together make its 32 rows (8 or 4): every
+// block stores its rows' new x in rank 0's shared memory, and after the cluster's barrier rank 0's
+// first warp makes the group as rmsnorm_q8d does (q8 of x . w in nq, nd; the sum of squares in np).
+// Dims a multiple of 32 (every row of every block exists: all threads reach the barrier).
+__device__ __forceinline__ void st_rank0(float* p, float v) {
+  u32 a = (u32)__cvta_generic_to_shared(p), r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(a));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+}
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// One warp: group g of the norm input from its 32 values of x (lane l: x[32 g + l], w its weight).
+__device__ __forceinline__ void norm_group(float x, float w, int g, i8* nq, float2* nd, float* np) {
+  quant_lane(__fmul_rn(x, w), nq + g * 32, nd + g);
+  float p = warp_sum(__fmul_rn(x, x));
+  int l = threadIdx.x & 31;
+  if (l < NP_REPS) np[l * NP_MAX + g] = p;  // a copy a lane
+}
+template <bool R, bool PAIR>
+__device__ __forceinline__ void matvec_add_nq_t(Seg s, int cols, const i8* aq, const float2* ad, float* out,
+                                                const float* nw, i8* nq, float2* nd, float* np) {
+  __shared__ float xs[32];
+  __shared__ __align__(16) float ws[32];
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int r = PAIR ? 2 * (blockIdx.x * 4 + w) : blockIdx.x * 4 + w;
+  // The group's norm weights into shared memory before the wait (never written; no registers held).
+  if (cluster_rank() == 0 && w == 0 && lane < 8) copy16((float4*)ws + lane, (const float4*)(nw + (r >> 5) * 32) + lane);
+  if (!PDL_EARLY) pdl_wait();
+  if (PAIR) {
+    float2 v = row_dot2<R>(s.type, s.w + (u64)r * s.row_bytes, s.type, s.w + (u64)(r + 1) * s.row_bytes, cols / 32,
+                           aq, ad, PDL_EARLY);
+    if (lane == 0) {
+      float x0 = out[r] + v.x, x1 = out[r + 1] + v.y;
+      out[r] = x0;
+      out[r + 1] = x1;
+      st_rank0(&xs[r & 31], x0);
+      st_rank0(&xs[(r + 1) & 31], x1);
+    }
+  } else {
+    float v = row_dot<R>(s.type, s.w + (u64)r * s.row_bytes, cols / 32, aq, ad, 0, 32, PDL_EARLY);
+    if (lane == 0) {
+      float x = out[r] + v;
+      out[r] = x;
+      st_rank0(&xs[r & 31], x);
+    }
+  }
+  cluster_sync();
+  if (cluster_rank() == 0 && w == 0) {
+    int g = r >> 5;
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+    __syncwarp();
+    norm_group(xs[lane], ws[lane], g, nq, nd, np);
+  }
+}
+#define MATVEC_ADD_NQ(NAME, R, PAIR, CL, LB)                                                              \
+  extern "C" __global__ void __cluster_dims__(CL, 1, 1) LB                                              \
+      NAME(Seg s, int cols, const i8* aq, const float2* ad, float* out, const float* nw, i8* nq, float2* nd, \
+           float* np) {                                                                                  \
+    matvec_add_nq_t<R, PAIR>(s, cols, aq, ad, out, nw, nq, nd, np);                                      \
+  }
+MATVEC_ADD_NQ(matvec_add_nq, false, false, 8, )
+MATVEC_ADD_NQ(matvec_add_nq_r, true, false, 8, )
+MATVEC_ADD_NQ(matvec_pair_add_nq, false, true, 4, )  // 96 registers: its 8-row blocks of the 7B's
+MATVEC_ADD_NQ(matvec_pair_add_nq_r, true, true, 4, )  // O are 3.4 an SM (PAIR_LB's 80 spilled)
 #endif
 
 // h = silu(gate . a) * (up . a), quantized to q8: a block makes 32 rows (one q8 block), a gate
@@ -951,22 +1032,25 @@ MATVEC_PAIR(matvec_pair_add_r, true, true)
 // that each gets its own registers: the kernel for any types spills), or -1.
 template <int T, bool HALF = false>
 __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq,
-                                       float2* hd, const float* nx, const float* ng, float eps) {
-  __shared__ float h[32];
+                                       float2* hd, const float* nx, const float* ng, float eps, const float* np) {
   __shared__ __align__(16) NormQ8 ns;
   // PDL_EARLY: without a norm to make, the first row pair's first loads before pdl_wait() (with
   // one, loads issued before it took registers and were slower on the 0.5B: session 37).
   bool early = PDL_EARLY && !nx;
   if (!early) norm_input(nx, ng, eps, cols, ns, aq, ad);
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  // Gate and up sums by row; h from them at the end (np: with the deferred norm's scale, which
+  // the first row's prefetch brought into L1).
+  __shared__ float2 g_u[32];
   if (HALF && half_form(T)) {  // two row pairs a warp at a time, a half-warp each (32 warps: one idles)
     for (int j0 = w; j0 < 32; j0 += 2 * nw) {
       int j = j0 + (lane >> 4) * nw, r = blockIdx.x * 32 + j;
       int rr = min(r, gate.rows - 1);
       float2 gu = row_dot2_half_t<half_form(T) ? T : T_Q4_K>(
-          gate.w + (u64)rr * gate.row_bytes, up.w + (u64)rr * up.row_bytes, cols / 32, aq, ad, early && j0 == w);
+          gate.w + (u64)rr * gate.row_bytes, up.w + (u64)rr * up.row_bytes, cols / 32, aq, ad, early && j0 == w,
+          j0 == w && w == 0 ? np_copy(np) : nullptr);
       if (r >= gate.rows) gu = make_float2(0.f, 0.f);
-      if ((lane & 15) == 0 && j < 32) h[j] = gu.x / (1.f + expf(-gu.x)) * gu.y;
+      if ((lane & 15) == 0 && j < 32) g_u[j] = gu;
     }
   } else
   for (int j = w; j < 32; j += nw) {
@@ -975,20 +1059,26 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
     if (r < gate.rows) {
       const u8 *ra = gate.w + (u64)r * gate.row_bytes, *rb = up.w + (u64)r * up.row_bytes;
       bool wait = early && j == w;
-      gu = T < 0 ? row_dot2<true>(gate.type, ra, up.type, rb, cols / 32, aq, ad, wait)
-                 : row_dot2_t<T < 0 ? T_F32 : T>(ra, rb, cols / 32, aq, ad, wait);
+      const float* pf = j == 0 ? np_copy(np) : nullptr;  // warp 0 reads them at the end
+      gu = T < 0 ? row_dot2<true>(gate.type, ra, up.type, rb, cols / 32, aq, ad, wait, pf)
+                 : row_dot2_t<T < 0 ? T_F32 : T>(ra, rb, cols / 32, aq, ad, wait, pf);
     }
-    if (lane == 0) h[j] = gu.x / (1.f + expf(-gu.x)) * gu.y;
+    if (lane == 0) g_u[j] = gu;
   }
   if (early) pdl_wait();
   __syncthreads();
-  if (w == 0) quant_lane(h[lane], hq + blockIdx.x * 32, hd + blockIdx.x);
+  if (w == 0) {
+    float sc = np ? norm_scale(parts_lane(np_copy(np), cols / 32), cols / 32, eps) : 1.f;
+    float2 gu = g_u[lane];
+    float g = __fmul_rn(gu.x, sc), u = __fmul_rn(gu.y, sc);
+    quant_lane(g / (1.f + expf(-g)) * u, hq + blockIdx.x * 32, hd + blockIdx.x);
+  }
 }
 #define GLU_Q8_LBH(NAME, T, LB, HALF)                                                                     \
   extern "C" __global__ void LB                                                                           \
       NAME(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, i8* hq, float2* hd, const float* nx,  \
-           const float* ng, float eps) {                                                                   \
-    glu_q8<T, HALF>(gate, up, cols, aq, ad, hq, hd, nx, ng, eps);                                          \
+           const float* ng, float eps, const float* np) {                                                  \
+    glu_q8<T, HALF>(gate, up, cols, aq, ad, hq, hd, nx, ng, eps, np);                                      \
   }
 #define GLU_Q8_LB(NAME, T, LB) GLU_Q8_LBH(NAME, T, LB, false)
 #define GLU_Q8(NAME, T) GLU_Q8_LB(NAME, T, __launch_bounds__(1024))
@@ -1017,7 +1107,7 @@ template <bool R, bool HALF = false>
 __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,
                                            const float* bias, const float* cosv, const float* sinv, const int* pos,
                                            int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,
-                                           const float* nx, const float* ng, float eps) {
+                                           const float* nx, const float* ng, float eps, const float* np) {
   __shared__ __align__(16) NormQ8 ns;
   int half = hd / 2;
   // HALF: two pairs a warp, a half-warp each (row_dot2_half_t; pairs 2 i and 2 i + 1 share a head,
@@ -1051,13 +1141,18 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
   float2 v;
   if (HALF) {
     const u8 *wa = s.w + (u64)(ra - base) * s.row_bytes, *wb = s.w + (u64)(rb - base) * s.row_bytes;
-    v = s.type == T_Q6_KR ? row_dot2_half_t<T_Q6_KR>(wa, wb, cols / 32, aq, ad, early)
-                          : row_dot2_half_t<T_Q4_KR>(wa, wb, cols / 32, aq, ad, early);
-    if (p >= heads * half) return;  // after the half-warp's shuffles
+    v = s.type == T_Q6_KR ? row_dot2_half_t<T_Q6_KR>(wa, wb, cols / 32, aq, ad, early, np_copy(np))
+                          : row_dot2_half_t<T_Q4_KR>(wa, wb, cols / 32, aq, ad, early, np_copy(np));
   } else {
     v = row_dot2<R>(s.type, s.w + (u64)(ra - base) * s.row_bytes, s.type, s.w + (u64)(rb - base) * s.row_bytes,
-                    cols / 32, aq, ad, early);
+                    cols / 32, aq, ad, early, np_copy(np));
   }
+  if (np) {  // the deferred norm's scale (its sums prefetched into L1 after the wait)
+    float sc = norm_scale(parts_lane(np_copy(np), cols / 32), cols / 32, eps);
+    v.x = __fmul_rn(v.x, sc);  // never fused with the bias's add: the batch's bits
+    v.y = __fmul_rn(v.y, sc);
+  }
+  if (HALF && p >= heads * half) return;  // after the half-warp's shuffles
   if (early) pdl_wait();
   if ((threadIdx.x & (HALF ? 15 : 31)) != 0) return;
   float x0 = v.x, x1 = v.y;
@@ -1090,13 +1185,15 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
   }
 }
 #define QKV_ROPE(NAME, R) QKV_ROPE_H(NAME, R, false)
+// Launch bounds for five blocks an SM (96 registers): without them the deferred norm's scale at the
+// end took qkv_rope to 251.
 #define QKV_ROPE_H(NAME, R, HALF)                                                                          \
-  extern "C" __global__ void NAME(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,           \
+  extern "C" __global__ void __launch_bounds__(128, 5) NAME(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad,           \
                                   const float* bias, const float* cosv, const float* sinv, const int* pos,    \
                                   int n_head, int n_kv_head, int hd, int neox, float* qkv, u16* kc, u16* vc,  \
-                                  const float* nx, const float* ng, float eps) {                              \
+                                  const float* nx, const float* ng, float eps, const float* np) {             \
     qkv_rope_t<R, HALF>(s0, s1, s2, cols, aq, ad, bias, cosv, sinv, pos, n_head, n_kv_head, hd, neox, qkv, kc, \
-                        vc, nx, ng, eps);                                                                  \
+                        vc, nx, ng, eps, np);                                                              \
   }
 QKV_ROPE(qkv_rope, false)
 QKV_ROPE(qkv_rope_r, true)

@@ -259,7 +259,8 @@ __device__ void matmul_mq_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
 // glu_q8_t's contract for gate and up matrices of type T: a block makes 32 rows (one q8 block of
 // every h[b]) as four tiles (gate and up, two halves), the activations staged once when they fit.
 template <int T>
-__device__ void glu_mq_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) {
+__device__ void glu_mq_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd,
+                         const float* ns) {
   __shared__ __align__(16) u8 xs[8 * MQ_PITCH];
   __shared__ float2 ds[8 * MQ_DPITCH];
   __shared__ float red[2 * 4 * 4 * 32];
@@ -284,8 +285,11 @@ __device__ void glu_mq_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
       mq_reduce(acc, red);
       if (w == 0)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          h[2 * t + (e & 1)][half * 16 + g + (e >> 1) * 8] = gx[e] / (1.f + expf(-gx[e])) * acc[0][e];
+        for (int e = 0; e < 4; e++) {
+          float sc = ns ? ns[min(b0 + 2 * t + (e & 1), B - 1)] : 1.f;  // a deferred norm's scale
+          float x = __fmul_rn(gx[e], sc), y = __fmul_rn(acc[0][e], sc);
+          h[2 * t + (e & 1)][half * 16 + g + (e >> 1) * 8] = x / (1.f + expf(-x)) * y;
+        }
     }
     __syncthreads();
     if (b0 + w < B)
@@ -300,8 +304,9 @@ __device__ void glu_mq_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
     matmul_mq_t<T>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                                  \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256, MQ_MINB)                                                 \
-      glu_mq_##SUF(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd) {   \
-    glu_mq_t<T>(gate, up, cols, aq, ad, B, hq, hd);                                                           \
+      glu_mq_##SUF(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd,     \
+                   const float* ns) {                                                                        \
+    glu_mq_t<T>(gate, up, cols, aq, ad, B, hq, hd, ns);                                                       \
   }
 MQ_KERNELS(q4k, T_Q4_K)
 MQ_KERNELS(q6k, T_Q6_K)
