@@ -632,8 +632,8 @@ impl CudaSession {
         let (nx, fused_bytes) = if fuse { (self.x.ptr, 8 * du) } else { (0, 0) };
         // Deferred norms (kernels/common.cuh, parts_lane): O and down leave the next norm's
         // input (nq, nd, np), Q/K/V and gate/up scale their rows; no norm kernels but the first
-        // and the last.
-        let defer = !fuse && norms_deferred(m);
+        // and the last (never with a fused norm: norms_deferred asks).
+        let defer = norms_deferred(m);
         let (nq, nd, np) = match defer {
             true => (self.nq.ptr, self.nd.ptr, self.np.ptr),
             false => (self.aq.ptr, self.ad.ptr, 0),

@@ -46,8 +46,7 @@ extern "C" __global__ void rmsnorm_q8s(const float* x, const float* w, float eps
   u64 row = blockIdx.x;
   for (int g = threadIdx.x >> 5; g < groups; g += nw) {
     float v = x[row * dim + g * 32 + lane];
-    quant_lane(__fmul_rn(v, w[g * 32 + lane]), aq + row * dim + g * 32, ad + row * groups + g);
-    float p = warp_sum(__fmul_rn(v, v));
+    float p = group_q8(v, w[g * 32 + lane], aq + row * dim + g * 32, ad + row * groups + g);
     if (lane == 0) parts[g] = p;
   }
   __syncthreads();

@@ -687,6 +687,12 @@ __device__ __forceinline__ void quant_lane(float v, i8* qs, float2* ds) {
   float sq = warp_sum((float)q);
   if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * sq);
 }
+// A deferred norm's group by one warp (lane l: x and its norm weight w): q8 of x · w into qs, ds;
+// returns the group's sum of squares of x. No FMAs: decode and the batch make the same bits.
+__device__ __forceinline__ float group_q8(float x, float w, i8* qs, float2* ds) {
+  quant_lane(__fmul_rn(x, w), qs, ds);
+  return warp_sum(__fmul_rn(x, x));
+}
 
 // Decode kernels that normalise their own input (`nx` non-null: the residual x, its RMSNorm
 // weight `ng` and eps) instead of reading rmsnorm_q8's output: one kernel fewer between the layers'
@@ -969,10 +975,10 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// One warp: group g of the norm input from its 32 values of x (lane l: x[32 g + l], w its weight).
+// One warp: group g of the norm input from its 32 values of x (lane l: x[32 g + l], w its weight),
+// with its sum of squares in every copy (group_q8: the batch's rmsnorm_q8s too).
 __device__ __forceinline__ void norm_group(float x, float w, int g, i8* nq, float2* nd, float* np) {
-  quant_lane(__fmul_rn(x, w), nq + g * 32, nd + g);
-  float p = warp_sum(__fmul_rn(x, x));
+  float p = group_q8(x, w, nq + g * 32, nd + g);
   int l = threadIdx.x & 31;
   if (l < NP_REPS) np[l * NP_MAX + g] = p;  // a copy a lane
 }
@@ -1048,7 +1054,7 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
       int rr = min(r, gate.rows - 1);
       float2 gu = row_dot2_half_t<half_form(T) ? T : T_Q4_K>(
           gate.w + (u64)rr * gate.row_bytes, up.w + (u64)rr * up.row_bytes, cols / 32, aq, ad, early && j0 == w,
-          j0 == w && w == 0 ? np_copy(np) : nullptr);
+          j0 == 0 ? np_copy(np) : nullptr);  // warp 0 reads them at the end
       if (r >= gate.rows) gu = make_float2(0.f, 0.f);
       if ((lane & 15) == 0 && j < 32) g_u[j] = gu;
     }
