@@ -670,3 +670,136 @@ impl Device {
             .collect())
     }
 }
+
+/// A deferred norm's input as the kernels leave it (kernels/common.cuh, parts_lane): q8 of x · w
+/// (values, and (d, s) a group of 32) and each group's sum of squares of x, in NP_REPS copies of
+/// NP_MAX groups.
+#[derive(Debug, Clone)]
+pub struct DeferredNorm {
+    pub q: Vec<i8>,
+    pub ds: Vec<[f32; 2]>,
+    pub sums: Vec<f32>,
+}
+
+impl DeferredNorm {
+    /// q8 of x · w, dequantized.
+    pub fn values(&self) -> Vec<f32> {
+        self.q
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v as f32 * self.ds[i / 32][0])
+            .collect()
+    }
+
+    /// Group `g`'s sum of squares in copy `copy`.
+    pub fn sum(&self, copy: usize, g: usize) -> f32 {
+        self.sums[copy * NP_MAX + g]
+    }
+
+    /// Whether `other` holds the same bits: values, scales, and every copy of the sums of the
+    /// `dim / 32` groups (the rest of a copy is not written).
+    pub fn same_bits(&self, other: &DeferredNorm) -> bool {
+        let groups = self.ds.len();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        self.q == other.q
+            && bits(self.ds.as_flattened()) == bits(other.ds.as_flattened())
+            && (0..NP_REPS).all(|c| {
+                let at = c * NP_MAX..c * NP_MAX + groups;
+                bits(&self.sums[at.clone()]) == bits(&other.sums[at])
+            })
+    }
+}
+
+/// Entry points for the deferred norm's tests.
+impl Device {
+    fn alloc_deferred(&self, dim: usize) -> Result<(Buf, Buf, Buf)> {
+        Ok((
+            self.upload(&vec![0i8; dim])?,
+            self.upload(&vec![[f32::NAN; 2]; dim / 32])?,
+            self.upload(&vec![f32::NAN; NP_REPS * NP_MAX])?,
+        ))
+    }
+
+    fn read_deferred(&self, (q, ds, sums): &(Buf, Buf, Buf), dim: usize) -> Result<DeferredNorm> {
+        let mut n = DeferredNorm {
+            q: vec![0; dim],
+            ds: vec![[0.0; 2]; dim / 32],
+            sums: vec![0.0; NP_REPS * NP_MAX],
+        };
+        self.read(q, 0, &mut n.q)?;
+        self.read(ds, 0, &mut n.ds)?;
+        self.read(sums, 0, &mut n.sums)?;
+        Ok(n)
+    }
+
+    /// The residual matvec before a deferred norm (`matvec_add_nq`, or with `pair` the row-pair
+    /// kernel `matvec_pair_add_nq`) on the residual `x`, with the next norm's weight `nw`:
+    /// x + W · a, and the norm's input its clusters make. `w.rows` a multiple of 32.
+    pub fn test_matvec_add_nq(
+        &self,
+        w: &QTensor,
+        q: &[i8],
+        ds: &[[f32; 2]],
+        x: &[f32],
+        nw: &[f32],
+        pair: bool,
+    ) -> Result<(Vec<f32>, DeferredNorm)> {
+        let dim = w.rows;
+        let nwb = self.upload(nw)?;
+        let bufs = self.alloc_deferred(dim)?;
+        let y = self.with_matrix_on(w, q, ds, repack_on(), x, |m, aq, ad, out| {
+            let rows_a_block = if pair { 8 } else { 4 };
+            launch!(self, (self.matvec_add_nq_k(&m.seg, pair)) as "matvec_add_nq", ((dim / rows_a_block) as u32, 1), 128;
+                m.seg, w.cols as i32, aq, ad, out, nwb.ptr, bufs.0.ptr, bufs.1.ptr, bufs.2.ptr)
+        })?;
+        Ok((y, self.read_deferred(&bufs, dim)?))
+    }
+
+    /// `rmsnorm_q8d` (the first layer's deferred norm) on x with weight `nw`.
+    pub fn test_rmsnorm_q8d(&self, x: &[f32], nw: &[f32]) -> Result<DeferredNorm> {
+        self.bind()?;
+        let dim = x.len();
+        let (xb, nwb) = (self.upload(x)?, self.upload(nw)?);
+        let bufs = self.alloc_deferred(dim)?;
+        launch!(self, rmsnorm_q8d, norm_grid(1, dim), 1024;
+            xb.ptr, nwb.ptr, dim as i32, bufs.0.ptr, bufs.1.ptr, bufs.2.ptr)?;
+        self.read_deferred(&bufs, dim)
+    }
+
+    /// silu(gate · n) * (up · n), n = rmsnorm(x) · nw, by the decode gate/up kernel fed by a
+    /// deferred norm (`rmsnorm_q8d`'s output; the kernel scales each row by the groups' sums), in
+    /// the blocks decode takes, by the half-warp kernel with `half` (None where these matrices have
+    /// none); dequantized.
+    pub fn test_glu_deferred(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        x: &[f32],
+        nw: &[f32],
+        eps: f32,
+        half: bool,
+    ) -> Result<Option<Vec<f32>>> {
+        self.bind()?;
+        let dim = x.len();
+        let (xb, nwb) = (self.upload(x)?, self.upload(nw)?);
+        let (nq, nd, np) = self.alloc_deferred(dim)?;
+        launch!(self, rmsnorm_q8d, norm_grid(1, dim), 1024;
+            xb.ptr, nwb.ptr, dim as i32, nq.ptr, nd.ptr, np.ptr)?;
+        let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
+        let f = gate.rows;
+        let threads = glu_threads(f / 32, self.sms);
+        let k = if half {
+            match self.glu_half(&g.seg, &u.seg, dim, threads, Some(true)) {
+                Some(k) => k,
+                None => return Ok(None),
+            }
+        } else {
+            self.glu(&g.seg, &u.seg, threads)
+        };
+        let hq = self.upload(&vec![0i8; f])?;
+        let hd = self.upload(&vec![[f32::NAN; 2]; f / 32])?;
+        launch!(self, [k], ((f / 32) as u32, 1), threads;
+            g.seg, u.seg, dim as i32, nq.ptr, nd.ptr, hq.ptr, hd.ptr, 0u64, nwb.ptr, eps, np.ptr)?;
+        self.dequant_q8(&hq, &hd, f).map(Some)
+    }
+}
