@@ -1222,6 +1222,15 @@ fn qkv_rope_kernel_matches_reference() {
     }
 }
 
+/// A residual x of `d` values with one large value (the norm's sum of squares, a chunk's max) and
+/// an RMSNorm weight around 1: x from `seed`, the weight from `seed + 1`.
+fn residual_and_norm(d: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut x: Vec<f32> = random(d, seed).iter().map(|v| v * 3.0).collect();
+    x[d / 3] = 40.0;
+    let w: Vec<f32> = random(d, seed + 1).iter().map(|v| 1.0 + v).collect();
+    (x, w)
+}
+
 /// Decode's Q/K/V and gate/up kernels normalising the residual themselves give the bits they give
 /// fed by `rmsnorm_q8` (the batch kernels' input), at the real models' widths (0.5B 896 over
 /// 4 virtual warps a warp, 1.5B 1536, 7B 3584: several values a virtual thread) and with a
@@ -1236,9 +1245,7 @@ fn kernels_that_normalise_their_input_give_rmsnorm_q8s_bits() {
         (3584, TensorType::Q4K, 3),
         (3584, TensorType::Q6K, 4),
     ] {
-        let mut x: Vec<f32> = random(d, seed).iter().map(|v| v * 3.0).collect();
-        x[d / 3] = 40.0;
-        let w: Vec<f32> = random(d, seed + 1).iter().map(|v| 1.0 + v).collect();
+        let (x, w) = residual_and_norm(d, seed);
         let (gate, up) = (qtensor(t, 64, d, seed + 2), qtensor(t, 64, d, seed + 3));
         let (nh, nkv, hd) = (4, 2, 64);
         let qkv = [
@@ -1301,9 +1308,7 @@ fn deferred_norm_producers_match_rmsnorm_q8d_and_the_cpu() {
         let s = 700 + 10 * i as u64;
         let w = qtensor(t, dim, cols, s);
         let (q, ds) = quantize_q8(&random(cols, s + 1));
-        let mut x: Vec<f32> = random(dim, s + 2).iter().map(|v| v * 3.0).collect();
-        x[dim / 3] = 40.0;
-        let nw: Vec<f32> = random(dim, s + 3).iter().map(|v| 1.0 + v).collect();
+        let (x, nw) = residual_and_norm(dim, s + 2);
         let one = dev.test_matvec(&w, &q, &ds).unwrap();
         let added: Vec<f32> = x.iter().zip(&one).map(|(a, b)| a + b).collect();
         let cpu: Vec<f32> = x
@@ -1361,9 +1366,7 @@ fn gate_up_on_a_deferred_norm_matches_the_cpu() {
     .enumerate()
     {
         let s = 800 + 10 * i as u64;
-        let mut x: Vec<f32> = random(d, s).iter().map(|v| v * 3.0).collect();
-        x[d / 3] = 40.0;
-        let nw: Vec<f32> = random(d, s + 1).iter().map(|v| 1.0 + v).collect();
+        let (x, nw) = residual_and_norm(d, s);
         let (gate, up) = (qtensor(t, f, d, s + 2), qtensor(t, f, d, s + 3));
         let (q, ds) = quantize_q8(&rmsnorm(&x, &nw, 1e-6));
         let cpu: Vec<f32> = matvec(&gate, &q, &ds)
