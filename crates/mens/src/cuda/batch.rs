@@ -870,12 +870,12 @@ impl CudaBatch {
         // gate/up, the decode step's bits; the head's norm as before.
         let defer = !mma && norms_deferred(m);
         let ns = if defer { self.ns.ptr } else { 0 };
-        let norm_d = |w: u64| -> Result<()> {
-            launch!(dev, rmsnorm_q8s, (bp as u32, 1), 1024;
-                self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr, self.ns.ptr)
-        };
-        let norm = |w: u64| -> Result<()> {
-            if mma {
+        // The next matmuls' input: a deferred norm's (`deferred`), else the norm itself.
+        let norm = |w: u64, deferred: bool| -> Result<()> {
+            if deferred {
+                launch!(dev, rmsnorm_q8s, (bp as u32, 1), 1024;
+                    self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr, self.ns.ptr)
+            } else if mma {
                 launch!(dev, add_rmsnorm_f16, (bp as u32, 1), 256;
                     self.x.ptr, 0u64, w, eps, d, self.x16.ptr)
             } else {
@@ -883,11 +883,7 @@ impl CudaBatch {
                     self.x.ptr, w, eps, d, self.aq.ptr, self.ad.ptr)
             }
         };
-        if defer {
-            norm_d(m.layers[0].attn_norm.ptr)?;
-        } else {
-            norm(m.layers[0].attn_norm.ptr)?;
-        }
+        norm(m.layers[0].attn_norm.ptr, defer)?;
         let mut n = 2;
         for (li, l) in m.layers.iter().enumerate() {
             let (kc, vc) = (
@@ -963,7 +959,7 @@ impl CudaBatch {
                     true,
                     0,
                 )?;
-                norm(l.ffn_norm.ptr)?;
+                norm(l.ffn_norm.ptr, false)?;
                 n += mm(
                     "matmul_h16 (gate, up)",
                     &[&l.gate, &l.up],
@@ -984,7 +980,7 @@ impl CudaBatch {
                     true,
                     0,
                 )?;
-                norm(rest.ptr)?;
+                norm(rest.ptr, false)?;
                 // rope_store_b, attention, two norms, SwiGLU.
                 n += 5;
             } else {
@@ -1012,11 +1008,7 @@ impl CudaBatch {
                 launch!(dev, (k) as "matmul_q8 (attn_output + residual)", grid, block;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
                     0u64, 0u64, MODE_ADD)?;
-                if defer {
-                    norm_d(l.ffn_norm.ptr)?;
-                } else {
-                    norm(l.ffn_norm.ptr)?;
-                }
+                norm(l.ffn_norm.ptr, defer)?;
                 launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr, ns)?;
                 // Added to the residual, in the decode step's split order where it has one.
@@ -1029,11 +1021,8 @@ impl CudaBatch {
                 launch!(dev, (k) as "matmul_q8 (ffn_down + residual)", grid, block;
                     l.down.seg, Seg::NONE, Seg::NONE, f as i32, self.hq.ptr, self.hd.ptr, b, self.x.ptr, d,
                     0u64, 0u64, MODE_ADD | if split { MODE_SPLIT } else { 0 })?;
-                if defer && li + 1 < m.layers.len() {
-                    norm_d(rest.ptr)?;
-                } else {
-                    norm(rest.ptr)?;
-                }
+                // The output norm (before the head) is never deferred.
+                norm(rest.ptr, defer && li + 1 < m.layers.len())?;
                 n += 7;
             }
         }

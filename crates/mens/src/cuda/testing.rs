@@ -757,13 +757,19 @@ impl Device {
 
     /// `rmsnorm_q8d` (the first layer's deferred norm) on x with weight `nw`.
     pub fn test_rmsnorm_q8d(&self, x: &[f32], nw: &[f32]) -> Result<DeferredNorm> {
+        let (bufs, _) = self.run_rmsnorm_q8d(x, nw)?;
+        self.read_deferred(&bufs, x.len())
+    }
+
+    /// `rmsnorm_q8d` on x with weight `nw` into new buffers: (nq, nd, np), and the weight's.
+    fn run_rmsnorm_q8d(&self, x: &[f32], nw: &[f32]) -> Result<((Buf, Buf, Buf), Buf)> {
         self.bind()?;
         let dim = x.len();
         let (xb, nwb) = (self.upload(x)?, self.upload(nw)?);
         let bufs = self.alloc_deferred(dim)?;
         launch!(self, rmsnorm_q8d, norm_grid(1, dim), 1024;
             xb.ptr, nwb.ptr, dim as i32, bufs.0.ptr, bufs.1.ptr, bufs.2.ptr)?;
-        self.read_deferred(&bufs, dim)
+        Ok((bufs, nwb))
     }
 
     /// silu(gate · n) * (up · n), n = rmsnorm(x) · nw, by the decode gate/up kernel fed by a
@@ -779,12 +785,8 @@ impl Device {
         eps: f32,
         half: bool,
     ) -> Result<Option<Vec<f32>>> {
-        self.bind()?;
         let dim = x.len();
-        let (xb, nwb) = (self.upload(x)?, self.upload(nw)?);
-        let (nq, nd, np) = self.alloc_deferred(dim)?;
-        launch!(self, rmsnorm_q8d, norm_grid(1, dim), 1024;
-            xb.ptr, nwb.ptr, dim as i32, nq.ptr, nd.ptr, np.ptr)?;
+        let ((nq, nd, np), nwb) = self.run_rmsnorm_q8d(x, nw)?;
         let (g, u) = (Mat::upload(self, gate)?, Mat::upload(self, up)?);
         let f = gate.rows;
         let threads = glu_threads(f / 32, self.sms);

@@ -177,6 +177,10 @@ __device__ __forceinline__ float parts_lane(const float* c, int n) {
 __device__ __forceinline__ float norm_scale(float p, int n, float eps) {
   return rsqrtf(warp_sum(p) / (float)(32 * n) + eps);
 }
+// A decode matvec's row scale from the n group sums of its block's copy (every warp the same bits).
+__device__ __forceinline__ float deferred_scale(const float* np, int n, float eps) {
+  return norm_scale(parts_lane(np_copy(np), n), n, eps);
+}
 // The lines of n floats at p into L1, a line a lane (no registers held; for a read at the end).
 __device__ __forceinline__ void prefetch_l1(const float* p, int n) {
   int l = threadIdx.x & 31;

@@ -1074,7 +1074,7 @@ __device__ __forceinline__ void glu_q8(Seg gate, Seg up, int cols, const i8* aq,
   if (early) pdl_wait();
   __syncthreads();
   if (w == 0) {
-    float sc = np ? norm_scale(parts_lane(np_copy(np), cols / 32), cols / 32, eps) : 1.f;
+    float sc = np ? deferred_scale(np, cols / 32, eps) : 1.f;
     float2 gu = g_u[lane];
     float g = __fmul_rn(gu.x, sc), u = __fmul_rn(gu.y, sc);
     quant_lane(g / (1.f + expf(-g)) * u, hq + blockIdx.x * 32, hd + blockIdx.x);
@@ -1154,7 +1154,7 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
                     cols / 32, aq, ad, early, np_copy(np));
   }
   if (np) {  // the deferred norm's scale (its sums prefetched into L1 after the wait)
-    float sc = norm_scale(parts_lane(np_copy(np), cols / 32), cols / 32, eps);
+    float sc = deferred_scale(np, cols / 32, eps);
     v.x = __fmul_rn(v.x, sc);  // never fused with the bias's add: the batch's bits
     v.y = __fmul_rn(v.y, sc);
   }
