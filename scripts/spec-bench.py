@@ -8,8 +8,15 @@ whether the text equals plain decoding's.
                                   [-n 160] [-t 2] [--only id,id] [--json out.json]
 
 Run from the repository root after `cargo build --release`. Prints a Markdown table.
+
+With --llama DIR (llama.cpp's bin directory, scripts/llamacpp-build.sh), the peer runs beside mens in
+the same loop: modes `llama` (no speculation), `llama-ngram` (`--spec-type ngram-simple
+--spec-draft-n-max 16`) and `llama-draft` (`--spec-type draft-simple -md DRAFT --spec-draft-n-max 8`),
+one llama-server each (started here, loopback, same threads and context), a chat request per task
+(also `llama-ngram-mod`: `--spec-type ngram-mod`, its defaults);
+their speed-ups are against `llama`. Add them to --modes.
 """
-import argparse, json, math, os, re, subprocess, sys, tempfile
+import argparse, json, math, os, re, subprocess, sys, tempfile, time, urllib.request
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default=".cache/models/qwen2.5-coder-1.5b.gguf")
@@ -22,6 +29,7 @@ ap.add_argument("-t", type=int, default=2)
 ap.add_argument("--only", default="")
 ap.add_argument("--extra", default="", help="more flags for every speculating run, e.g. --spec-always")
 ap.add_argument("--json", default="")
+ap.add_argument("--llama", default="", help="llama.cpp bin directory: enables the llama* modes")
 a = ap.parse_args()
 
 tasks = [json.loads(l) for l in open(a.tasks) if l.strip()]
@@ -40,11 +48,53 @@ for m in a.modes.split(","):
         base, n = m.split("/")
         FLAGS[m] = FLAGS[base] + ["--spec-ngram", n]
 
+# The peer's modes: llama-server flags, and the port each listens on.
+LLAMA = {"llama": [], "llama-ngram": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "16"],
+         "llama-draft": ["--spec-type", "draft-simple", "-md", a.draft, "--spec-draft-n-max", "8"],
+         "llama-ngram-mod": ["--spec-type", "ngram-mod"]}
+servers = {}
+
+
+def base(mode):
+    """The mode a mode's speed-up is measured against."""
+    return "llama" if mode.startswith("llama") else "plain"
+
+
+def start_llama(mode, port):
+    cmd = [os.path.join(a.llama, "llama-server"), "-m", a.target, "-t", str(a.t), "-c", "2048", "-np", "1",
+           "--host", "127.0.0.1", "--port", str(port)] + LLAMA[mode]
+    servers[mode] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            time.sleep(0.5)
+    sys.exit(f"llama-server for {mode} did not start")
+
+
+def run_llama(mode, prompt):
+    port = servers[mode][1]
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": a.n, "temperature": 0,
+            "top_k": 1, "cache_prompt": False}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1200) as r:
+        out = json.load(r)
+    t = out["timings"]
+    return {"text": out["choices"][0]["message"]["content"], "generated": t["predicted_n"],
+            "steps": None, "ms": t["predicted_ms"], "tps": t["predicted_per_second"],
+            "proposed": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0)}
+
+
 GEN = re.compile(r"generated (\d+) tokens, decode (\d+) steps, ([\d.]+) ms, ([\d.]+) tokens/s")
 SPEC = re.compile(r"speculation: (\d+) tokens proposed, (\d+) accepted")
 
 
 def run(mode, prompt_file):
+    if mode in LLAMA:
+        return run_llama(mode, open(prompt_file).read())
     cmd = [a.bin, "run", "-m", a.target, "--chat", "-f", prompt_file, "--temp", "0", "-n", str(a.n),
            "-t", str(a.t), "-c", "2048"] + FLAGS[mode] + (a.extra.split() if mode != "plain" else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -55,6 +105,11 @@ def run(mode, prompt_file):
     return {"text": p.stdout, "generated": int(g[1]), "steps": int(g[2]), "ms": float(g[3]),
             "tps": float(g[4]), "proposed": int(s[1]) if s else 0, "accepted": int(s[2]) if s else 0}
 
+
+for i, m in enumerate(m for m in modes if m in LLAMA):
+    if not a.llama:
+        sys.exit(f"mode {m} needs --llama DIR")
+    start_llama(m, 8181 + i)
 
 results = []
 with tempfile.TemporaryDirectory() as d:
@@ -67,21 +122,27 @@ with tempfile.TemporaryDirectory() as d:
         line = [task["id"], task["kind"]]
         for m in modes:
             x = r[m]
-            line.append(f"{m} {x['tps']:.2f}" + (f" ({x['tps'] / r['plain']['tps']:.2f}x, {x['accepted']}/{x['proposed']})" if m != "plain" and "plain" in r else ""))
+            b = base(m)
+            line.append(f"{m} {x['tps']:.2f}" + (f" ({x['tps'] / r[b]['tps']:.2f}x, {x['accepted']}/{x['proposed']})" if m != b and b in r else ""))
         print(" | ".join(line), file=sys.stderr, flush=True)
+
+for p, _ in servers.values():
+    p.terminate()
 
 if a.json:
     json.dump({"args": vars(a), "results": results}, open(a.json, "w"), indent=1)
 
-spec_modes = [m for m in modes if m != "plain"]
-print(f"| task | kind | plain tok/s | " + " | ".join(f"{m} tok/s (÷ plain) | {m} accepted / proposed | {m} text = plain" for m in spec_modes) + " |")
-print("|---|---|---|" + "---|---|---|" * len(spec_modes))
+spec_modes = [m for m in modes if m != base(m)]
+bases = [m for m in modes if m == base(m)]
+print(f"| task | kind | " + " | ".join(f"{b} tok/s" for b in bases) + " | " + " | ".join(f"{m} tok/s (÷ {base(m)}) | {m} accepted / proposed | {m} text = {base(m)}" for m in spec_modes) + " |")
+print("|---|---|" + "---|" * len(bases) + "---|---|---|" * len(spec_modes))
 for r in results:
-    cells = [r["id"], r["kind"], f"{r['plain']['tps']:.2f}"]
+    cells = [r["id"], r["kind"]] + [f"{r[b]['tps']:.2f}" for b in bases]
     for m in spec_modes:
         x = r[m]
         acc = f"{x['accepted']} / {x['proposed']}" + (f" ({100 * x['accepted'] / x['proposed']:.0f}%)" if x["proposed"] else "")
-        cells += [f"{x['tps']:.2f} ({x['tps'] / r['plain']['tps']:.2f}×)", acc, "yes" if x["text"] == r["plain"]["text"] else "**no**"]
+        b = base(m)
+        cells += [f"{x['tps']:.2f} ({x['tps'] / r[b]['tps']:.2f}×)", acc, "yes" if x["text"] == r[b]["text"] else "**no**"]
     print("| " + " | ".join(cells) + " |")
 print()
 for kind in ["edit", "fresh"]:
@@ -89,11 +150,16 @@ for kind in ["edit", "fresh"]:
     if not rs:
         continue
     for m in spec_modes:
-        ratios = [r[m]["tps"] / r["plain"]["tps"] for r in rs]
+        b = base(m)
+        ratios = [r[m]["tps"] / r[b]["tps"] for r in rs]
         # Overall: every generated token over every decode second, as one long session would see it.
         tot = sum(r[m]["generated"] for r in rs) / sum(r[m]["ms"] for r in rs)
-        tot_p = sum(r["plain"]["generated"] for r in rs) / sum(r["plain"]["ms"] for r in rs)
+        tot_p = sum(r[b]["generated"] for r in rs) / sum(r[b]["ms"] for r in rs)
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        same = sum(r[m]["text"] == r["plain"]["text"] for r in rs)
-        print(f"- {kind}, {m}: overall {tot / tot_p:.2f}× (geometric mean {geo:.2f}×, min {min(ratios):.2f}×, max {max(ratios):.2f}×); "
-              f"accepted {sum(r[m]['accepted'] for r in rs)} of {sum(r[m]['proposed'] for r in rs)}; text equal to plain {same}/{len(rs)}")
+        same = sum(r[m]["text"] == r[b]["text"] for r in rs)
+        print(f"- {kind}, {m} (÷ {b}): overall {tot / tot_p:.2f}× (geometric mean {geo:.2f}×, min {min(ratios):.2f}×, max {max(ratios):.2f}×); "
+              f"accepted {sum(r[m]['accepted'] for r in rs)} of {sum(r[m]['proposed'] for r in rs)}; text equal to {b}'s {same}/{len(rs)}")
+    if "plain" in modes and "llama" in modes:
+        # mens run ends its output with a newline.
+        same = sum(r["plain"]["text"].strip() == r["llama"]["text"].strip() for r in rs)
+        print(f"- {kind}: mens's text equal to llama.cpp's (both without speculation) {same}/{len(rs)}")
