@@ -19,6 +19,11 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2);
+    // Query rows a pass (ROWS=8: a verify pass of 8 tokens; the default 1, a decode step).
+    let rows: usize = std::env::var("ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     mens::kernels::pool::set_threads(threads);
     // Pseudo-random values in [-0.5, 0.5) (a hash of the index), so that the running max of the
     // scores changes rarely, as in real attention.
@@ -68,10 +73,10 @@ fn main() {
                 }
             }
             let (kc, vc) = (cache(0), cache(7));
-            let qkv: Vec<f32> = (0..l.q_dim + 2 * l.kv_dim)
+            let qkv: Vec<f32> = (0..rows * (l.q_dim + 2 * l.kv_dim))
                 .map(|i| f16::from_f32(val(i + 11)).to_f32())
                 .collect();
-            let mut out = vec![0f32; l.q_dim];
+            let mut out = vec![0f32; rows * l.q_dim];
             for n in [16usize, 512, 2048] {
                 for cold in [false, true] {
                     let reps = 10;
@@ -94,11 +99,11 @@ fn main() {
                             let t0 = Instant::now();
                             attention(
                                 &qkv,
-                                1,
+                                rows,
                                 &l,
                                 n_head,
                                 n_kv,
-                                n - 1,
+                                n - rows,
                                 view(&kc[li], t, rb),
                                 view(&vc[li], t, rb),
                                 ctx,
@@ -109,11 +114,11 @@ fn main() {
                     }
                     let s = s / reps as f64;
                     println!(
-                    "{name} {} {n:5} keys, {}: {:6.3} ms per decode step ({layers} layers), {:5.1} ns per head and key",
+                    "{name} {} {n:5} keys, {}: {:6.3} ms per pass of {rows} rows ({layers} layers), {:5.1} ns per head and key",
                     t.name(),
                     if cold { "cold" } else { "hot " },
                     s * 1e3,
-                    s * 1e9 * threads as f64 / (layers * n_head * n) as f64
+                    s * 1e9 * threads as f64 / (rows * layers * n_head * n) as f64
                 );
                 }
             }
