@@ -16,7 +16,7 @@ one llama-server each (started here, loopback, same threads and context), a chat
 (also `llama-ngram-mod`: `--spec-type ngram-mod`, its defaults);
 their speed-ups are against `llama`. Add them to --modes.
 """
-import argparse, json, math, os, re, subprocess, sys, tempfile, time, urllib.request
+import argparse, atexit, json, math, os, re, subprocess, sys, tempfile, time, urllib.request
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default=".cache/models/qwen2.5-coder-1.5b.gguf")
@@ -88,6 +88,13 @@ def run_llama(mode, prompt):
             "proposed": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0)}
 
 
+def stop_servers():
+    for p, _ in servers.values():
+        p.terminate()
+
+
+atexit.register(stop_servers)  # at the end, and on sys.exit or an exception
+
 GEN = re.compile(r"generated (\d+) tokens, decode (\d+) steps, ([\d.]+) ms, ([\d.]+) tokens/s")
 SPEC = re.compile(r"speculation: (\d+) tokens proposed, (\d+) accepted")
 
@@ -125,9 +132,6 @@ with tempfile.TemporaryDirectory() as d:
             b = base(m)
             line.append(f"{m} {x['tps']:.2f}" + (f" ({x['tps'] / r[b]['tps']:.2f}x, {x['accepted']}/{x['proposed']})" if m != b and b in r else ""))
         print(" | ".join(line), file=sys.stderr, flush=True)
-
-for p, _ in servers.values():
-    p.terminate()
 
 if a.json:
     json.dump({"args": vars(a), "results": results}, open(a.json, "w"), indent=1)
