@@ -91,6 +91,8 @@ def run_llama(mode, prompt):
 def stop_servers():
     for p, _ in servers.values():
         p.terminate()
+    for p, _ in servers.values():
+        p.wait(timeout=60)  # gone before whatever is timed next
 
 
 atexit.register(stop_servers)  # at the end, and on sys.exit or an exception
