@@ -3,11 +3,14 @@
 // planner, with a verify pass's cost given as ratios to a decode step, and prints the acceptance
 // and the modelled speed-up per task. No model runs: what proposals or verify costs would give is
 // answered in seconds. NGRAM=N (suffix length, default 3), MAX=K (default 8), ORACLE=1.
+// DRAFT=D.gguf DCOST=c: `--spec draft` instead (the draft model does run, on the CPU, for its
+// proposals; each of its steps costs c decode steps of the target), choosing between its proposal
+// and the lookup's as `generate` does.
 //
 //   cargo run --release -p mens --example spec_sim -- MODEL.gguf bench/spec/tasks.jsonl RESULTS.json \
 //       [COSTS: a verify of 1, 2, 3 … rows ÷ one decode step, comma-separated; default this VM's]
 use mens::chat::{ChatTemplate, Message};
-use mens::spec::{lookup_class, ngram, Planner};
+use mens::spec::{draft as draft_steps, lookup_class, next_k, ngram, Planner, DRAFT_CLASS};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -40,6 +43,17 @@ fn main() {
         .ok()
         .map_or(3, |v| v.parse().unwrap());
     let max: usize = std::env::var("MAX").ok().map_or(8, |v| v.parse().unwrap());
+    let mut drafter = std::env::var("DRAFT").ok().map(|p| {
+        let m = std::sync::Arc::new(mens::model::Model::open(p.as_ref()).unwrap());
+        let o = mens::cpu::SessionOptions {
+            ctx: 4096,
+            ..Default::default()
+        };
+        mens::cpu::Session::new(m, o).unwrap()
+    });
+    let dcost: f64 = std::env::var("DCOST")
+        .ok()
+        .map_or(0.4, |v| v.parse().unwrap());
     let mut by_kind: std::collections::BTreeMap<String, (f64, f64, usize, usize)> =
         Default::default();
     for t in &tasks {
@@ -62,6 +76,7 @@ fn main() {
         hist.push(out[0]);
         planner.record_step(1, cost(1));
         let mut draft = Vec::new();
+        let mut k = max.min(4);
         while j < out.len() {
             let cap = max.min(out.len() - j);
             let found = if oracle_rule {
@@ -69,9 +84,30 @@ fn main() {
             } else {
                 ngram(&hist, n, cap, &mut draft)
             };
-            let class = lookup_class(found);
-            let want = planner.plan(class, draft.len(), false);
-            draft.truncate(want);
+            let mut class = lookup_class(found);
+            let dk = k.min(cap);
+            // `generate`: the lookup's proposal where the planner expects more of it, else the draft's.
+            let lookup_pays = !draft.is_empty()
+                && match (
+                    planner.best(class, draft.len(), false),
+                    planner.best(DRAFT_CLASS, dk, true),
+                ) {
+                    (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
+                    _ => false,
+                };
+            match drafter.as_mut() {
+                Some(d) if !lookup_pays => {
+                    class = DRAFT_CLASS;
+                    let want = planner.plan(class, dk, true);
+                    draft_steps(d, &hist, want, &mut draft).unwrap();
+                    spent += want as f64 * dcost;
+                    planner.record_draft(want, dcost);
+                }
+                _ => {
+                    let want = planner.plan(class, draft.len(), false);
+                    draft.truncate(want);
+                }
+            }
             let agree = draft
                 .iter()
                 .zip(&out[j..])
@@ -82,6 +118,7 @@ fn main() {
             planner.record_step(rows, cost(rows));
             if !draft.is_empty() {
                 planner.record_accept(class, draft.len(), agree);
+                k = next_k(k, draft.len(), agree, max);
                 prop += draft.len();
                 acc += agree;
             }
