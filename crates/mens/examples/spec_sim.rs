@@ -10,7 +10,9 @@
 //   cargo run --release -p mens --example spec_sim -- MODEL.gguf bench/spec/tasks.jsonl RESULTS.json \
 //       [COSTS: a verify of 1, 2, 3 … rows ÷ one decode step, comma-separated; default this VM's]
 use mens::chat::{ChatTemplate, Message};
-use mens::spec::{draft as draft_steps, lookup_class, next_k, ngram, Planner, DRAFT_CLASS};
+use mens::spec::{
+    agreeing, draft as draft_steps, lookup_class, next_k, ngram, Planner, DRAFT_CLASS,
+};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -87,14 +89,7 @@ fn main() {
             let mut class = lookup_class(found);
             let dk = k.min(cap);
             // `generate`: the lookup's proposal where the planner expects more of it, else the draft's.
-            let lookup_pays = !draft.is_empty()
-                && match (
-                    planner.best(class, draft.len(), false),
-                    planner.best(DRAFT_CLASS, dk, true),
-                ) {
-                    (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
-                    _ => false,
-                };
+            let lookup_pays = planner.prefers_lookup(class, draft.len(), dk);
             match drafter.as_mut() {
                 Some(d) if !lookup_pays => {
                     class = DRAFT_CLASS;
@@ -108,11 +103,7 @@ fn main() {
                     draft.truncate(want);
                 }
             }
-            let agree = draft
-                .iter()
-                .zip(&out[j..])
-                .take_while(|(a, b)| a == b)
-                .count();
+            let agree = agreeing(&draft, &out[j..]);
             let rows = draft.len() + 1;
             spent += cost(rows);
             planner.record_step(rows, cost(rows));

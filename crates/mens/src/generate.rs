@@ -207,17 +207,7 @@ pub fn generate_with_draft<R: Runner + ?Sized>(
                 let found = crate::spec::ngram(&step_tokens, sp.ngram, cap, &mut draft);
                 let lookup = crate::spec::lookup_class(found);
                 let dk = k.min(cap);
-                let lookup_pays = || {
-                    sp.gate
-                        && !draft.is_empty()
-                        && match (
-                            planner.best(lookup, draft.len(), false),
-                            planner.best(crate::spec::DRAFT_CLASS, dk, true),
-                        ) {
-                            (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
-                            _ => false,
-                        }
-                };
+                let lookup_pays = || sp.gate && planner.prefers_lookup(lookup, draft.len(), dk);
                 match draft_model.as_deref_mut() {
                     Some(d) if !lookup_pays() => {
                         class = crate::spec::DRAFT_CLASS;

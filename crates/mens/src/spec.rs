@@ -292,6 +292,22 @@ impl Planner {
         Some((best, best_rate))
     }
 
+    /// Whether a prompt lookup's proposal (`found` tokens of `class`) beats a draft model's of up
+    /// to `draft_k`, by the tokens per second [`best`] expects of each (a draft costs its steps;
+    /// the lookup none). False until a plain step has been measured.
+    ///
+    /// [`best`]: Planner::best
+    pub fn prefers_lookup(&self, class: usize, found: usize, draft_k: usize) -> bool {
+        found > 0
+            && match (
+                self.best(class, found, false),
+                self.best(DRAFT_CLASS, draft_k, true),
+            ) {
+                (Some((kl, rl)), Some((_, rd))) => kl > 0 && rl >= rd,
+                _ => false,
+            }
+    }
+
     /// Tokens per second proposing `k` at per-token acceptance `q`: a proposal of k tokens, each
     /// accepted while the ones before it were, yields (1 − q^(k+1)) / (1 − q) tokens.
     fn rate(&self, k: usize, q: f64, drafted: bool, c1: f64) -> f64 {
