@@ -80,6 +80,26 @@ pub(crate) struct ModelArgs {
     /// What the KV cache stores for V (also `-ctv`): f16, q8_0 or q4_0.
     #[arg(long, default_value = "f16")]
     pub(crate) cache_type_v: String,
+    /// A Jinja chat template to use instead of the model file's (as llama-server's
+    /// `--chat-template-file`); its tool-call format follows it (see README, tool calls).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) chat_template_file: Option<PathBuf>,
+}
+
+/// `ID=BIAS` of `--logit-bias`.
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, b) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=BIAS, got {s:?}"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("{id:?} is not a token id"))?;
+    let b = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("{b:?} is not a number"))?;
+    Ok((id, b))
 }
 
 #[derive(Args, Clone)]
@@ -109,6 +129,9 @@ pub(crate) struct SampleArgs {
     /// Stop when this string is generated (repeatable).
     #[arg(long)]
     pub(crate) stop: Vec<String>,
+    /// Add BIAS (-100 to 100) to token ID's logit, as `ID=BIAS` (repeatable; -100 bans it).
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_bias, allow_hyphen_values = true)]
+    pub(crate) logit_bias: Vec<(u32, f32)>,
     /// Tokens to generate at most (-1: until the context is full, as llama.cpp).
     #[arg(
         short = 'n',
@@ -184,6 +207,7 @@ impl SampleArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             seed: self.seed.unwrap_or_else(fresh_seed),
+            logit_bias: self.logit_bias.clone(),
             ..DEFAULTS
         }
     }

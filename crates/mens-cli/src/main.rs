@@ -111,7 +111,12 @@ pub(crate) fn load(args: &ModelArgs, slots: usize) -> Result<Loaded> {
             );
         }
     }
+    let chat_template = match &args.chat_template_file {
+        Some(f) => Some(mens::chat::read_template_file(f)?),
+        None => None,
+    };
     let options = LoadOptions {
+        chat_template,
         path: model_path(args)?,
         backend: backend(args),
         ctx: args.ctx_size,

@@ -921,3 +921,97 @@ fn cache_types() {
         "cache type \"q9\" is not one of f16, q8_0, q4_0",
     );
 }
+
+/// `--chat-template-file`: a missing file, one too large and one that does not render are refused
+/// at load with exit 2, the template rendered in the helper process; a good one replaces the
+/// file's template.
+#[test]
+fn a_chat_template_file_is_checked_at_load() {
+    let m = tiny();
+    let m = m.to_str().unwrap();
+    fails_with(
+        &[
+            "run",
+            "--chat",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "--chat-template-file",
+            "/nonexistent.jinja",
+        ],
+        "chat template file /nonexistent.jinja",
+    );
+    let big = tmp("big.jinja", &vec![b'x'; (1 << 20) + 1]);
+    fails_with(
+        &[
+            "run",
+            "--chat",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "--chat-template-file",
+            big.to_str().unwrap(),
+        ],
+        "more than 1048576 bytes",
+    );
+    let bad = tmp(
+        "bad.jinja",
+        b"{{ raise_exception('this template refuses') }}",
+    );
+    fails_with(
+        &[
+            "run",
+            "--chat",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "--chat-template-file",
+            bad.to_str().unwrap(),
+        ],
+        "this template refuses",
+    );
+    let hostile = tmp(
+        "hostile.jinja",
+        b"{% set s = namespace(x='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x | length }}",
+    );
+    fails_with(
+        &[
+            "run",
+            "--chat",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "--chat-template-file",
+            hostile.to_str().unwrap(),
+        ],
+        "rendering needed more than 1024 MiB of memory",
+    );
+    // The prompt's length says which template rendered it (ChatML's markup, or none).
+    let good = tmp(
+        "good.jinja",
+        b"{% for m in messages %}<<{{ m.content }}>>{% endfor %}",
+    );
+    let prompt_tokens = |extra: &[&str]| -> usize {
+        let out = mens()
+            .args([
+                "run", "--chat", "-m", m, "-p", "hi there", "-n", "1", "--temp", "0",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        let at = err.find("prompt ").expect(&err) + "prompt ".len();
+        err[at..].split(' ').next().unwrap().parse().expect(&err)
+    };
+    let own = prompt_tokens(&["--chat-template-file", good.to_str().unwrap()]);
+    let file = prompt_tokens(&[]);
+    assert!(
+        own < file,
+        "{own} tokens with the file given, {file} with the model's"
+    );
+}

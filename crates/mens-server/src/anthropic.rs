@@ -200,6 +200,9 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
             _ => return Err(bad("tool_choice.type must be auto, any, tool or none")),
         };
         out.insert("tool_choice".into(), choice);
+        // Anthropic's default lets a forced answer make several calls.
+        let one = c.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true);
+        out.insert("parallel_tool_calls".into(), json!(!one));
     }
     // Anthropic's default is greedy-ish 1.0; leave mens's sampler defaults when absent.
     serde_json::from_value(Value::Object(out))
@@ -260,7 +263,7 @@ pub(crate) async fn whole(
 ) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
     let (content, calls) = match &meta.tools {
-        Some(names) => mens::tools::parse(&text, names),
+        Some(tools) => mens::tools::parse(&text, tools),
         None => (text, Vec::new()),
     };
     let mut blocks = Vec::new();

@@ -165,7 +165,8 @@ pub(crate) async fn chat(
 ) -> ApiResult<Response> {
     let ChatRequest { messages, common } = r;
     let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
-    let tools = common.tool_use()?;
+    let format = s.template.call_format();
+    let tools = common.tool_use(format)?;
     let grammar = match (tools.grammar, common.grammar_spec()?) {
         (Some(g), None) => Some(GrammarSpec::Lark(g)),
         (None, g) => g,
@@ -180,13 +181,9 @@ pub(crate) async fn chat(
         grammar,
         logprobs: common.logprobs(true)?,
         echo,
-        tools: tools.parse.then(|| {
-            tools
-                .tools
-                .iter()
-                .filter_map(|t| mens::tools::tool_name(t).map(str::to_string))
-                .collect()
-        }),
+        tools: tools
+            .parse
+            .then(|| mens::tools::Toolbox::new(format, &tools.tools)),
     };
     let defs = tools.tools;
     let p = tokenize(&s, move |st, limit| chat_prompt(st, &msgs, &defs, limit)).await?;
@@ -197,7 +194,7 @@ pub(crate) async fn chat(
 pub(crate) async fn chat_tokens(s: &Arc<AppState>, r: ChatRequest) -> ApiResult<usize> {
     let ChatRequest { messages, common } = r;
     let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
-    let defs = common.tool_use()?.tools;
+    let defs = common.tool_use(s.template.call_format())?.tools;
     let p = tokenize(s, move |st, _| chat_prompt(st, &msgs, &defs, MAX_TOKENIZE)).await?;
     Ok(p.len())
 }
@@ -399,8 +396,8 @@ pub(crate) struct Extra {
     pub(crate) echo: Value,
     pub(crate) grammar: Option<GrammarSpec>,
     pub(crate) logprobs: Option<usize>,
-    /// Parse tool calls naming these tools.
-    pub(crate) tools: Option<Vec<String>>,
+    /// Parse tool calls to these tools.
+    pub(crate) tools: Option<mens::tools::Toolbox>,
 }
 
 /// Compile a grammar off the async workers (bounded like tokenization; llguidance bounds the
@@ -434,7 +431,7 @@ async fn complete(
     time_limit: Option<std::time::Duration>,
     extra: Extra,
 ) -> ApiResult<Response> {
-    let sampler = c.sampler()?;
+    let sampler = c.sampler(s.tokenizer.vocab_size())?;
     let stop = c.stops()?;
     let ctx = s.scheduler.options().ctx;
     let max_tokens = c.max_tokens(prompt.len(), ctx, s.config.max_tokens_cap)?;
@@ -531,7 +528,7 @@ pub fn prepare(
     let (prompt, common) = if chat {
         let r: ChatRequest = serde_json::from_slice(body).map_err(bad)?;
         let msgs = chat_messages(&r.messages, &r.common, "mens")?;
-        let tools = r.common.tool_use()?;
+        let tools = r.common.tool_use(template.call_format())?;
         r.common.logprobs(true)?;
         let p = template
             .tokens_with(tok, &msgs, &tools.tools, true, ctx - 1)
@@ -551,7 +548,7 @@ pub fn prepare(
         (p, r.common)
     };
     common.grammar_spec()?;
-    common.sampler()?;
+    common.sampler(tok.vocab_size())?;
     common.stops()?;
     common.max_tokens(prompt.len(), ctx, None)?;
     Ok(prompt)

@@ -139,6 +139,10 @@ pub(crate) struct Common {
     pub(crate) tools: Option<Value>,
     #[serde(default)]
     pub(crate) tool_choice: Option<Value>,
+    /// true: a forced answer may make up to `tools::MAX_CALLS` calls; else one (llama-server's
+    /// default: small models forced to call tend to repeat the call until max_tokens).
+    #[serde(default)]
+    pub(crate) parallel_tool_calls: Option<bool>,
     /// Chat: true/false; completions: the number of alternatives (0–5, legacy shape).
     #[serde(default)]
     pub(crate) logprobs: Option<Value>,
@@ -272,10 +276,6 @@ pub(crate) fn neutral(v: &Option<Value>) -> bool {
     }
 }
 
-pub(crate) fn unsupported(field: &'static str) -> ApiError {
-    ApiError::invalid(format!("{field} is not supported by this server yet")).param(field)
-}
-
 impl Common {
     /// Refuse what the server cannot do yet, rather than ignore it.
     pub(crate) fn check_supported(&self, model_name: &str) -> ApiResult<()> {
@@ -291,9 +291,6 @@ impl Common {
                 .param("model")
                 .with_code("model_not_found"));
             }
-        }
-        if !neutral(&self.logit_bias) {
-            return Err(unsupported("logit_bias"));
         }
         Ok(())
     }
@@ -383,7 +380,7 @@ impl Common {
     }
 
     /// What the request's `tools` and `tool_choice` ask for (chat only).
-    pub(crate) fn tool_use(&self) -> ApiResult<ToolUse> {
+    pub(crate) fn tool_use(&self, format: mens::tools::CallFormat) -> ApiResult<ToolUse> {
         let tools: Vec<Value> = match &self.tools {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(a)) => a.clone(),
@@ -431,9 +428,13 @@ impl Common {
             }
             return Ok(ToolUse::default());
         }
+        let calls = match self.parallel_tool_calls {
+            Some(true) => mens::tools::MAX_CALLS,
+            _ => 1,
+        };
         let grammar = match forced {
             Some(only) => Some(
-                mens::tools::call_grammar(&tools, only.as_deref())
+                mens::tools::call_grammar(&tools, only.as_deref(), format, calls)
                     .map_err(|e| ApiError::invalid(e.to_string()).param("tool_choice"))?,
             ),
             None => None,
@@ -453,7 +454,61 @@ impl Common {
         h.finish()
     }
 
-    pub(crate) fn sampler(&self) -> ApiResult<SamplerConfig> {
+    /// `logit_bias` as (token, bias) pairs: OpenAI's object of token ids (as strings) to
+    /// biases, or llama-server's list of `[id, bias]` pairs where a bias of `false` bans the
+    /// token (taken as -100). Ids must be below `vocab`.
+    fn logit_bias(&self, vocab: usize) -> ApiResult<Vec<(u32, f32)>> {
+        let bad = |m: String| ApiError::invalid(m).param("logit_bias");
+        let entry = |id: &Value, b: &Value| -> ApiResult<(u32, f32)> {
+            let id = match id {
+                Value::String(s) => s.trim().parse::<u64>().ok(),
+                Value::Number(n) => n.as_u64(),
+                _ => None,
+            }
+            .ok_or_else(|| bad(format!("logit_bias keys must be token ids, got {id}")))?;
+            if id >= vocab as u64 {
+                return Err(bad(format!(
+                    "logit_bias names token {id}, but the vocabulary has {vocab} tokens"
+                )));
+            }
+            let b = match b {
+                Value::Bool(false) => -100.0,
+                Value::Number(n) => n.as_f64().unwrap_or(f64::NAN) as f32,
+                _ => return Err(bad(format!("a logit bias must be a number, got {b}"))),
+            };
+            Ok((id as u32, b))
+        };
+        let out = match &self.logit_bias {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(o)) if o.len() <= mens::sample::MAX_LOGIT_BIAS => o
+                .iter()
+                .map(|(k, v)| entry(&Value::String(k.clone()), v))
+                .collect::<ApiResult<_>>()?,
+            Some(Value::Array(a)) if a.len() <= mens::sample::MAX_LOGIT_BIAS => a
+                .iter()
+                .map(|p| match p.as_array().map(Vec::as_slice) {
+                    Some([id, b]) => entry(id, b),
+                    _ => Err(bad(
+                        "logit_bias as a list takes [token id, bias] pairs".into()
+                    )),
+                })
+                .collect::<ApiResult<_>>()?,
+            Some(Value::Object(_) | Value::Array(_)) => {
+                return Err(bad(format!(
+                    "logit_bias takes at most {} entries",
+                    mens::sample::MAX_LOGIT_BIAS
+                )))
+            }
+            Some(_) => {
+                return Err(bad(
+                    "logit_bias must be an object of token ids to biases".into()
+                ))
+            }
+        };
+        Ok(out)
+    }
+
+    pub(crate) fn sampler(&self, vocab: usize) -> ApiResult<SamplerConfig> {
         if let Some(n) = self.n {
             if n != 1 {
                 return Err(
@@ -502,6 +557,7 @@ impl Common {
                 t ^ NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
             }
         };
+        c.logit_bias = self.logit_bias(vocab)?;
         c.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
         Ok(c)
     }

@@ -123,6 +123,7 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
         ("stream", "stream"),
         ("user", "user"),
         ("model", "model"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
     ] {
         if let Some(x) = o.get(from).filter(|x| !x.is_null()) {
             out.insert(to.into(), x.clone());
@@ -175,6 +176,7 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
         "text": o.get("text").cloned().unwrap_or(json!({"format": {"type": "text"}})),
         "metadata": o.get("metadata").cloned().unwrap_or(json!({})),
         "user": o.get("user").cloned().unwrap_or(Value::Null),
+        "parallel_tool_calls": o.get("parallel_tool_calls").cloned().unwrap_or(json!(false)),
     });
     Ok((Value::Object(out), echo))
 }
@@ -217,7 +219,7 @@ fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) 
     let mut r = json!({
         "id": format!("resp_{}", m.id), "object": "response", "created_at": m.created,
         "status": status, "error": null, "incomplete_details": incomplete, "model": m.model,
-        "output": output, "parallel_tool_calls": true, "previous_response_id": null,
+        "output": output, "previous_response_id": null,
         "reasoning": {"effort": null, "summary": null}, "store": false, "truncation": "disabled",
         "usage": u.map(|u| json!({
             "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
@@ -234,7 +236,7 @@ fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) 
 
 fn output_of(m: &Meta, text: &str) -> Vec<Value> {
     let (content, calls) = match &m.tools {
-        Some(names) => mens::tools::parse(text, names),
+        Some(tools) => mens::tools::parse(text, tools),
         None => (text.to_string(), Vec::new()),
     };
     let mut out = Vec::new();

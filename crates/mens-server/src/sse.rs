@@ -33,8 +33,8 @@ pub(crate) struct Meta {
     pub(crate) model: String,
     pub(crate) created: u64,
     pub(crate) kind: Kind,
-    /// Parse tool calls into `tool_calls` (chat with tools): the defined tools' names.
-    pub(crate) tools: Option<Vec<String>>,
+    /// Parse tool calls into `tool_calls` (chat with tools): the defined tools.
+    pub(crate) tools: Option<mens::tools::Toolbox>,
     /// Report log-probabilities.
     pub(crate) logprobs: bool,
     pub(crate) tok: Arc<Tokenizer>,
@@ -279,8 +279,8 @@ pub(crate) async fn whole(
     let (object, choice) = match meta.kind {
         Kind::Chat | Kind::Messages | Kind::Responses => {
             let mut message = json!({"role": "assistant", "content": text});
-            if let Some(names) = &meta.tools {
-                let (content, calls) = mens::tools::parse(&text, names);
+            if let Some(tools) = &meta.tools {
+                let (content, calls) = mens::tools::parse(&text, tools);
                 if !calls.is_empty() {
                     message = json!({
                         "role": "assistant",
@@ -434,7 +434,7 @@ pub(crate) fn stream(
     include_usage: bool,
 ) -> Response {
     let calls = match (&meta.tools, meta.kind) {
-        (Some(names), Kind::Chat) => Some(CallSplitter::new(names.clone())),
+        (Some(tools), Kind::Chat) => Some(CallSplitter::new(tools.clone())),
         _ => None,
     };
     let mut sse = Sse {

@@ -348,3 +348,171 @@ fn server_draft_model_keeps_greedy_text() {
     eprintln!("server draft model (the target itself): {a} of {p} proposals accepted");
     assert!(p >= 40 && a == p, "{a} of {p}");
 }
+
+/// A template that teaches Qwen3-Coder's XML call format (`--chat-template-file`): forced calls
+/// are written in it and parsed into `tool_calls` (typed by the tool's schema; whole, streamed and
+/// on the Anthropic API alike), and calls in the history are rendered in it.
+#[test]
+fn xml_tool_calls_forced_parsed_and_rendered() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let source = std::fs::read_to_string(common::data("xml-tools.jinja")).unwrap();
+    let opts = SchedulerOptions {
+        slots: 1,
+        ctx: 2048,
+        batch: 256,
+        queue: 8,
+        cache_reuse: 0,
+        spec: None,
+        cache: Default::default(),
+    };
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let s = support::start_with_template(
+        l.model.clone(),
+        None,
+        tok,
+        opts,
+        ServerConfig::default(),
+        Some(source.clone()),
+    );
+    let mut tools = weather_tools();
+    tools
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "function", "function": {
+        "name": "read_lines", "parameters": {"type": "object", "properties": {
+            "path": {"type": "string"}, "start": {"type": "integer", "minimum": 1}},
+            "required": ["path", "start"]}}}));
+    let mut b = ask("What is the weather in Oslo, in celsius?");
+    b["tools"] = tools.clone();
+    b["temperature"] = json!(0);
+    for (choice, name) in [
+        (json!("required"), None),
+        (
+            json!({"type": "function", "function": {"name": "read_lines"}}),
+            Some("read_lines"),
+        ),
+    ] {
+        b["tool_choice"] = choice;
+        let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let call = &c["message"]["tool_calls"][0];
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        match call["function"]["name"].as_str().unwrap() {
+            "get_weather" => assert!(
+                args["city"].is_string() && ["c", "f"].contains(&args["unit"].as_str().unwrap()),
+                "{args}"
+            ),
+            "read_lines" => assert!(
+                args["path"].is_string() && args["start"].as_i64().is_some_and(|n| n >= 1),
+                "{args}"
+            ),
+            other => panic!("{other}: {v}"),
+        }
+        if let Some(n) = name {
+            assert_eq!(call["function"]["name"], n, "{v}");
+        }
+
+        // Streamed: the same call in one delta.
+        let mut sb = b.clone();
+        sb["stream"] = json!(true);
+        let events = post(s.addr, "/v1/chat/completions", sb).events();
+        let deltas: Vec<Value> = events
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str::<Value>(e).unwrap())
+            .filter_map(|c| c["choices"][0]["delta"].get("tool_calls").cloned())
+            .collect();
+        assert_eq!(deltas.len(), 1, "{events:?}");
+        assert_eq!(deltas[0][0]["function"], call["function"]);
+    }
+
+    // parallel_tool_calls: true lets a forced answer hold several calls (this model repeats its
+    // call until max_tokens); without it, one.
+    b["tool_choice"] = json!("required");
+    b["parallel_tool_calls"] = json!(true);
+    b["max_tokens"] = json!(400);
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let n = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!((2..=mens::tools::MAX_CALLS).contains(&n), "{v}");
+
+    // The Anthropic API: a forced call comes back as a tool_use block with its input object.
+    let a = post(
+        s.addr,
+        "/v1/messages",
+        json!({"model": "mens", "max_tokens": 120, "temperature": 0,
+               "messages": [{"role": "user", "content": "Show lines of src/main.rs from line 10."}],
+               "tools": [{"name": "read_lines", "input_schema": tools[2]["function"]["parameters"]}],
+               "tool_choice": {"type": "tool", "name": "read_lines"}}),
+    )
+    .json();
+    assert_eq!(a["stop_reason"], "tool_use", "{a}");
+    let block = a["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap();
+    assert!(block["input"]["start"].is_i64(), "{a}");
+
+    // A call in the history is rendered in the template's format, its arguments as the template
+    // writes them; a tool result follows it and the model answers in text.
+    let template = mens::chat::ChatTemplate::new(Some(source), String::new(), "<|im_end|>".into());
+    let mut m = mens::chat::Message::new("assistant", "");
+    m.tool_calls = vec![json!({"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}})];
+    let text = template
+        .render_with(
+            &[mens::chat::Message::new("user", "Weather?"), m],
+            tools.as_array().unwrap(),
+            false,
+        )
+        .unwrap();
+    assert!(
+        text.contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"),
+        "{text}"
+    );
+    let mut b = ask("What is the weather in Oslo, in celsius?");
+    b["tools"] = tools;
+    b["temperature"] = json!(0);
+    b["messages"] = json!([
+        {"role": "user", "content": "What is the weather in Oslo, in celsius?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": -3, \"sky\": \"snow\"}"},
+    ]);
+    b["tool_choice"] = json!("none");
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+}
+
+/// `logit_bias` (OpenAI's object, llama-server's pairs): -100 (or `false`) keeps a token out of a
+/// greedy answer, +100 puts one in; streamed and whole alike.
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let s = server();
+    let first = |bias: Value| -> (String, u64) {
+        let r = post(
+            s.addr,
+            "/v1/completions",
+            json!({"prompt": "def fibonacci(n):", "max_tokens": 6, "temperature": 0, "logit_bias": bias}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+        let ids = post(s.addr, "/tokenize", json!({"content": text})).json();
+        (text, ids["tokens"][0].as_u64().unwrap())
+    };
+    let (plain, t0) = first(json!(null));
+    let (banned, t1) = first(json!({ t0.to_string(): -100 }));
+    assert_ne!(t1, t0, "{plain:?} / {banned:?}");
+    let (pair, t2) = first(json!([[t0, false]]));
+    assert_eq!((pair, t2), (banned, t1));
+    let want = post(s.addr, "/tokenize", json!({"content": " banana"})).json()["tokens"][0]
+        .as_u64()
+        .unwrap();
+    let (forced, t3) = first(json!({ want.to_string(): 100 }));
+    assert_eq!(t3, want, "{forced:?}");
+}

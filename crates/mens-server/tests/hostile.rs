@@ -328,7 +328,17 @@ fn unsupported_fields_and_small_defects() {
     assert_error(&with("top_logprobs", json!(2)), 400, "needs logprobs");
     let r = post(a, "/v1/completions", json!({"prompt": "x", "tools": one}));
     assert_error(&r, 400, "chat/completions");
-    assert_error(&with("logit_bias", json!({"42": 5})), 400, "logit_bias");
+    for (bias, want) in [
+        (json!({"abc": 5}), "token ids"),
+        (json!({"99999999": 5}), "vocabulary has"),
+        (json!({"42": 500}), "[-100, 100]"),
+        (json!({"42": "x"}), "must be a number"),
+        (json!([[42]]), "pairs"),
+        (json!(5), "must be an object"),
+    ] {
+        assert_error(&with("logit_bias", bias), 400, want);
+    }
+    assert_eq!(with("logit_bias", json!({"42": 5})).status, 200);
     let r = with("model", json!("gpt-4"));
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "model_not_found");

@@ -231,6 +231,33 @@ impl Drop for Helper {
     }
 }
 
+/// Largest chat template file read (`--chat-template-file`); real templates are under 20 KB.
+pub const MAX_TEMPLATE_FILE: u64 = 1 << 20;
+
+/// A chat template file's text, refused when larger than [`MAX_TEMPLATE_FILE`] or not UTF-8.
+pub fn read_template_file(path: &std::path::Path) -> Result<String> {
+    let what = |e: std::io::Error| {
+        Error::InvalidArgument(format!("chat template file {}: {e}", path.display()))
+    };
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TEMPLATE_FILE + 1).read_to_end(&mut bytes))
+        .map_err(what)?;
+    if bytes.len() as u64 > MAX_TEMPLATE_FILE {
+        return Err(Error::InvalidArgument(format!(
+            "chat template file {} is more than {MAX_TEMPLATE_FILE} bytes",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "chat template file {} is not UTF-8",
+            path.display()
+        ))
+    })
+}
+
 impl ChatTemplate {
     pub fn new(source: Option<String>, bos_token: String, eos_token: String) -> Self {
         ChatTemplate {
@@ -240,6 +267,24 @@ impl ChatTemplate {
             isolation: None,
             helper: std::sync::Mutex::new(None),
         }
+    }
+
+    /// This template's BOS and EOS texts with another source (`--chat-template-file`).
+    pub fn with_source(self, source: String) -> Self {
+        ChatTemplate::new(Some(source), self.bos_token, self.eos_token)
+    }
+
+    /// Render a one-message conversation (in the helper process when isolated): a template
+    /// that cannot is refused at load, not at the first request.
+    pub fn check(&self) -> Result<()> {
+        self.render(&[Message::new("user", "hi")], true)
+            .map(|_| ())
+            .map_err(|e| Error::Template(format!("the chat template does not render: {e}")))
+    }
+
+    /// How the model writes tool calls, as its template teaches it (see [`crate::tools`]).
+    pub fn call_format(&self) -> crate::tools::CallFormat {
+        crate::tools::CallFormat::of_template(self.source.as_deref())
     }
 
     /// Render in a helper process from now on (see [`Isolation`]).

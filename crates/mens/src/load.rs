@@ -84,6 +84,8 @@ pub struct LoadOptions {
     pub cache: (KvType, KvType),
     /// Render chat templates in a helper process (see [`Isolation`]).
     pub isolation: Option<Isolation>,
+    /// A chat template to use instead of the file's (`--chat-template-file`).
+    pub chat_template: Option<String>,
 }
 
 /// A model, its tokenizer and chat template, admitted for a backend.
@@ -125,8 +127,14 @@ pub fn load(o: &LoadOptions) -> Result<Loaded> {
     }
     let t0 = Instant::now();
     let (model, tokenizer, mut template) = from_gguf(Gguf::open(&o.path)?)?;
+    if let Some(src) = &o.chat_template {
+        template = template.with_source(src.clone());
+    }
     if let Some(iso) = &o.isolation {
         template.isolate(iso.clone());
+    }
+    if o.chat_template.is_some() {
+        template.check()?;
     }
     let (options, plan) = match o.backend {
         Backend::Cpu => {

@@ -1,5 +1,6 @@
-//! Sampling: penalties, top-k, top-p, min-p, temperature, seeded draw; greedy at temperature 0.
-//! The order follows llama.cpp's default chain (penalties → top-k → top-p → min-p → temperature → draw).
+//! Sampling: logit bias, penalties, top-k, top-p, min-p, temperature, seeded draw; greedy at
+//! temperature 0. The order follows llama.cpp's default chain (logit bias → penalties → top-k →
+//! top-p → min-p → temperature → draw).
 //! Every buffer is allocated once, with the sampler.
 
 use crate::error::{Error, Result};
@@ -22,7 +23,13 @@ pub struct SamplerConfig {
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
     pub seed: u64,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`), each in
+    /// [-100, 100]: -100 bans a token in practice, 100 all but forces it.
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// Most `logit_bias` entries a sampler takes.
+pub const MAX_LOGIT_BIAS: usize = 4096;
 
 impl SamplerConfig {
     /// llama.cpp's defaults (the CLI's and the server's).
@@ -36,6 +43,7 @@ impl SamplerConfig {
         frequency_penalty: 0.0,
         presence_penalty: 0.0,
         seed: 0xDEC0DE,
+        logit_bias: Vec::new(),
     };
 }
 
@@ -51,6 +59,11 @@ impl SamplerConfig {
             temperature: 0.0,
             ..Default::default()
         }
+    }
+
+    /// Whether a logit bias changes the logits.
+    pub fn biased(&self) -> bool {
+        !self.logit_bias.is_empty()
     }
 
     /// Whether any repetition penalty changes the logits (then sampling needs the history).
@@ -92,6 +105,19 @@ impl SamplerConfig {
         if self.repeat_last_n > 1 << 20 {
             return bad(format!("repeat-last-n {} is too large", self.repeat_last_n));
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return bad(format!(
+                "logit bias has {} entries, more than the limit of {MAX_LOGIT_BIAS}",
+                self.logit_bias.len()
+            ));
+        }
+        for &(id, b) in &self.logit_bias {
+            if !b.is_finite() || !(-100.0..=100.0).contains(&b) {
+                return bad(format!(
+                    "the logit bias of token {id} must be in [-100, 100], got {b}"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -128,6 +154,15 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 impl Sampler {
     pub fn new(config: SamplerConfig, vocab_size: usize) -> Result<Self> {
         config.validate()?;
+        if let Some(&(id, _)) = config
+            .logit_bias
+            .iter()
+            .find(|b| b.0 as usize >= vocab_size)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "logit bias names token {id}, but the vocabulary has {vocab_size} tokens"
+            )));
+        }
         Ok(Sampler {
             rng: rand::rngs::StdRng::seed_from_u64(config.seed),
             candidates: Vec::with_capacity(vocab_size),
@@ -144,7 +179,10 @@ impl Sampler {
     /// Whether sampling needs the whole logits row on the host (a device may pick greedy or
     /// top-k tokens itself otherwise).
     pub fn needs_logits(&self) -> bool {
-        self.constraint.is_some() || self.logprobs.is_some() || self.config.penalised()
+        self.constraint.is_some()
+            || self.logprobs.is_some()
+            || self.config.penalised()
+            || self.config.biased()
     }
 
     /// Pick the next token, as [`Sampler::choose`], after recording log-probabilities and masking
@@ -173,7 +211,8 @@ impl Sampler {
         };
         // Penalties change logits in place: keep the raw ones then (the mask only touches tokens
         // that cannot be chosen).
-        let raw = (lse.is_some() && self.config.penalised()).then(|| logits.to_vec());
+        let raw = (lse.is_some() && (self.config.penalised() || self.config.biased()))
+            .then(|| logits.to_vec());
         if let Some(c) = self.constraint.as_mut() {
             c.mask(logits)?;
         }
@@ -220,6 +259,11 @@ impl Sampler {
     /// Pick the next token. `logits` is scratch (penalties are applied in place); `history` holds the
     /// tokens so far (prompt and generated), for the penalties.
     pub fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        for &(id, b) in &self.config.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += b;
+            }
+        }
         if self.config.penalised() {
             let mut counts = std::mem::take(&mut self.counts);
             self.penalty_counts(history, &mut counts);
@@ -474,5 +518,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.choose(&mut [0.0, 3.0, 2.9, 1.0], &[1, 1]), 2);
+    }
+
+    #[test]
+    fn logit_bias_bans_forces_and_is_checked() {
+        let with = |bias: Vec<(u32, f32)>, temperature: f32| SamplerConfig {
+            logit_bias: bias,
+            temperature,
+            seed: 3,
+            ..Default::default()
+        };
+        let logits = [0.0f32, 3.0, 2.9, 1.0];
+        // Greedy: -100 takes the best token out, +100 puts the worst in.
+        let mut s = Sampler::new(with(vec![(1, -100.0)], 0.0), 4).unwrap();
+        assert!(s.needs_logits());
+        assert_eq!(s.choose(&mut logits.clone(), &[]), 2);
+        let mut s = Sampler::new(with(vec![(0, 100.0)], 0.0), 4).unwrap();
+        assert_eq!(s.choose(&mut logits.clone(), &[]), 0);
+        // Sampled: a banned token is never drawn.
+        let mut s = Sampler::new(with(vec![(1, -100.0), (2, -100.0)], 1.0), 4).unwrap();
+        for _ in 0..2000 {
+            let t = s.choose(&mut logits.clone(), &[]);
+            assert!(t == 0 || t == 3, "{t}");
+        }
+        for (bias, want) in [
+            (vec![(1, 100.5)], "[-100, 100]"),
+            (vec![(1, f32::NAN)], "[-100, 100]"),
+            (vec![(0, 1.0); MAX_LOGIT_BIAS + 1], "limit"),
+        ] {
+            let e = Sampler::new(with(bias, 0.0), 4).err().unwrap().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let e = Sampler::new(with(vec![(4, 1.0)], 0.0), 4)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("vocabulary has 4"), "{e}");
     }
 }

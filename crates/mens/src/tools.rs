@@ -1,18 +1,93 @@
-//! Tool calls in model output. Qwen2.5 (and the Hermes format many models share) writes a call as
-//! `<tool_call>\n{"name": "f", "arguments": {…}}\n</tool_call>`; small models often drop the tags
-//! and answer with the bare object, which counts as a call when it is the whole answer and names a
-//! defined tool (as llama.cpp's Hermes parser accepts it). [`parse`] splits finished text
-//! into content and calls, [`CallSplitter`] does the same while text streams in, and
-//! [`call_grammar`] is the Lark grammar that forces a call (`tool_choice: required` or a named
-//! function).
+//! Tool calls in model output, in the two formats a model's chat template asks for:
+//! - JSON (Qwen2.5, Qwen3 and the Hermes format many models share): `<tool_call>\n{"name": "f",
+//!   "arguments": {…}}\n</tool_call>`; small models often drop the tags and answer with the bare
+//!   object, which counts as a call when it is the whole answer and names a defined tool (as
+//!   llama.cpp's Hermes parser accepts it);
+//! - XML (Qwen3-Coder): `<tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n…
+//!   </function>\n</tool_call>`, a value as raw text where the tool's schema says `string`, else
+//!   as JSON (falling back to the text when it does not parse).
+//!
+//! [`parse`] splits finished text into content and calls, [`CallSplitter`] does the same while
+//! text streams in, and [`call_grammar`] is the Lark grammar that forces a call (`tool_choice:
+//! required` or a named function).
 
 use crate::error::{Error, Result};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 pub const OPEN: &str = "<tool_call>";
 /// Most calls a forced answer may make.
 pub const MAX_CALLS: usize = 8;
 pub const CLOSE: &str = "</tool_call>";
+
+/// How the model writes a call inside `<tool_call>` (see the module's doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallFormat {
+    #[default]
+    Json,
+    Xml,
+}
+
+impl CallFormat {
+    /// The format a chat template teaches its model: XML when it writes `<function=` and
+    /// `<parameter=` blocks (Qwen3-Coder's template does, for calls in the history and in its
+    /// instructions), else JSON.
+    pub fn of_template(source: Option<&str>) -> Self {
+        match source {
+            Some(s) if s.contains("<function=") && s.contains("<parameter=") => CallFormat::Xml,
+            _ => CallFormat::Json,
+        }
+    }
+}
+
+/// The tools a request defined, as the parser needs them: each function's name and `parameters`
+/// schema, and the format the model writes calls in.
+#[derive(Debug, Clone, Default)]
+pub struct Toolbox {
+    pub format: CallFormat,
+    tools: Vec<(String, Value)>,
+}
+
+impl Toolbox {
+    /// From OpenAI tool definitions (entries without a function name are skipped).
+    pub fn new(format: CallFormat, tools: &[Value]) -> Self {
+        let tools = tools
+            .iter()
+            .filter_map(|t| {
+                let name = tool_name(t)?.to_string();
+                let params = t
+                    .get("function")
+                    .and_then(|f| f.get("parameters"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                Some((name, params))
+            })
+            .collect();
+        Toolbox { format, tools }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tools.iter().any(|(n, _)| n == name)
+    }
+
+    /// Whether parameter `param` of function `func` is declared a string (its value is then
+    /// taken as written, never as JSON).
+    fn is_string(&self, func: &str, param: &str) -> bool {
+        let Some((_, params)) = self.tools.iter().find(|(n, _)| n == func) else {
+            return false;
+        };
+        match params
+            .get("properties")
+            .and_then(|p| p.get(param))
+            .and_then(|p| p.get("type"))
+        {
+            Some(Value::String(t)) => t == "string",
+            Some(Value::Array(ts)) => {
+                ts.iter().any(|t| t == "string") && !ts.iter().any(|t| t != "string" && t != "null")
+            }
+            _ => false,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
@@ -22,7 +97,7 @@ pub struct ToolCall {
 }
 
 /// A call's JSON body, or None when it is not `{"name": string, "arguments": …}`.
-fn call_of(body: &str) -> Option<ToolCall> {
+fn json_call_of(body: &str) -> Option<ToolCall> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
     let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
@@ -33,10 +108,59 @@ fn call_of(body: &str) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
+/// A call's XML body (`<function=f>` with `<parameter=p>` blocks; only whitespace between them),
+/// or None when it is not one. Each value loses the newline the format puts on either side.
+fn xml_call_of(body: &str, tools: &Toolbox) -> Option<ToolCall> {
+    let rest = body.trim().strip_prefix("<function=")?;
+    let (name, rest) = rest.split_once('>')?;
+    let name = name.trim();
+    if name.is_empty() || name.contains(['<', '\n']) {
+        return None;
+    }
+    let mut rest = rest.strip_suffix("</function>")?;
+    let mut args = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let r = rest.strip_prefix("<parameter=")?;
+        let (param, r) = r.split_once('>')?;
+        let end = r.find("</parameter>")?;
+        let raw = &r[..end];
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let param = param.trim();
+        if param.is_empty() || param.contains(['<', '\n']) {
+            return None;
+        }
+        let value = if tools.is_string(name, param) {
+            Value::String(raw.to_string())
+        } else {
+            serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
+        };
+        args.insert(param.to_string(), value);
+        rest = &r[end + "</parameter>".len()..];
+    }
+    Some(ToolCall {
+        name: name.to_string(),
+        arguments: Value::Object(args).to_string(),
+    })
+}
+
+/// A `<tool_call>` block's body in the toolbox's format (a JSON body is accepted in either, as
+/// models trained on one sometimes write the other).
+fn call_of(body: &str, tools: &Toolbox) -> Option<ToolCall> {
+    match tools.format {
+        CallFormat::Xml => xml_call_of(body, tools).or_else(|| json_call_of(body)),
+        CallFormat::Json => json_call_of(body),
+    }
+}
+
 /// Content (the text outside calls, trimmed) and the calls of a finished answer. A block that
 /// does not parse stays in the content.
-pub fn parse(text: &str, names: &[String]) -> (String, Vec<ToolCall>) {
-    let mut s = CallSplitter::new(names.to_vec());
+pub fn parse(text: &str, tools: &Toolbox) -> (String, Vec<ToolCall>) {
+    let mut s = CallSplitter::new(tools.clone());
     let mut pieces = s.push(text);
     pieces.extend(s.finish());
     let mut content = String::new();
@@ -68,8 +192,8 @@ pub struct CallSplitter {
     buf: String,
     /// Inside a `<tool_call>` block.
     open: bool,
-    /// The defined tools' names (a bare `{"name": …}` answer must name one).
-    names: Vec<String>,
+    /// The defined tools (a bare `{"name": …}` answer must name one) and the call format.
+    tools: Toolbox,
     /// Text was let through: a bare call can no longer start.
     started: bool,
     /// The answer so far could be a bare call: all of it is held.
@@ -88,9 +212,9 @@ fn may_be_bare(text: &str) -> bool {
 }
 
 impl CallSplitter {
-    pub fn new(names: Vec<String>) -> Self {
+    pub fn new(tools: Toolbox) -> Self {
         CallSplitter {
-            names,
+            tools,
             ..Default::default()
         }
     }
@@ -113,7 +237,7 @@ impl CallSplitter {
                 self.buf.drain(..end + CLOSE.len());
                 self.open = false;
                 self.started = true;
-                match call_of(&body) {
+                match call_of(&body, &self.tools) {
                     Some(c) => out.push(Piece::Call(c)),
                     None => out.push(Piece::Text(format!("{OPEN}{body}{CLOSE}"))),
                 }
@@ -149,7 +273,7 @@ impl CallSplitter {
         let rest = std::mem::take(&mut self.buf);
         if self.bare {
             self.bare = false;
-            if let Some(c) = call_of(&rest).filter(|c| self.names.contains(&c.name)) {
+            if let Some(c) = json_call_of(&rest).filter(|c| self.tools.has(&c.name)) {
                 return vec![Piece::Call(c)];
             }
         }
@@ -160,7 +284,7 @@ impl CallSplitter {
                 .rev()
                 .find(|&k| rest.ends_with(&CLOSE[..k]))
                 .map_or(rest.len(), |k| rest.len() - k);
-            if let Some(c) = call_of(&rest[..keep]) {
+            if let Some(c) = call_of(&rest[..keep], &self.tools) {
                 return vec![Piece::Call(c)];
             }
             return vec![Piece::Text(format!("{OPEN}{rest}"))];
@@ -178,10 +302,16 @@ pub fn tool_name(tool: &Value) -> Option<&str> {
     tool.get("function")?.get("name")?.as_str()
 }
 
-/// A Lark grammar for one or more calls to `tools` (only `only` when given), each in the model's
-/// `<tool_call>` format with arguments that follow the tool's `parameters` schema.
-pub fn call_grammar(tools: &[Value], only: Option<&str>) -> Result<String> {
-    let mut alts = Vec::new();
+/// A Lark grammar for 1 to `calls` calls (at most [`MAX_CALLS`]) to `tools` (only `only` when
+/// given), each in the model's `<tool_call>` format (`format`) with arguments that follow the
+/// tool's `parameters` schema.
+pub fn call_grammar(
+    tools: &[Value],
+    only: Option<&str>,
+    format: CallFormat,
+    calls: usize,
+) -> Result<String> {
+    let mut chosen = Vec::new();
     for t in tools {
         let Some(name) = tool_name(t) else {
             return Err(Error::InvalidArgument(
@@ -196,34 +326,130 @@ pub fn call_grammar(tools: &[Value], only: Option<&str>) -> Result<String> {
             .and_then(|f| f.get("parameters"))
             .cloned()
             .unwrap_or_else(|| json!({"type": "object"}));
-        alts.push(json!({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": false,
-        }));
+        chosen.push((name, params));
     }
-    if alts.is_empty() {
+    if chosen.is_empty() {
         return Err(Error::InvalidArgument(match only {
             Some(o) => format!("tool_choice names the function '{o}', which is not in tools"),
             None => "tool_choice requires a call but tools is empty".into(),
         }));
     }
+    // At most MAX_CALLS calls, so a model that keeps calling still ends.
+    let more = match calls.clamp(1, MAX_CALLS) - 1 {
+        0 => String::new(),
+        n => format!(" (\"\\n\" call){{0,{n}}}"),
+    };
+    let head = format!("start: call{more}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\n");
+    match format {
+        CallFormat::Json => Ok(head + &json_body(chosen)),
+        CallFormat::Xml => Ok(head + &xml_body(&chosen)?),
+    }
+}
+
+/// JSON options of a schema the grammar inlines: compact, as the model's template writes JSON.
+fn compact(mut schema: Value) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ",
+                   "coerce_one_of": true}),
+        );
+    }
+    schema
+}
+
+fn json_body(chosen: Vec<(&str, Value)>) -> String {
+    let mut alts: Vec<Value> = chosen
+        .into_iter()
+        .map(|(name, params)| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
     let schema = if alts.len() == 1 {
         alts.remove(0)
     } else {
         json!({ "anyOf": alts })
     };
-    let mut schema = schema;
-    schema["x-guidance"] = json!({
-        "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ",
-        "coerce_one_of": true,
-    });
-    // At most MAX_CALLS calls, so a model that keeps calling still ends.
-    Ok(format!(
-        "start: call (\"\\n\" call){{0,{}}}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n",
-        MAX_CALLS - 1
-    ))
+    format!("body: %json {}\n", compact(schema))
+}
+
+/// A Lark string literal of `s` (JSON's escapes are Lark's).
+fn lit(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// The XML body: one rule per function, its parameters in the schema's order (the required ones
+/// always, the others optional). A string parameter's value is raw text up to the first
+/// `\n</parameter>\n` (one of its `enum` values when it has them); any other value is JSON that
+/// follows its schema.
+fn xml_body(chosen: &[(&str, Value)]) -> Result<String> {
+    const END: &str = "\n</parameter>\n";
+    let mut rules = String::new();
+    let mut alts = Vec::new();
+    let mut raw_text = false;
+    for (i, (name, params)) in chosen.iter().enumerate() {
+        if name.contains(['<', '>', '\n']) {
+            return Err(Error::InvalidArgument(format!(
+                "the function name '{name}' cannot be written in this model's call format"
+            )));
+        }
+        let props = params.get("properties").and_then(Value::as_object);
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut seq = vec![lit(&format!("<function={name}>\n"))];
+        for (j, (param, schema)) in props.into_iter().flatten().enumerate() {
+            if param.contains(['<', '>', '\n']) {
+                return Err(Error::InvalidArgument(format!(
+                    "the parameter name '{param}' cannot be written in this model's call format"
+                )));
+            }
+            let rule = format!("f{i}_p{j}");
+            let open = lit(&format!("<parameter={param}>\n"));
+            let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
+            let value = match schema.get("enum").and_then(Value::as_array) {
+                Some(vals)
+                    if is_string && vals.iter().all(Value::is_string) && !vals.is_empty() =>
+                {
+                    let vs: Vec<String> = vals
+                        .iter()
+                        .map(|v| lit(&format!("{}{END}", v.as_str().unwrap_or(""))))
+                        .collect();
+                    format!("({})", vs.join(" | "))
+                }
+                _ if is_string => {
+                    raw_text = true;
+                    "RAW_VALUE".to_string()
+                }
+                _ => format!("%json {} {}", compact(schema.clone()), lit(END)),
+            };
+            rules.push_str(&format!("{rule}: {open} {value}\n"));
+            seq.push(if required.contains(&param.as_str()) {
+                rule
+            } else {
+                format!("{rule}?")
+            });
+        }
+        seq.push(lit("</function>"));
+        rules.push_str(&format!("f{i}: {}\n", seq.join(" ")));
+        alts.push(format!("f{i}"));
+    }
+    if raw_text {
+        // The value and its closing tag as one lexeme that holds the tag only at its end.
+        // The value and its closing tag as one lexeme that holds the tag only at its end, and
+        // no other markup of the format (a parameter's or a call's tags).
+        rules.push_str(
+            "RAW_VALUE: /(?s:.*)\\n<\\/parameter>\\n/ & ~/(?s:.*)(<\\/?parameter[=>]|<\\/?function[=>]|<\\/?tool_call>)(?s:.*)\\n<\\/parameter>\\n/\n",
+        );
+    }
+    Ok(format!("body: {}\n{rules}", alts.join(" | ")))
 }
 
 #[cfg(test)]
@@ -232,7 +458,7 @@ mod tests {
 
     #[test]
     fn parses_calls_and_keeps_bad_blocks_as_text() {
-        let names = ["get".to_string()];
+        let names = Toolbox::new(CallFormat::Json, &[json!({"function": {"name": "get"}})]);
         let (c, calls) = parse(
             "Let me look.\n<tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
             &names,
@@ -252,7 +478,8 @@ mod tests {
         // A bare object is a call when it is the whole answer and names a defined tool.
         let bare = " {\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}";
         assert_eq!(parse(bare, &names).1.len(), 1);
-        assert!(parse(bare, &["other".to_string()]).1.is_empty());
+        let other = Toolbox::new(CallFormat::Json, &[json!({"function": {"name": "other"}})]);
+        assert!(parse(bare, &other).1.is_empty());
         assert_eq!(parse("{\"names\": 1}", &names).0, "{\"names\": 1}");
         // Cut off inside the closing tag (max_tokens): the call is whole.
         let cut = "<tool_call>\n{\"name\": \"get\", \"arguments\": {}}\n</tool_ca";
@@ -262,7 +489,7 @@ mod tests {
     #[test]
     fn streaming_split_equals_whole_parse_at_every_cut() {
         let text = "a<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\": 1}}\n</tool_call>";
-        let whole = parse(text, &[]);
+        let whole = parse(text, &Toolbox::default());
         for cut in 1..text.len() {
             let mut s = CallSplitter::default();
             let mut p = s.push(&text[..cut]);
@@ -285,11 +512,117 @@ mod tests {
         let tools = [
             json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}),
         ];
-        assert!(call_grammar(&tools, Some("g"))
+        assert!(call_grammar(&tools, Some("g"), CallFormat::Json, MAX_CALLS)
             .unwrap_err()
             .to_string()
             .contains("'g'"));
-        let g = call_grammar(&tools, None).unwrap();
+        let g = call_grammar(&tools, None, CallFormat::Json, MAX_CALLS).unwrap();
         assert!(g.contains("%json"), "{g}");
+    }
+
+    fn xml_tools() -> Toolbox {
+        Toolbox::new(
+            CallFormat::Xml,
+            &[
+                json!({"type": "function", "function": {"name": "edit", "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
+                               "text": {"type": "string"}, "opts": {"type": "object"}},
+                "required": ["path", "line"]}}}),
+            ],
+        )
+    }
+
+    #[test]
+    fn the_format_follows_the_template() {
+        let xml = "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + k + '>' }}";
+        assert_eq!(CallFormat::of_template(Some(xml)), CallFormat::Xml);
+        let hermes = "<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}";
+        assert_eq!(CallFormat::of_template(Some(hermes)), CallFormat::Json);
+        assert_eq!(CallFormat::of_template(None), CallFormat::Json);
+    }
+
+    #[test]
+    fn xml_calls_parse_with_typed_values() {
+        let text = "I will edit it.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.py\n</parameter>\n\
+                    <parameter=line>\n12\n</parameter>\n<parameter=text>\n    return 1\n42\n</parameter>\n\
+                    <parameter=opts>\n{\"dry\": true}\n</parameter>\n</function>\n</tool_call>";
+        let (content, calls) = parse(text, &xml_tools());
+        assert_eq!(content, "I will edit it.");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "edit");
+        let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+        // A string parameter keeps its text (leading spaces, a line that looks like a number);
+        // the others are JSON.
+        assert_eq!(
+            args,
+            json!({"path": "src/a.py", "line": 12, "text": "    return 1\n42", "opts": {"dry": true}})
+        );
+        // An undeclared parameter is JSON when it parses, else text.
+        let (_, calls) = parse(
+            "<tool_call>\n<function=edit>\n<parameter=x>\n[1, 2]\n</parameter>\n<parameter=y>\nhi there\n</parameter>\n</function>\n</tool_call>",
+            &xml_tools(),
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&calls[0].arguments).unwrap(),
+            json!({"x": [1, 2], "y": "hi there"})
+        );
+        // Not a call: stays text.
+        for bad in [
+            "<tool_call>\n<function=edit>\n<parameter=path>\nx\n</function>\n</tool_call>",
+            "<tool_call>\n<function=edit>\ntext between\n</function>\n</tool_call>",
+            "<tool_call>\n<function=>\n</function>\n</tool_call>",
+        ] {
+            let (c, calls) = parse(bad, &xml_tools());
+            assert!(calls.is_empty(), "{bad}");
+            assert_eq!(c, bad);
+        }
+        // A JSON body is still a call under the XML format.
+        let (_, calls) = parse(
+            "<tool_call>\n{\"name\": \"edit\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>",
+            &xml_tools(),
+        );
+        assert_eq!(calls[0].arguments, "{\"path\":\"a\"}");
+    }
+
+    #[test]
+    fn xml_streaming_split_equals_whole_parse_at_every_cut() {
+        let text = "ok<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n<parameter=line>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=edit>\n</function>\n</tool_call>";
+        let whole = parse(text, &xml_tools());
+        assert_eq!(whole.1.len(), 2);
+        for cut in 1..text.len() {
+            let mut s = CallSplitter::new(xml_tools());
+            let mut p = s.push(&text[..cut]);
+            p.extend(s.push(&text[cut..]));
+            p.extend(s.finish());
+            let calls: Vec<_> = p
+                .iter()
+                .filter_map(|x| match x {
+                    Piece::Call(c) => Some(c.clone()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(calls, whole.1, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn xml_grammar_lists_parameters_in_order() {
+        let tools = [
+            json!({"type": "function", "function": {"name": "edit", "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "mode": {"type": "string", "enum": ["a", "w"]},
+                           "line": {"type": "integer"}},
+            "required": ["path", "line"]}}}),
+        ];
+        let g = call_grammar(&tools, None, CallFormat::Xml, 1).unwrap();
+        assert!(
+            g.contains("f0: \"<function=edit>\\n\" f0_p0 f0_p1? f0_p2 \"</function>\""),
+            "{g}"
+        );
+        assert!(g.contains("RAW_VALUE"), "{g}");
+        assert!(g.contains("%json"), "{g}");
+        let bad = [json!({"type": "function", "function": {"name": "a<b"}})];
+        assert!(call_grammar(&bad, None, CallFormat::Xml, 1).is_err());
     }
 }

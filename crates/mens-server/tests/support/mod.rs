@@ -39,8 +39,24 @@ pub fn start_with_draft(
     opts: SchedulerOptions,
     config: ServerConfig,
 ) -> Server {
+    start_with_template(model, draft, tok, opts, config, None)
+}
+
+/// [`start_with_draft`] with another chat template than the file's (`--chat-template-file`).
+pub fn start_with_template(
+    model: Arc<Model>,
+    draft: Option<Arc<Model>>,
+    tok: Tokenizer,
+    opts: SchedulerOptions,
+    config: ServerConfig,
+    source: Option<String>,
+) -> Server {
     // The template exactly as the shipped binary builds it.
-    let template = ChatTemplate::from_gguf(&model.gguf, &tok).unwrap();
+    let mut template = ChatTemplate::from_gguf(&model.gguf, &tok).unwrap();
+    if let Some(src) = source {
+        template = template.with_source(src);
+        template.check().unwrap();
+    }
     let tokenizer = Arc::new(tok);
     let scheduler = match draft {
         Some(d) => Scheduler::cpu_with_draft(model, d, tokenizer.clone(), opts).unwrap(),

@@ -31,6 +31,7 @@ impl DeviceSampling {
     /// and a top-k the device can draw): a batch applies them on the device.
     pub fn penalties_only(s: &Sampler) -> bool {
         s.config.penalised()
+            && !s.config.biased()
             && s.constraint.is_none()
             && s.logprobs.is_none()
             && (s.is_greedy() || s.config.top_k <= TOPK_MAX)
