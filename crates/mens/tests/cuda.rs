@@ -2546,7 +2546,24 @@ fn batch_penalties_on_the_device_match_the_host_sampler() {
         changed >= 1,
         "no case where the penalty changed the greedy choice"
     );
-    eprintln!("penalised sampling on the device: 6 greedy cases as the host ({changed} changed by the penalty), top-5 draws in the penalised top 5");
+    // A logit bias (alone, and with a penalty) takes the host's path and gives its choice.
+    let prompt: Vec<u32> = (0..40).map(|_| r.gen_range(0..v as u32)).collect();
+    let before = prefill(&mut b, &prompt);
+    let top = mens::sample::argmax(&before);
+    for repeat_penalty in [1.0, 1.5] {
+        let config = SamplerConfig {
+            logit_bias: vec![(top, -100.0)],
+            repeat_penalty,
+            ..SamplerConfig::greedy()
+        };
+        let mut gpu = Sampler::new(config.clone(), v).unwrap();
+        let mut host = Sampler::new(config, v).unwrap();
+        let got = b.sample_slot(1, &mut gpu).unwrap();
+        let want = host.choose(&mut before.clone(), b.slot_tokens(1));
+        assert_eq!(got, want, "biased greedy: device and host differ");
+        assert_ne!(got, top, "the banned token was chosen");
+    }
+    eprintln!("penalised sampling on the device: 6 greedy cases as the host ({changed} changed by the penalty), top-5 draws in the penalised top 5; a banned token stays out");
 }
 
 /// Cache reuse across edits on the GPU pool (`shift_kv`, `--cache-reuse`): after a 5-token insert
