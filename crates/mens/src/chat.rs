@@ -480,17 +480,21 @@ impl ChatTemplate {
             .get_template("chat")
             .map_err(|e| Error::Template(e.to_string()))?;
         let mut out = Capped(Vec::new());
-        t.render_captured_to(
-            minijinja::context! {
-                messages => messages,
-                tools => (!tools.is_empty()).then_some(tools),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-            },
-            &mut out,
-        )
-        .map_err(|e| {
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        // No tools: `tools` is undefined, not none (as llama.cpp's engine leaves it): templates
+        // test `tools is defined` (Qwen3-Coder's sets [] then, and `none is iterable` holds in
+        // minijinja, so its `tools | length` failed on none).
+        let ctx = if tools.is_empty() {
+            ctx
+        } else {
+            minijinja::context! { tools => tools, ..ctx }
+        };
+        t.render_captured_to(ctx, &mut out).map_err(|e| {
             if out.0.len() >= MAX_OUTPUT {
                 Error::Template(format!("the rendered prompt is over {MAX_OUTPUT} bytes"))
             } else {
@@ -582,6 +586,30 @@ mod tests {
             Message::new("user", "hi!!"),
         ];
         assert_eq!(t.render(&msgs, false).unwrap(), "[answer|plan]HI");
+    }
+
+    /// Without tools `tools` is undefined: Qwen3-Coder's template sets `[]` when it is not
+    /// defined and then takes its length (on none, minijinja's `is iterable` holds and `length`
+    /// fails); with tools their mapping methods (`items()`, `|items`) and loop neighbours work.
+    #[test]
+    fn tools_are_undefined_when_absent() {
+        let src = "{%- if not tools is defined %}{%- set tools = [] %}{%- endif %}\
+                   {%- if tools is iterable and tools | length > 0 %}\
+                   {%- for t in tools %}{%- for k, v in t.function.parameters.properties | items %}\
+                   {{ k }}{% for a, b in v.items() %}[{{ a }}={{ b }}]{% endfor %};{%- endfor %}{%- endfor %}\
+                   {%- endif %}{%- for m in messages %}{% if loop.previtem %}<{{ loop.previtem.role }}{% endif %}\
+                   {{ m.content }}{%- endfor %}";
+        let t = ChatTemplate::new(Some(src.into()), String::new(), String::new());
+        let msgs = [Message::new("user", "a"), Message::new("assistant", "b")];
+        assert_eq!(t.render(&msgs, false).unwrap(), "a<userb");
+        let tools = [
+            serde_json::json!({"type": "function", "function": {"name": "f",
+            "parameters": {"properties": {"x": {"type": "integer"}}}}}),
+        ];
+        assert_eq!(
+            t.render_with(&msgs, &tools, false).unwrap(),
+            "x[type=integer];a<userb"
+        );
     }
 
     #[test]
