@@ -157,7 +157,27 @@ r = client.chat.completions.create(
               {"role": "tool", "tool_call_id": tc.id, "content": "3 passed, 1 failed: test_div"}],
 )
 assert r.choices[0].message.content or r.choices[0].message.tool_calls
+# parallel_tool_calls as the client sends it: one call (false) or up to 8 (true).
+for parallel in (False, True):
+    r = client.chat.completions.create(
+        model=model, tools=tools, tool_choice="required", temperature=0, max_tokens=120,
+        parallel_tool_calls=parallel, messages=[{"role": "user", "content": "Run the tests in src/."}],
+    )
+    n = len(r.choices[0].message.tool_calls)
+    assert (n == 1) if not parallel else (1 <= n <= 8), (parallel, n)
 print("tools: streamed call", calls[0])
+
+# logit_bias as the client sends it (token ids as keys): the greedy answer's first token banned.
+plain = client.completions.create(model=model, prompt="def square(x):", max_tokens=4, temperature=0, logprobs=1)
+first = plain.choices[0].logprobs.tokens[0]
+import urllib.request
+req = urllib.request.Request(base + "/tokenize", data=json.dumps({"content": first}).encode(),
+                             headers={"content-type": "application/json", "authorization": "Bearer " + key})
+tid = json.load(urllib.request.urlopen(req))["tokens"][0]
+banned = client.completions.create(model=model, prompt="def square(x):", max_tokens=4, temperature=0, logprobs=1,
+                                   logit_bias={str(tid): -100})
+assert banned.choices[0].logprobs.tokens[0] != first, (first, banned.choices[0].text)
+print("logit_bias: the first token", repr(first), "banned ->", repr(banned.choices[0].logprobs.tokens[0]))
 
 # Log-probabilities.
 r = client.chat.completions.create(
