@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Seconds a request may generate for; then it ends with finish_reason "length".
     #[arg(long)]
     request_timeout: Option<u64>,
+    /// Chat answers of reasoning models: `deepseek` puts a leading <think> block in
+    /// `reasoning_content` (streamed as `delta.reasoning_content`), `none` leaves it in the text.
+    #[arg(long, default_value = "deepseek", value_parser = ["deepseek", "none"])]
+    reasoning_format: String,
     /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
     /// streams smooth while a long prompt is prefilled, larger prefills faster. Default: 128 on the
     /// CPU, 8192 on a GPU (at least --parallel).
@@ -280,6 +284,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         allowed_hosts,
         max_tokens_cap: a.max_tokens_cap,
         request_timeout: a.request_timeout.map(Duration::from_secs),
+        split_reasoning: a.reasoning_format == "deepseek",
         ..Default::default()
     };
     let state = Arc::new(AppState::new(scheduler, tokenizer, l.template, config));

@@ -177,16 +177,22 @@ pub(crate) async fn chat(
             .param("tool_choice"))
         }
     };
-    let extra = Extra {
+    let mut extra = Extra {
         grammar,
         logprobs: common.logprobs(true)?,
         echo,
         tools: tools
             .parse
             .then(|| mens::tools::Toolbox::new(format, &tools.tools)),
+        think: None,
     };
     let defs = tools.tools;
     let p = tokenize(&s, move |st, limit| chat_prompt(st, &msgs, &defs, limit)).await?;
+    if s.config.split_reasoning {
+        // Whether the template opened the answer's `<think>` block itself.
+        let tail = s.tokenizer.decode(&p[p.len().saturating_sub(4)..]);
+        extra.think = Some(tail.trim_end().ends_with(mens::think::OPEN));
+    }
     complete(s.clone(), kind, p, &common, tenant, None, extra).await
 }
 
@@ -384,6 +390,7 @@ async fn finish_completion(
             grammar: common.grammar_spec()?,
             logprobs: common.logprobs(false)?,
             tools: None,
+            think: None,
         };
         complete(s, Kind::Text, prompt, common, tenant, None, extra).await
     };
@@ -398,6 +405,8 @@ pub(crate) struct Extra {
     pub(crate) logprobs: Option<usize>,
     /// Parse tool calls to these tools.
     pub(crate) tools: Option<mens::tools::Toolbox>,
+    /// Split a leading `<think>` block into `reasoning_content` (see `Meta::think`).
+    pub(crate) think: Option<bool>,
 }
 
 /// Compile a grammar off the async workers (bounded like tokenization; llguidance bounds the
@@ -484,6 +493,7 @@ async fn complete(
         created: now(),
         kind,
         tools: extra.tools,
+        think: extra.think,
         logprobs: extra.logprobs.is_some(),
         tok: s.tokenizer.clone(),
         metrics: s.metrics.clone(),

@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub request_timeout: Option<Duration>,
     /// Prompts tokenized at once (each is CPU work off the async workers).
     pub tokenize_parallel: usize,
+    /// Chat answers: a leading `<think>` block goes to `reasoning_content` (llama-server's
+    /// `--reasoning-format deepseek`); false leaves it in the text.
+    pub split_reasoning: bool,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +78,7 @@ impl Default for ServerConfig {
             max_tokens_cap: None,
             request_timeout: None,
             tokenize_parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            split_reasoning: true,
         }
     }
 }

@@ -7,6 +7,7 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use mens::sample::TokenLogprobs;
 use mens::scheduler::{Event, Finish, Usage};
+use mens::think::{self, ThinkSplitter};
 use mens::tokenizer::Tokenizer;
 use mens::tools::{CallSplitter, Piece, ToolCall};
 use serde_json::{json, Value};
@@ -35,6 +36,9 @@ pub(crate) struct Meta {
     pub(crate) kind: Kind,
     /// Parse tool calls into `tool_calls` (chat with tools): the defined tools.
     pub(crate) tools: Option<mens::tools::Toolbox>,
+    /// Chat: split a leading `<think>` block into `reasoning_content`; true when the prompt
+    /// already opened it.
+    pub(crate) think: Option<bool>,
     /// Report log-probabilities.
     pub(crate) logprobs: bool,
     pub(crate) tok: Arc<Tokenizer>,
@@ -173,6 +177,14 @@ pub(crate) trait EventSink: Send + 'static {
     fn pending(&mut self) -> &mut VecDeque<Bytes>;
     /// Answer text (tool calls already split off).
     fn text(&mut self, t: &str);
+    /// Reasoning text (chat, see `Meta::think`).
+    fn reasoning(&mut self, t: &str) {
+        self.text(t)
+    }
+    /// Split reasoning from the answer (`Some(open)`, see `Meta::think`).
+    fn think(&self) -> Option<bool> {
+        None
+    }
     /// A whole tool call.
     fn call(&mut self, c: ToolCall);
     /// The log-probabilities of the text that comes next.
@@ -188,6 +200,7 @@ pub(crate) trait EventSink: Send + 'static {
 struct Pipe<S> {
     sink: S,
     rx: mpsc::UnboundedReceiver<Event>,
+    think: Option<ThinkSplitter>,
     calls: Option<CallSplitter>,
     done: bool,
 }
@@ -202,17 +215,41 @@ impl<S: EventSink> Pipe<S> {
         }
     }
 
+    /// Answer text (after the reasoning): through the tool-call splitter when there is one.
+    fn answer(&mut self, t: &str) {
+        match self.calls.as_mut() {
+            Some(s) => {
+                let p = s.push(t);
+                self.pieces(p);
+            }
+            None => self.sink.text(t),
+        }
+    }
+
+    fn parts(&mut self, parts: Vec<think::Part>) {
+        for p in parts {
+            match p {
+                think::Part::Reasoning(r) => self.sink.reasoning(&r),
+                think::Part::Text(t) => self.answer(&t),
+            }
+        }
+    }
+
     fn on(&mut self, e: Option<Event>) {
         match e {
             Some(Event::Logprobs(l)) => self.sink.logprobs(l),
-            Some(Event::Text(t)) => match self.calls.as_mut() {
+            Some(Event::Text(t)) => match self.think.as_mut() {
                 Some(s) => {
                     let p = s.push(&t);
-                    self.pieces(p);
+                    self.parts(p);
                 }
-                None => self.sink.text(&t),
+                None => self.answer(&t),
             },
             Some(Event::Done(u)) => {
+                if let Some(mut s) = self.think.take() {
+                    let p = s.finish();
+                    self.parts(p);
+                }
                 if let Some(mut s) = self.calls.take() {
                     let p = s.finish();
                     self.pieces(p);
@@ -236,9 +273,11 @@ pub(crate) fn event_stream(
     rx: mpsc::UnboundedReceiver<Event>,
     calls: Option<CallSplitter>,
 ) -> Response {
+    let think = sink.think().map(ThinkSplitter::new);
     let pipe = Pipe {
         sink,
         rx,
+        think,
         calls,
         done: false,
     };
@@ -278,6 +317,10 @@ pub(crate) async fn whole(
     let logprobs = meta.logprobs_json(&lps, 0);
     let (object, choice) = match meta.kind {
         Kind::Chat | Kind::Messages | Kind::Responses => {
+            let (reasoning, text) = match meta.think {
+                Some(open) if meta.kind == Kind::Chat => think::split(&text, open),
+                _ => (String::new(), text),
+            };
             let mut message = json!({"role": "assistant", "content": text});
             if let Some(tools) = &meta.tools {
                 let (content, calls) = mens::tools::parse(&text, tools);
@@ -291,6 +334,9 @@ pub(crate) async fn whole(
                         reason = "tool_calls";
                     }
                 }
+            }
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = json!(reasoning);
             }
             (
                 "chat.completion",
@@ -373,6 +419,16 @@ impl EventSink for Sse {
         if self.meta.kind != (Kind::Infill { quiet: true }) {
             Sse::text(self, t);
         }
+    }
+
+    fn reasoning(&mut self, t: &str) {
+        let mut c = self.chunk(None, None, false);
+        c["choices"][0]["delta"] = json!({ "reasoning_content": t });
+        self.push(&c);
+    }
+
+    fn think(&self) -> Option<bool> {
+        self.meta.think.filter(|_| self.meta.kind == Kind::Chat)
     }
 
     fn call(&mut self, call: ToolCall) {

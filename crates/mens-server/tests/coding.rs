@@ -516,3 +516,62 @@ fn logit_bias_bans_and_forces_tokens() {
     let (forced, t3) = first(json!({ want.to_string(): 100 }));
     assert_eq!(t3, want, "{forced:?}");
 }
+
+/// A reasoning model's answer (forced here by a grammar): its leading `<think>` block comes back
+/// as `reasoning_content`, whole and streamed (`delta.reasoning_content`), the answer as
+/// `content`; `split_reasoning: false` (`--reasoning-format none`) leaves the block in the text.
+#[test]
+fn a_leading_think_block_is_reasoning_content() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let answer = "<think>\nadd one and two\n</think>\n\nThe answer is 3.";
+    let mut b = ask("What is 1 + 2?");
+    b["grammar"] = json!(format!("start: {}", serde_json::to_string(answer).unwrap()));
+    b["temperature"] = json!(0);
+    let tok = || mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let opts = || SchedulerOptions {
+        slots: 1,
+        ctx: 2048,
+        batch: 256,
+        queue: 8,
+        cache_reuse: 0,
+        spec: None,
+        cache: Default::default(),
+    };
+    let s = support::start_with(l.model.clone(), tok(), opts(), ServerConfig::default());
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "add one and two", "{v}");
+    assert_eq!(m["content"], "The answer is 3.", "{v}");
+
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for e in post(s.addr, "/v1/chat/completions", sb).events() {
+        if e == "[DONE]" {
+            continue;
+        }
+        let c: Value = serde_json::from_str(&e).unwrap();
+        let d = &c["choices"][0]["delta"];
+        reasoning += d["reasoning_content"].as_str().unwrap_or("");
+        content += d["content"].as_str().unwrap_or("");
+    }
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        ("add one and two", "The answer is 3.")
+    );
+
+    let plain = support::start_with(
+        l.model.clone(),
+        tok(),
+        opts(),
+        ServerConfig {
+            split_reasoning: false,
+            ..Default::default()
+        },
+    );
+    let v = post(plain.addr, "/v1/chat/completions", b).json();
+    assert_eq!(v["choices"][0]["message"]["content"], answer, "{v}");
+    assert!(v["choices"][0]["message"]
+        .get("reasoning_content")
+        .is_none());
+}

@@ -34,6 +34,7 @@ pub mod spec;
 pub mod spm;
 pub mod stream;
 pub mod synth;
+pub mod think;
 pub mod tokenizer;
 pub mod tools;
 pub mod weights;

@@ -1,0 +1,223 @@
+//! Reasoning in model output: a `<think>…</think>` block at the start of an answer (Qwen3,
+//! DeepSeek-R1 and their distillations) is the model's reasoning, the rest its answer, as
+//! llama-server's `--reasoning-format deepseek` splits them. [`ThinkSplitter`] splits text as it
+//! streams in, [`split`] a finished answer. When the prompt already opened the block (a template
+//! that ends with `<think>`), the answer starts inside it.
+
+pub const OPEN: &str = "<think>";
+pub const CLOSE: &str = "</think>";
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Reasoning(String),
+    Text(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    /// Nothing but whitespace yet: the answer may still open a block.
+    Start,
+    /// Inside the block (leading whitespace still dropped while `fresh`).
+    Thinking {
+        fresh: bool,
+    },
+    /// After the block: leading whitespace of the answer is dropped.
+    AfterThink,
+    Text,
+}
+
+/// Splits streamed text into reasoning and answer; text that may be a tag, and whitespace that
+/// may end the reasoning, is held back until known.
+#[derive(Debug, Clone)]
+pub struct ThinkSplitter {
+    buf: String,
+    state: State,
+}
+
+/// The length of the longest suffix of `s` that is a proper prefix of `tag`.
+fn partial_tail(s: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&k| s.ends_with(&tag[..k]))
+        .unwrap_or(0)
+}
+
+impl ThinkSplitter {
+    /// `open`: the prompt ended inside a `<think>` block.
+    pub fn new(open: bool) -> Self {
+        ThinkSplitter {
+            buf: String::new(),
+            state: if open {
+                State::Thinking { fresh: true }
+            } else {
+                State::Start
+            },
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            match self.state {
+                State::Start => {
+                    let t = self.buf.trim_start();
+                    if let Some(rest) = t.strip_prefix(OPEN) {
+                        self.buf = rest.to_string();
+                        self.state = State::Thinking { fresh: true };
+                    } else if OPEN.starts_with(t) {
+                        break; // whitespace, or the start of the tag: wait
+                    } else {
+                        self.state = State::Text;
+                    }
+                }
+                State::Thinking { fresh } => {
+                    if fresh {
+                        let t = self.buf.trim_start();
+                        if t.is_empty() {
+                            self.buf.clear();
+                            break;
+                        }
+                        self.buf = t.to_string();
+                        self.state = State::Thinking { fresh: false };
+                    }
+                    if let Some(end) = self.buf.find(CLOSE) {
+                        let r = self.buf[..end].trim_end();
+                        if !r.is_empty() {
+                            out.push(Part::Reasoning(r.to_string()));
+                        }
+                        self.buf.drain(..end + CLOSE.len());
+                        self.state = State::AfterThink;
+                        continue;
+                    }
+                    // Hold back a possible start of the closing tag and trailing whitespace.
+                    let keep = partial_tail(&self.buf, CLOSE);
+                    let body = &self.buf[..self.buf.len() - keep];
+                    let cut = body.trim_end().len();
+                    if cut > 0 {
+                        out.push(Part::Reasoning(self.buf[..cut].to_string()));
+                        self.buf.drain(..cut);
+                    }
+                    break;
+                }
+                State::AfterThink => {
+                    let t = self.buf.trim_start();
+                    if t.is_empty() {
+                        self.buf.clear();
+                        break;
+                    }
+                    self.buf = t.to_string();
+                    self.state = State::Text;
+                }
+                State::Text => {
+                    if !self.buf.is_empty() {
+                        out.push(Part::Text(std::mem::take(&mut self.buf)));
+                    }
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// The end of the answer: what was held back (an unclosed block is reasoning, cut short).
+    pub fn finish(&mut self) -> Vec<Part> {
+        let rest = std::mem::take(&mut self.buf);
+        match self.state {
+            State::Thinking { .. } => {
+                let r = rest.trim();
+                if r.is_empty() {
+                    vec![]
+                } else {
+                    vec![Part::Reasoning(r.to_string())]
+                }
+            }
+            State::AfterThink => vec![],
+            State::Start | State::Text if rest.is_empty() => vec![],
+            State::Start | State::Text => vec![Part::Text(rest)],
+        }
+    }
+}
+
+/// A finished answer's reasoning and text (`open`: as [`ThinkSplitter::new`]).
+pub fn split(text: &str, open: bool) -> (String, String) {
+    let mut s = ThinkSplitter::new(open);
+    let mut parts = s.push(text);
+    parts.extend(s.finish());
+    let (mut reasoning, mut answer) = (String::new(), String::new());
+    for p in parts {
+        match p {
+            Part::Reasoning(r) => reasoning.push_str(&r),
+            Part::Text(t) => answer.push_str(&t),
+        }
+    }
+    (reasoning, answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leading_block_is_reasoning() {
+        assert_eq!(
+            split("<think>\nplan it\n</think>\n\nthe answer", false),
+            ("plan it".into(), "the answer".into())
+        );
+        assert_eq!(
+            split("  <think>a</think>b", false),
+            ("a".into(), "b".into())
+        );
+        // Not at the start, or no block: all text.
+        assert_eq!(
+            split("x <think>a</think>", false),
+            ("".into(), "x <think>a</think>".into())
+        );
+        assert_eq!(split("<thin", false), ("".into(), "<thin".into()));
+        assert_eq!(split(" plain ", false), ("".into(), " plain ".into()));
+        // Opened by the prompt; cut off inside the block.
+        assert_eq!(
+            split("plan\n</think>\n\nok", true),
+            ("plan".into(), "ok".into())
+        );
+        assert_eq!(
+            split("<think>\nhalf a thou", false),
+            ("half a thou".into(), "".into())
+        );
+        assert_eq!(
+            split("<think>\n\n</think>\n\nok", false),
+            ("".into(), "ok".into())
+        );
+    }
+
+    #[test]
+    fn streaming_split_equals_whole_split_at_every_cut() {
+        for (text, open) in [
+            (
+                "<think>\nfirst, a < b\n\n so </thin k </think>\n\nanswer </think> here",
+                false,
+            ),
+            ("reasoning only\n</think>answer", true),
+            ("no block at all <think>", false),
+        ] {
+            let whole = split(text, open);
+            for cut in 0..=text.len() {
+                if !text.is_char_boundary(cut) {
+                    continue;
+                }
+                let mut s = ThinkSplitter::new(open);
+                let mut parts = s.push(&text[..cut]);
+                parts.extend(s.push(&text[cut..]));
+                parts.extend(s.finish());
+                let (mut r, mut a) = (String::new(), String::new());
+                for p in parts {
+                    match p {
+                        Part::Reasoning(x) => r.push_str(&x),
+                        Part::Text(x) => a.push_str(&x),
+                    }
+                }
+                assert_eq!((r, a), whole, "cut at {cut} of {text:?}");
+            }
+        }
+    }
+}
