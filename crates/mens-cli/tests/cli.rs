@@ -929,67 +929,39 @@ fn cache_types() {
 fn a_chat_template_file_is_checked_at_load() {
     let m = tiny();
     let m = m.to_str().unwrap();
-    fails_with(
-        &[
-            "run",
-            "--chat",
-            "-m",
-            m,
-            "-p",
-            "hi",
-            "--chat-template-file",
-            "/nonexistent.jinja",
-        ],
-        "chat template file /nonexistent.jinja",
-    );
     let big = tmp("big.jinja", &vec![b'x'; (1 << 20) + 1]);
-    fails_with(
-        &[
-            "run",
-            "--chat",
-            "-m",
-            m,
-            "-p",
-            "hi",
-            "--chat-template-file",
-            big.to_str().unwrap(),
-        ],
-        "more than 1048576 bytes",
-    );
     let bad = tmp(
         "bad.jinja",
         b"{{ raise_exception('this template refuses') }}",
-    );
-    fails_with(
-        &[
-            "run",
-            "--chat",
-            "-m",
-            m,
-            "-p",
-            "hi",
-            "--chat-template-file",
-            bad.to_str().unwrap(),
-        ],
-        "this template refuses",
     );
     let hostile = tmp(
         "hostile.jinja",
         b"{% set s = namespace(x='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x | length }}",
     );
-    fails_with(
-        &[
-            "run",
-            "--chat",
-            "-m",
-            m,
-            "-p",
-            "hi",
-            "--chat-template-file",
-            hostile.to_str().unwrap(),
-        ],
-        "rendering needed more than 1024 MiB of memory",
-    );
+    for (file, want) in [
+        (
+            PathBuf::from("/nonexistent.jinja"),
+            "chat template file /nonexistent.jinja",
+        ),
+        (big, "more than 1048576 bytes"),
+        (bad, "this template refuses"),
+        (hostile, "rendering needed more than 1024 MiB of memory"),
+    ] {
+        let f = file.to_str().unwrap();
+        fails_with(
+            &[
+                "run",
+                "--chat",
+                "-m",
+                m,
+                "-p",
+                "hi",
+                "--chat-template-file",
+                f,
+            ],
+            want,
+        );
+    }
     // The prompt's length says which template rendered it (ChatML's markup, or none).
     let good = tmp(
         "good.jinja",

@@ -102,6 +102,35 @@ fn json_schema_output_always_validates() {
     );
 }
 
+/// One slot of 2048 tokens.
+fn one_slot() -> SchedulerOptions {
+    SchedulerOptions {
+        slots: 1,
+        ctx: 2048,
+        batch: 256,
+        queue: 8,
+        cache_reuse: 0,
+        spec: None,
+        cache: Default::default(),
+    }
+}
+
+/// A conversation where the assistant called `get_weather` and the tool answered (greedy, no
+/// call allowed now).
+fn after_a_call(tools: Value) -> Value {
+    let mut b = ask("What is the weather in Oslo, in celsius?");
+    b["tools"] = tools;
+    b["temperature"] = json!(0);
+    b["messages"] = json!([
+        {"role": "user", "content": "What is the weather in Oslo, in celsius?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": -3, \"sky\": \"snow\"}"},
+    ]);
+    b["tool_choice"] = json!("none");
+    b
+}
+
 /// `tool_choice: required` and a named function force a call in the model's format; the answer
 /// carries it in `tool_calls` (whole and streamed alike), and a tool result goes back in.
 #[test]
@@ -151,17 +180,12 @@ fn tool_calls_forced_parsed_and_streamed() {
         );
     }
     // The call and its result go back through the template; the model answers in text.
-    let mut b = ask("What is the weather in Oslo, in celsius?");
-    b["tools"] = weather_tools();
-    b["temperature"] = json!(0);
-    b["messages"] = json!([
-        {"role": "user", "content": "What is the weather in Oslo, in celsius?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
-         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": -3, \"sky\": \"snow\"}"},
-    ]);
-    b["tool_choice"] = json!("none");
-    let v = post(s.addr, "/v1/chat/completions", b).json();
+    let v = post(
+        s.addr,
+        "/v1/chat/completions",
+        after_a_call(weather_tools()),
+    )
+    .json();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     assert!(
         v["choices"][0]["message"]["content"]
@@ -356,15 +380,7 @@ fn server_draft_model_keeps_greedy_text() {
 fn xml_tool_calls_forced_parsed_and_rendered() {
     let l = common::load("qwen2.5-coder-0.5b");
     let source = std::fs::read_to_string(common::data("xml-tools.jinja")).unwrap();
-    let opts = SchedulerOptions {
-        slots: 1,
-        ctx: 2048,
-        batch: 256,
-        queue: 8,
-        cache_reuse: 0,
-        spec: None,
-        cache: Default::default(),
-    };
+    let opts = one_slot();
     let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
     let s = support::start_with_template(
         l.model.clone(),
@@ -475,17 +491,7 @@ fn xml_tool_calls_forced_parsed_and_rendered() {
         text.contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"),
         "{text}"
     );
-    let mut b = ask("What is the weather in Oslo, in celsius?");
-    b["tools"] = tools;
-    b["temperature"] = json!(0);
-    b["messages"] = json!([
-        {"role": "user", "content": "What is the weather in Oslo, in celsius?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
-         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": -3, \"sky\": \"snow\"}"},
-    ]);
-    b["tool_choice"] = json!("none");
-    let v = post(s.addr, "/v1/chat/completions", b).json();
+    let v = post(s.addr, "/v1/chat/completions", after_a_call(tools)).json();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
 }
 
@@ -528,15 +534,7 @@ fn a_leading_think_block_is_reasoning_content() {
     b["grammar"] = json!(format!("start: {}", serde_json::to_string(answer).unwrap()));
     b["temperature"] = json!(0);
     let tok = || mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-    let opts = || SchedulerOptions {
-        slots: 1,
-        ctx: 2048,
-        batch: 256,
-        queue: 8,
-        cache_reuse: 0,
-        spec: None,
-        cache: Default::default(),
-    };
+    let opts = one_slot;
     let s = support::start_with(l.model.clone(), tok(), opts(), ServerConfig::default());
     let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
     let m = &v["choices"][0]["message"];

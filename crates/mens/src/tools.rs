@@ -489,9 +489,14 @@ mod tests {
     #[test]
     fn streaming_split_equals_whole_parse_at_every_cut() {
         let text = "a<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\": 1}}\n</tool_call>";
-        let whole = parse(text, &Toolbox::default());
+        assert_eq!(split_at_every_cut(text, &Toolbox::default()), 2);
+    }
+
+    /// Streamed in two pieces cut anywhere, `text` gives the calls a whole parse gives; their number.
+    fn split_at_every_cut(text: &str, tools: &Toolbox) -> usize {
+        let whole = parse(text, tools);
         for cut in 1..text.len() {
-            let mut s = CallSplitter::default();
+            let mut s = CallSplitter::new(tools.clone());
             let mut p = s.push(&text[..cut]);
             p.extend(s.push(&text[cut..]));
             p.extend(s.finish());
@@ -504,7 +509,7 @@ mod tests {
                 .collect();
             assert_eq!(calls, whole.1, "cut at {cut}");
         }
-        assert_eq!(whole.1.len(), 2);
+        whole.1.len()
     }
 
     #[test]
@@ -588,22 +593,7 @@ mod tests {
     #[test]
     fn xml_streaming_split_equals_whole_parse_at_every_cut() {
         let text = "ok<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n<parameter=line>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=edit>\n</function>\n</tool_call>";
-        let whole = parse(text, &xml_tools());
-        assert_eq!(whole.1.len(), 2);
-        for cut in 1..text.len() {
-            let mut s = CallSplitter::new(xml_tools());
-            let mut p = s.push(&text[..cut]);
-            p.extend(s.push(&text[cut..]));
-            p.extend(s.finish());
-            let calls: Vec<_> = p
-                .iter()
-                .filter_map(|x| match x {
-                    Piece::Call(c) => Some(c.clone()),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(calls, whole.1, "cut at {cut}");
-        }
+        assert_eq!(split_at_every_cut(text, &xml_tools()), 2);
     }
 
     #[test]
