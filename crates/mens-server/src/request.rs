@@ -456,8 +456,8 @@ impl Common {
 
     /// `logit_bias` as (token, bias) pairs: OpenAI's object of token ids (as strings) to
     /// biases, or llama-server's list of `[id, bias]` pairs where a bias of `false` bans the
-    /// token (taken as -100). Ids must be below `vocab`.
-    fn logit_bias(&self, vocab: usize) -> ApiResult<Vec<(u32, f32)>> {
+    /// token (taken as -100). The sampler's checks (`validate`, `check_tokens`) follow.
+    fn logit_bias(&self) -> ApiResult<Vec<(u32, f32)>> {
         let bad = |m: String| ApiError::invalid(m).param("logit_bias");
         let entry = |id: &Value, b: &Value| -> ApiResult<(u32, f32)> {
             let id = match id {
@@ -465,18 +465,14 @@ impl Common {
                 Value::Number(n) => n.as_u64(),
                 _ => None,
             }
+            .and_then(|id| u32::try_from(id).ok())
             .ok_or_else(|| bad(format!("logit_bias keys must be token ids, got {id}")))?;
-            if id >= vocab as u64 {
-                return Err(bad(format!(
-                    "logit_bias names token {id}, but the vocabulary has {vocab} tokens"
-                )));
-            }
             let b = match b {
                 Value::Bool(false) => -100.0,
                 Value::Number(n) => n.as_f64().unwrap_or(f64::NAN) as f32,
                 _ => return Err(bad(format!("a logit bias must be a number, got {b}"))),
             };
-            Ok((id as u32, b))
+            Ok((id, b))
         };
         let out = match &self.logit_bias {
             None | Some(Value::Null) => Vec::new(),
@@ -557,8 +553,10 @@ impl Common {
                 t ^ NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
             }
         };
-        c.logit_bias = self.logit_bias(vocab)?;
+        c.logit_bias = self.logit_bias()?;
         c.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+        c.check_tokens(vocab)
+            .map_err(|e| ApiError::invalid(e.to_string()).param("logit_bias"))?;
         Ok(c)
     }
 

@@ -61,6 +61,16 @@ impl SamplerConfig {
         }
     }
 
+    /// Every token the config names (its logit bias) is below `vocab_size`.
+    pub fn check_tokens(&self, vocab_size: usize) -> Result<()> {
+        match self.logit_bias.iter().find(|b| b.0 as usize >= vocab_size) {
+            Some(&(id, _)) => Err(Error::InvalidArgument(format!(
+                "logit bias names token {id}, but the vocabulary has {vocab_size} tokens"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether a logit bias changes the logits.
     pub fn biased(&self) -> bool {
         !self.logit_bias.is_empty()
@@ -154,15 +164,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 impl Sampler {
     pub fn new(config: SamplerConfig, vocab_size: usize) -> Result<Self> {
         config.validate()?;
-        if let Some(&(id, _)) = config
-            .logit_bias
-            .iter()
-            .find(|b| b.0 as usize >= vocab_size)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "logit bias names token {id}, but the vocabulary has {vocab_size} tokens"
-            )));
-        }
+        config.check_tokens(vocab_size)?;
         Ok(Sampler {
             rng: rand::rngs::StdRng::seed_from_u64(config.seed),
             candidates: Vec::with_capacity(vocab_size),

@@ -4,6 +4,15 @@
 
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
+/// The length of the longest suffix of `s` that is a proper prefix of `tag`: the text a stream
+/// holds back while it may still become `tag` (a stop string, a tool-call or reasoning tag).
+pub fn partial_tail(s: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&k| tag.is_char_boundary(k) && s.ends_with(&tag[..k]))
+        .unwrap_or(0)
+}
+
 /// Held-back text: emits what can no longer be the start of a stop string.
 pub struct StopMatcher {
     stops: Vec<String>,
@@ -48,13 +57,13 @@ impl StopMatcher {
             return true;
         }
         // Keep the longest suffix that is a prefix of some stop string.
-        let mut keep_from = self.pending.len();
-        for (i, _) in self.pending.char_indices().rev() {
-            let tail = &self.pending[i..];
-            if self.stops.iter().any(|s| s.starts_with(tail)) {
-                keep_from = i;
-            }
-        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| partial_tail(&self.pending, s))
+            .max()
+            .unwrap_or(0);
+        let keep_from = self.pending.len() - keep;
         out.push_str(&self.pending[..keep_from]);
         self.pending.drain(..keep_from);
         false

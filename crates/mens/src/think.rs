@@ -4,6 +4,8 @@
 //! streams in, [`split`] a finished answer. When the prompt already opened the block (a template
 //! that ends with `<think>`), the answer starts inside it.
 
+use crate::stream::partial_tail;
+
 pub const OPEN: &str = "<think>";
 pub const CLOSE: &str = "</think>";
 
@@ -32,14 +34,6 @@ enum State {
 pub struct ThinkSplitter {
     buf: String,
     state: State,
-}
-
-/// The length of the longest suffix of `s` that is a proper prefix of `tag`.
-fn partial_tail(s: &str, tag: &str) -> usize {
-    (1..tag.len())
-        .rev()
-        .find(|&k| s.ends_with(&tag[..k]))
-        .unwrap_or(0)
 }
 
 impl ThinkSplitter {
@@ -144,6 +138,11 @@ pub fn split(text: &str, open: bool) -> (String, String) {
     let mut s = ThinkSplitter::new(open);
     let mut parts = s.push(text);
     parts.extend(s.finish());
+    joined(parts)
+}
+
+/// Parts joined into (reasoning, text).
+fn joined(parts: Vec<Part>) -> (String, String) {
     let (mut reasoning, mut answer) = (String::new(), String::new());
     for p in parts {
         match p {
@@ -209,14 +208,7 @@ mod tests {
                 let mut parts = s.push(&text[..cut]);
                 parts.extend(s.push(&text[cut..]));
                 parts.extend(s.finish());
-                let (mut r, mut a) = (String::new(), String::new());
-                for p in parts {
-                    match p {
-                        Part::Reasoning(x) => r.push_str(&x),
-                        Part::Text(x) => a.push_str(&x),
-                    }
-                }
-                assert_eq!((r, a), whole, "cut at {cut} of {text:?}");
+                assert_eq!(joined(parts), whole, "cut at {cut} of {text:?}");
             }
         }
     }

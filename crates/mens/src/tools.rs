@@ -12,6 +12,7 @@
 //! required` or a named function).
 
 use crate::error::{Error, Result};
+use crate::stream::partial_tail;
 use serde_json::{json, Map, Value};
 
 pub const OPEN: &str = "<tool_call>";
@@ -72,20 +73,23 @@ impl Toolbox {
     /// Whether parameter `param` of function `func` is declared a string (its value is then
     /// taken as written, never as JSON).
     fn is_string(&self, func: &str, param: &str) -> bool {
-        let Some((_, params)) = self.tools.iter().find(|(n, _)| n == func) else {
-            return false;
-        };
-        match params
-            .get("properties")
-            .and_then(|p| p.get(param))
-            .and_then(|p| p.get("type"))
-        {
-            Some(Value::String(t)) => t == "string",
-            Some(Value::Array(ts)) => {
-                ts.iter().any(|t| t == "string") && !ts.iter().any(|t| t != "string" && t != "null")
-            }
-            _ => false,
+        self.tools
+            .iter()
+            .find(|(n, _)| n == func)
+            .and_then(|(_, params)| params.get("properties")?.get(param))
+            .is_some_and(string_typed)
+    }
+}
+
+/// Whether a parameter's schema says `string` (or a string or null): the XML format writes its
+/// value as raw text, the parser and the forcing grammar alike.
+fn string_typed(schema: &Value) -> bool {
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(ts)) => {
+            ts.iter().any(|t| t == "string") && !ts.iter().any(|t| t != "string" && t != "null")
         }
+        _ => false,
     }
 }
 
@@ -251,10 +255,7 @@ impl CallSplitter {
                 self.open = true;
             } else {
                 // Keep a tail that could be the start of `<tool_call>`.
-                let keep = (1..OPEN.len())
-                    .rev()
-                    .find(|&k| self.buf.ends_with(&OPEN[..k]))
-                    .unwrap_or(0);
+                let keep = partial_tail(&self.buf, OPEN);
                 let cut = self.buf.len() - keep;
                 if cut > 0 {
                     self.started = true;
@@ -280,10 +281,7 @@ impl CallSplitter {
         if self.open {
             self.open = false;
             // Cut off by max_tokens inside the closing tag: the call itself may be whole.
-            let keep = (1..CLOSE.len())
-                .rev()
-                .find(|&k| rest.ends_with(&CLOSE[..k]))
-                .map_or(rest.len(), |k| rest.len() - k);
+            let keep = rest.len() - partial_tail(&rest, CLOSE);
             if let Some(c) = call_of(&rest[..keep], &self.tools) {
                 return vec![Piece::Call(c)];
             }
@@ -413,7 +411,7 @@ fn xml_body(chosen: &[(&str, Value)]) -> Result<String> {
             }
             let rule = format!("f{i}_p{j}");
             let open = lit(&format!("<parameter={param}>\n"));
-            let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
+            let is_string = string_typed(schema);
             let value = match schema.get("enum").and_then(Value::as_array) {
                 Some(vals)
                     if is_string && vals.iter().all(Value::is_string) && !vals.is_empty() =>
@@ -612,6 +610,13 @@ mod tests {
         );
         assert!(g.contains("RAW_VALUE"), "{g}");
         assert!(g.contains("%json"), "{g}");
+        // A string-or-null parameter is raw text in the grammar too, as the parser reads it.
+        let nullable = [
+            json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"s": {"type": ["string", "null"]}}}}}),
+        ];
+        let g = call_grammar(&nullable, None, CallFormat::Xml, 1).unwrap();
+        assert!(g.contains("RAW_VALUE") && !g.contains("%json"), "{g}");
         let bad = [json!({"type": "function", "function": {"name": "a<b"}})];
         assert!(call_grammar(&bad, None, CallFormat::Xml, 1).is_err());
     }
