@@ -285,6 +285,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_tokens_cap: a.max_tokens_cap,
         request_timeout: a.request_timeout.map(Duration::from_secs),
         split_reasoning: a.reasoning_format == "deepseek",
+        model: mens_server::ModelCard::of(&l.model, crate::model_path(&a.model).ok().as_deref()),
         ..Default::default()
     };
     let state = Arc::new(AppState::new(scheduler, tokenizer, l.template, config));

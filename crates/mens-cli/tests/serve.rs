@@ -1,5 +1,6 @@
-//! `mens serve` as a user runs it: the binary on the real 0.5B model, driven by the official `openai`
-//! and `anthropic` Python clients (installed once into `<repo>/.cache/venv` from the package index).
+//! `mens serve` as a user runs it: the binary on the real 0.5B model, driven by the official `openai`,
+//! `anthropic` and `ollama` Python clients (installed once into `<repo>/.cache/venv` from the package
+//! index).
 
 #[path = "../../mens/tests/common/mod.rs"]
 mod common;
@@ -10,7 +11,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The Python packages the client tests import.
-const PACKAGES: [&str; 4] = ["openai", "anthropic", "jsonschema", "prometheus_client"];
+const PACKAGES: [&str; 5] = [
+    "openai",
+    "anthropic",
+    "ollama",
+    "jsonschema",
+    "prometheus_client",
+];
 
 /// A Python with the client packages: `$MENS_PYTHON`, or a venv made (once) under .cache/venv.
 fn python_with_openai() -> PathBuf {
@@ -23,7 +30,7 @@ fn python_with_openai() -> PathBuf {
         Command::new(py)
             .args([
                 "-c",
-                "import openai, anthropic, jsonschema, prometheus_client",
+                "import openai, anthropic, ollama, jsonschema, prometheus_client",
             ])
             .status()
             .is_ok_and(|s| s.success())
@@ -91,7 +98,7 @@ fn serve(args: &[&str]) -> (Serve, String) {
 }
 
 #[test]
-fn openai_and_anthropic_python_clients_work_against_mens_serve() {
+fn openai_anthropic_and_ollama_python_clients_work_against_mens_serve() {
     let model = common::real_model("qwen2.5-coder-0.5b");
     let py = python_with_openai();
     let (_server, url) = serve(&[
@@ -107,6 +114,7 @@ fn openai_and_anthropic_python_clients_work_against_mens_serve() {
     for (script, done) in [
         ("openai_compat.py", "openai client: all checks passed"),
         ("anthropic_compat.py", "anthropic client: all checks passed"),
+        ("ollama_compat.py", "ollama client: all checks passed"),
     ] {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("tests")

@@ -84,7 +84,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
 }
 
 /// Tokenize off the async workers, at most `tokenize_parallel` prompts at a time.
-async fn tokenize(
+pub(crate) async fn tokenize(
     s: &Arc<AppState>,
     f: impl FnOnce(&AppState, usize) -> ApiResult<Vec<u32>> + Send + 'static,
 ) -> ApiResult<Vec<u32>> {
@@ -247,21 +247,17 @@ pub async fn completions(
             .param("tools")
             .into_response();
     }
-    let text = match prompt {
-        Prompt::Text(t) => t,
-        Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
-        Prompt::Texts(v) => {
-            return ApiError::invalid(format!(
-                "one prompt per request is supported, got {}",
-                v.len()
-            ))
-            .param("prompt")
-            .into_response()
-        }
-        Prompt::Tokens(t) => return finish_completion(s, Ok(t), &common, tenant).await,
-    };
     if let Some(suffix) = suffix.filter(|x| !x.is_empty()) {
         // Fill in the middle between the prompt and the suffix.
+        let text = match prompt {
+            Prompt::Text(t) => t,
+            Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
+            _ => {
+                return ApiError::invalid("with a suffix, the prompt must be one string")
+                    .param("prompt")
+                    .into_response()
+            }
+        };
         let input = FimInput {
             prefix: text,
             suffix,
@@ -272,21 +268,145 @@ pub async fn completions(
             .or(common.max_tokens)
             .unwrap_or(0);
         let prompt = tokenize(&s, move |st, limit| fim_ids(st, &input, n_predict, limit)).await;
-        return finish_completion(s, prompt, &common, tenant).await;
+        return finish_completion(s, prompt, &common, tenant, Kind::Text).await;
     }
     let prompt = tokenize(&s, move |st, limit| {
-        if parse_special {
-            st.tokenizer.encode_special(&text, limit).map_err(too_long)
-        } else {
-            st.tokenizer.encode_text(&text, limit).map_err(too_long)
-        }
+        prompt_ids(&st.tokenizer, prompt, parse_special, limit)
     })
     .await;
-    finish_completion(s, prompt, &common, tenant).await
+    finish_completion(s, prompt, &common, tenant, Kind::Text).await
+}
+
+/// A raw prompt's token ids: a string (control-token text is text unless `special`), token ids,
+/// or llama-server's mixed list of both (a BOS first when it starts with a string and the model
+/// adds one). One prompt per request.
+pub(crate) fn prompt_ids(
+    tok: &mens::tokenizer::Tokenizer,
+    prompt: Prompt,
+    special: bool,
+    limit: usize,
+) -> ApiResult<Vec<u32>> {
+    let text = |t: &str| {
+        if special {
+            tok.encode_special(t, limit)
+        } else {
+            tok.encode_text(t, limit)
+        }
+        .map_err(too_long)
+    };
+    match prompt {
+        Prompt::Text(t) => text(&t),
+        Prompt::Texts(v) if v.len() == 1 => text(&v[0]),
+        Prompt::Texts(v) => Err(ApiError::invalid(format!(
+            "one prompt per request is supported, got {}",
+            v.len()
+        ))
+        .param("prompt")),
+        Prompt::Tokens(t) if t.len() > limit => Err(too_long(mens::Error::Context(format!(
+            "the prompt has {} tokens, more than {limit}",
+            t.len()
+        )))),
+        Prompt::Tokens(t) => Ok(t),
+        Prompt::Mixed(pieces) => {
+            let mut ids = match pieces.first() {
+                Some(PromptPiece::Text(_)) => tok.encode_text("", limit).map_err(too_long)?,
+                _ => Vec::new(),
+            };
+            for p in pieces {
+                match p {
+                    PromptPiece::Id(i) => {
+                        if ids.len() >= limit {
+                            return Err(too_long(mens::Error::Context(format!(
+                                "the prompt has more than {limit} tokens"
+                            ))));
+                        }
+                        ids.push(i)
+                    }
+                    PromptPiece::Text(t) => tok
+                        .encode_append(&t, special, &mut ids, limit)
+                        .map_err(too_long)?,
+                }
+            }
+            Ok(ids)
+        }
+    }
+}
+
+/// `POST /completion` (and `/completions`): llama-server's native text completion, answered in
+/// its shape (`content`, `stop`, `timings`; streamed as `data: {"content", "stop"}` events).
+pub async fn native_completion(
+    State(s): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r: NativeRequest = match read_json(&s, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let NativeRequest {
+        prompt,
+        parse_special,
+        n_predict,
+        t_max_predict_ms,
+        n_probs,
+        mut common,
+    } = r;
+    if let Err(e) = common.check_supported(&s.config.model_name) {
+        return e.into_response();
+    }
+    if n_probs.unwrap_or(0) > 0 {
+        return ApiError::invalid("n_probs is not supported; use /v1/completions with logprobs")
+            .param("n_probs")
+            .into_response();
+    }
+    if !neutral(&common.tools) || !neutral(&common.tool_choice) {
+        return ApiError::invalid("tools are for /v1/chat/completions")
+            .param("tools")
+            .into_response();
+    }
+    if let Some(n) = n_predict {
+        // -1: the rest of the context; 0: only the prompt is cached (one token made, not sent).
+        common.max_tokens = (n >= 0).then_some(n.max(1));
+    }
+    let quiet = n_predict == Some(0);
+    let ids = tokenize(&s, move |st, limit| {
+        prompt_ids(&st.tokenizer, prompt, parse_special, limit)
+    })
+    .await;
+    let answer = async {
+        let ids = match ids? {
+            p if p.is_empty() => {
+                return Err(ApiError::invalid("the prompt is empty").param("prompt"))
+            }
+            p => p,
+        };
+        let extra = Extra {
+            grammar: common.grammar_spec()?,
+            ..Default::default()
+        };
+        let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
+        complete(
+            s,
+            Kind::Native { quiet },
+            ids,
+            &common,
+            tenant,
+            deadline,
+            extra,
+        )
+        .await
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// The FIM prompt of `input` for this server's model and context (400 without FIM tokens).
-fn fim_ids(st: &AppState, input: &FimInput, n_predict: i64, limit: usize) -> ApiResult<Vec<u32>> {
+pub(crate) fn fim_ids(
+    st: &AppState,
+    input: &FimInput,
+    n_predict: i64,
+    limit: usize,
+) -> ApiResult<Vec<u32>> {
     let fim = st.tokenizer.fim.ok_or_else(|| {
         ApiError::invalid(
             "this model has no fill-in-the-middle tokens (FIM prefix, suffix, middle)",
@@ -358,7 +478,7 @@ pub async fn infill(
         Ok(p) => {
             complete(
                 s,
-                Kind::Infill { quiet },
+                Kind::Native { quiet },
                 p,
                 &common,
                 tenant,
@@ -377,6 +497,7 @@ async fn finish_completion(
     prompt: ApiResult<Vec<u32>>,
     common: &Common,
     tenant: Tenant,
+    kind: Kind,
 ) -> Response {
     let answer = async {
         let prompt = match prompt? {
@@ -392,7 +513,7 @@ async fn finish_completion(
             tools: None,
             think: None,
         };
-        complete(s, Kind::Text, prompt, common, tenant, None, extra).await
+        complete(s, kind, prompt, common, tenant, None, extra).await
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -431,7 +552,7 @@ pub(crate) async fn compile(s: &Arc<AppState>, spec: GrammarSpec) -> ApiResult<C
 }
 
 /// Submit the request and answer: one JSON body, or server-sent events when `stream` is set.
-async fn complete(
+pub(crate) async fn complete(
     s: Arc<AppState>,
     kind: Kind,
     prompt: Vec<u32>,
@@ -499,6 +620,12 @@ async fn complete(
         metrics: s.metrics.clone(),
         echo: extra.echo,
     };
+    if let Kind::Ollama { .. } = kind {
+        return match c.stream.unwrap_or(true) {
+            true => Ok(crate::ollama::stream(meta, rx)),
+            false => crate::ollama::whole(meta, rx).await,
+        };
+    }
     if kind == Kind::Responses {
         return match c.stream.unwrap_or(false) {
             true => Ok(crate::responses::stream(meta, rx)),
@@ -547,14 +674,7 @@ pub fn prepare(
     } else {
         let r: CompletionRequest = serde_json::from_slice(body).map_err(bad)?;
         r.common.check_supported("mens")?;
-        let p = match r.prompt {
-            Prompt::Text(t) if r.parse_special => {
-                tok.encode_special(&t, ctx - 1).map_err(too_long)?
-            }
-            Prompt::Text(t) => tok.encode_text(&t, ctx - 1).map_err(too_long)?,
-            Prompt::Texts(v) => return Err(ApiError::invalid(format!("{} prompts", v.len()))),
-            Prompt::Tokens(t) => t,
-        };
+        let p = prompt_ids(tok, r.prompt, r.parse_special, ctx - 1)?;
         (p, r.common)
     };
     common.grammar_spec()?;

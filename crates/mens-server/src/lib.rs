@@ -8,6 +8,7 @@ mod api;
 mod conn;
 mod guard;
 mod metrics;
+mod ollama;
 mod request;
 mod responses;
 mod sse;
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 pub use api::prepare;
+pub use ollama::ModelCard;
 pub use request::ApiError;
 
 #[derive(Debug, Clone)]
@@ -61,6 +63,8 @@ pub struct ServerConfig {
     /// Chat answers: a leading `<think>` block goes to `reasoning_content` (llama-server's
     /// `--reasoning-format deepseek`); false leaves it in the text.
     pub split_reasoning: bool,
+    /// What the Ollama API's `/api/tags`, `/api/ps` and `/api/show` say of the model.
+    pub model: ModelCard,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +83,7 @@ impl Default for ServerConfig {
             request_timeout: None,
             tokenize_parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
             split_reasoning: true,
+            model: ModelCard::default(),
         }
     }
 }
@@ -152,6 +157,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/infill", post(api::infill))
+        .route("/completion", post(api::native_completion))
+        .route("/completions", post(api::native_completion))
+        .route("/api/chat", post(ollama::api_chat))
+        .route("/api/generate", post(ollama::api_generate))
+        .route("/api/show", post(ollama::show))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/tokenize", post(api::tokenize_text))
         .route("/detokenize", post(api::detokenize))
         .route("/metrics", get(metrics::metrics))

@@ -90,7 +90,7 @@ impl Default for Metrics {
 }
 
 /// The routes counted by name.
-const ROUTES: [&str; 12] = [
+const ROUTES: [&str; 20] = [
     "/health",
     "/metrics",
     "/v1/models",
@@ -102,6 +102,14 @@ const ROUTES: [&str; 12] = [
     "/infill",
     "/tokenize",
     "/detokenize",
+    "/completion",
+    "/completions",
+    "/api/generate",
+    "/api/chat",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
     "other",
 ];
 

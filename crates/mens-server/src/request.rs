@@ -212,6 +212,33 @@ pub(crate) enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    /// llama-server's mixed prompt: token ids and strings in one list (`[12, "text", 34]`).
+    Mixed(Vec<PromptPiece>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum PromptPiece {
+    Id(u32),
+    Text(String),
+}
+
+/// llama-server's native `/completion` body (Continue's "llama.cpp" provider and other tools):
+/// `prompt`, `n_predict`, sampling fields, `stream`; answered in the native shape (`content`).
+#[derive(Deserialize)]
+pub(crate) struct NativeRequest {
+    pub(crate) prompt: Prompt,
+    #[serde(default)]
+    pub(crate) parse_special: bool,
+    #[serde(default)]
+    pub(crate) n_predict: Option<i64>,
+    #[serde(default)]
+    pub(crate) t_max_predict_ms: Option<u64>,
+    /// Per-token probabilities (llama-server's `completion_probabilities`): not supported.
+    #[serde(default)]
+    pub(crate) n_probs: Option<i64>,
+    #[serde(flatten)]
+    pub(crate) common: Common,
 }
 
 #[derive(Deserialize)]

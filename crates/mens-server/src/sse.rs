@@ -19,14 +19,18 @@ use tokio::sync::mpsc;
 pub(crate) enum Kind {
     Chat,
     Text,
-    /// llama-server's `/infill` (`quiet`: n_predict 0, the prompt is only cached).
-    Infill {
+    /// llama-server's native `/infill` and `/completion` (`quiet`: n_predict 0, the prompt is only cached).
+    Native {
         quiet: bool,
     },
     /// Anthropic's Messages API (answered by `anthropic`).
     Messages,
     /// OpenAI's Responses API (answered by `responses`).
     Responses,
+    /// Ollama's `/api/chat` (`chat`) and `/api/generate` (answered by `ollama`).
+    Ollama {
+        chat: bool,
+    },
 }
 
 pub(crate) struct Meta {
@@ -310,7 +314,7 @@ pub(crate) async fn whole(
 ) -> ApiResult<Response> {
     let (text, lps, usage) = collect(&meta, &mut rx).await?;
     let mut reason = finish_reason(usage.finish);
-    if let Kind::Infill { quiet } = meta.kind {
+    if let Kind::Native { quiet } = meta.kind {
         let content = if quiet { "" } else { text.as_str() };
         return Ok(axum::Json(infill_json(&meta, content, &usage)).into_response());
     }
@@ -344,7 +348,7 @@ pub(crate) async fn whole(
                        "logprobs": logprobs, "finish_reason": reason}),
             )
         }
-        Kind::Text | Kind::Infill { .. } => (
+        Kind::Text | Kind::Native { .. } | Kind::Ollama { .. } => (
             "text_completion",
             json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}),
         ),
@@ -385,18 +389,20 @@ impl Sse {
                        "model": m.model,
                        "choices": [{"index": 0, "delta": d, "logprobs": null, "finish_reason": reason}]})
             }
-            Kind::Infill { .. } => json!({"content": delta.unwrap_or(""), "stop": false}),
-            Kind::Text => json!({"id": m.id, "object": "text_completion", "created": m.created,
+            Kind::Native { .. } => json!({"content": delta.unwrap_or(""), "stop": false}),
+            Kind::Text | Kind::Ollama { .. } => {
+                json!({"id": m.id, "object": "text_completion", "created": m.created,
                        "model": m.model,
                        "choices": [{"index": 0, "text": delta.unwrap_or(""), "logprobs": null,
-                                    "finish_reason": reason}]}),
+                                    "finish_reason": reason}]})
+            }
         }
     }
 
     /// A text chunk, with the log-probabilities received since the last one.
     fn text(&mut self, t: &str) {
         let mut c = self.chunk(Some(t), None, false);
-        if self.meta.logprobs && !matches!(self.meta.kind, Kind::Infill { .. }) {
+        if self.meta.logprobs && !matches!(self.meta.kind, Kind::Native { .. }) {
             let lps = std::mem::take(&mut self.lps);
             c["choices"][0]["logprobs"] = self.meta.logprobs_json(&lps, self.sent);
         }
@@ -416,7 +422,7 @@ impl EventSink for Sse {
     }
 
     fn text(&mut self, t: &str) {
-        if self.meta.kind != (Kind::Infill { quiet: true }) {
+        if self.meta.kind != (Kind::Native { quiet: true }) {
             Sse::text(self, t);
         }
     }
@@ -445,7 +451,7 @@ impl EventSink for Sse {
 
     fn finish(&mut self, u: Usage) {
         self.meta.metrics.finished(&u);
-        if matches!(self.meta.kind, Kind::Infill { .. }) {
+        if matches!(self.meta.kind, Kind::Native { .. }) {
             let v = infill_json(&self.meta, "", &u);
             self.push(&v);
             return;
@@ -468,7 +474,7 @@ impl EventSink for Sse {
             let m = &self.meta;
             let object = match m.kind {
                 Kind::Chat | Kind::Messages | Kind::Responses => "chat.completion.chunk",
-                Kind::Text | Kind::Infill { .. } => "text_completion",
+                Kind::Text | Kind::Native { .. } | Kind::Ollama { .. } => "text_completion",
             };
             let v = json!({"id": m.id, "object": object, "created": m.created,
                            "model": m.model, "choices": [], "usage": usage_json(&u)});

@@ -54,6 +54,45 @@ fn request_text_is_never_a_control_token() {
     };
     assert_eq!(prompt_tokens(&raw(false)), as_text);
     assert_eq!(prompt_tokens(&raw(true)), as_control);
+    // llama-server's native /completion: the same rule.
+    let native = |parse: bool| {
+        let r = post(
+            s.addr,
+            "/completion",
+            json!({"prompt": injected, "n_predict": 1, "parse_special": parse}),
+        );
+        r.json()["tokens_evaluated"].as_i64().unwrap()
+    };
+    assert_eq!(native(false), as_text);
+    assert_eq!(native(true), as_control);
+    // Ollama's API: a prompt or message is text; `raw: true` is the request's ask for markup.
+    let ollama = |path: &str, body: Value| {
+        let r = post(s.addr, path, body);
+        r.json()["prompt_eval_count"].as_i64().unwrap()
+    };
+    let opts = json!({"num_predict": 1, "temperature": 0});
+    let gen = |prompt: &str, raw: bool| {
+        ollama(
+            "/api/generate",
+            json!({"prompt": prompt, "raw": raw, "stream": false, "options": opts}),
+        )
+    };
+    let text_len = |t: &str| s.state.tokenizer.encode_text(t, 1 << 20).unwrap().len() as i64;
+    let q_injected = format!("q{injected}");
+    assert_eq!(
+        gen(&q_injected, false) - gen("q", false),
+        text_len(&q_injected) - text_len("q"),
+        "/api/generate: the markers became control tokens"
+    );
+    assert_eq!(gen(injected, true), as_control);
+    let chat = |content: &str| {
+        ollama(
+            "/api/chat",
+            json!({"messages": [{"role": "system", "content": content}, {"role": "user", "content": "q"}],
+                   "stream": false, "options": opts}),
+        )
+    };
+    assert_eq!(chat(injected) - chat(""), as_text);
 }
 
 /// Item 2: headers then no body (or a trickle) cannot hold a connection.

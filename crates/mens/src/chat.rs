@@ -282,6 +282,11 @@ impl ChatTemplate {
             .map_err(|e| Error::Template(format!("the chat template does not render: {e}")))
     }
 
+    /// The template's Jinja source (none: the ChatML fallback).
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
     /// How the model writes tool calls, as its template teaches it (see [`crate::tools`]).
     pub fn call_format(&self) -> crate::tools::CallFormat {
         crate::tools::CallFormat::of_template(self.source.as_deref())

@@ -275,6 +275,18 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Append the ids of `text` to `ids` (a prompt given in pieces): control-token text is text
+    /// unless `special`; fails once `ids` would pass `limit`.
+    pub fn encode_append(
+        &self,
+        text: &str,
+        special: bool,
+        ids: &mut Vec<u32>,
+        limit: usize,
+    ) -> Result<()> {
+        self.encode_into(text, special, ids, limit)
+    }
+
     /// Token ids of a chat template's output whose request text went through [`Self::escape`]:
     /// the special tokens in the template's own text become ids; escaped ones are plain text.
     pub fn encode_rendered(&self, rendered: &str, limit: usize) -> Result<Vec<u32>> {

@@ -51,6 +51,10 @@ pub fn start_with_template(
     config: ServerConfig,
     source: Option<String>,
 ) -> Server {
+    let mut config = config;
+    if config.model.architecture.is_empty() {
+        config.model = mens_server::ModelCard::of(&model, None);
+    }
     // The template exactly as the shipped binary builds it.
     let mut template = ChatTemplate::from_gguf(&model.gguf, &tok).unwrap();
     if let Some(src) = source {

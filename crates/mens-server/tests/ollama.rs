@@ -1,0 +1,360 @@
+//! Ollama's API and llama-server's native `/completion`, over raw HTTP on the tiny model: the
+//! shapes clients read, streamed and whole answers that agree, and a clear error for each bad field.
+//! (The official `ollama` Python client on the real 0.5B: crates/mens-cli/tests/ollama_compat.py.)
+
+mod support;
+
+use mens_server::ServerConfig;
+use serde_json::{json, Value};
+use support::*;
+
+/// An Ollama error: the status and `{"error": "…"}` naming the problem.
+fn assert_ollama_error(r: &Reply, status: u16, needle: &str) {
+    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+    let m = r.json()["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error string: {}", String::from_utf8_lossy(&r.body)))
+        .to_string();
+    assert!(m.contains(needle), "{m:?} lacks {needle:?}");
+}
+
+/// The objects of a newline-delimited JSON body.
+fn lines(r: &Reply) -> Vec<Value> {
+    String::from_utf8(r.body.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("line {l:?}: {e}")))
+        .collect()
+}
+
+/// Checks the last object's counts and durations, and the time stamps.
+fn check_final(v: &Value, max_tokens: u64) {
+    assert_eq!(v["done"], json!(true), "{v}");
+    let n = v["eval_count"].as_u64().unwrap();
+    assert!(n >= 1 && n <= max_tokens, "{v}");
+    assert!(v["prompt_eval_count"].as_u64().unwrap() > 0);
+    let total = v["total_duration"].as_u64().unwrap();
+    let parts = v["prompt_eval_duration"].as_u64().unwrap() + v["eval_duration"].as_u64().unwrap();
+    assert!(total > 0 && parts <= total, "{v}");
+    let reason = v["done_reason"].as_str().unwrap();
+    assert!(
+        reason == "stop" || (reason == "length" && n == max_tokens),
+        "{v}"
+    );
+    let t = v["created_at"].as_str().unwrap();
+    assert!(t.len() > 20 && t.ends_with('Z') && t.contains('T'), "{t}");
+}
+
+#[test]
+fn generate_and_chat_answer_in_ollamas_shape_streamed_or_whole() {
+    let s = start(1, 4, ServerConfig::default());
+    let opts = json!({"temperature": 0, "num_predict": 12, "seed": 7});
+    for (path, body, field) in [
+        (
+            "/api/generate",
+            json!({"model": "mens", "prompt": "hello there", "options": opts}),
+            "response",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "mens:latest", "messages": [{"role": "user", "content": "hello there"}], "options": opts}),
+            "message",
+        ),
+    ] {
+        // Streamed by default: one object a line, the text in each, the counts in the last.
+        let r = post(s.addr, path, body.clone());
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+        let objs = lines(&r);
+        assert!(objs.len() >= 2, "{objs:?}");
+        let text_of = |v: &Value| -> String {
+            let t = if field == "message" {
+                assert_eq!(v["message"]["role"], "assistant");
+                &v["message"]["content"]
+            } else {
+                &v["response"]
+            };
+            t.as_str().unwrap().to_string()
+        };
+        let (last, parts) = objs.split_last().unwrap();
+        assert!(parts.iter().all(|v| v["done"] == json!(false)));
+        let streamed: String = parts.iter().map(text_of).collect();
+        check_final(last, 12);
+        assert_eq!(text_of(last), "");
+        // Whole: the same text and counts (greedy).
+        let mut b = body;
+        b["stream"] = json!(false);
+        let whole = post(s.addr, path, b).json();
+        check_final(&whole, 12);
+        assert_eq!(text_of(&whole), streamed, "{path}");
+        assert_eq!(whole["eval_count"], last["eval_count"]);
+        assert_eq!(whole["prompt_eval_count"], last["prompt_eval_count"]);
+    }
+    // num_predict 3 stops at 3 with done_reason "length".
+    let r = post(
+        s.addr,
+        "/api/generate",
+        json!({"prompt": "hello", "stream": false, "options": {"num_predict": 3, "temperature": 0}}),
+    )
+    .json();
+    assert_eq!(r["eval_count"], 3);
+    assert_eq!(r["done_reason"], "length");
+    // format: "json" makes the answer a JSON object.
+    let r = post(
+        s.addr,
+        "/api/generate",
+        json!({"prompt": "x", "stream": false, "format": "json", "options": {"num_predict": 64, "temperature": 0}}),
+    )
+    .json();
+    if r["done_reason"] == "stop" {
+        let v: Value = serde_json::from_str(r["response"].as_str().unwrap()).unwrap();
+        assert!(v.is_object(), "{r}");
+    } else {
+        assert!(r["response"].as_str().unwrap().starts_with('{'), "{r}");
+    }
+}
+
+#[test]
+fn an_empty_request_loads_and_the_model_endpoints_describe_the_model() {
+    let s = start(1, 4, ServerConfig::default());
+    let r = post(
+        s.addr,
+        "/api/chat",
+        json!({"model": "mens", "messages": []}),
+    )
+    .json();
+    assert_eq!(r["done"], true);
+    assert_eq!(r["done_reason"], "load");
+    assert_eq!(r["message"]["content"], "");
+    let r = post(
+        s.addr,
+        "/api/generate",
+        json!({"model": "mens", "keep_alive": 0}),
+    )
+    .json();
+    assert_eq!(
+        (r["done_reason"].as_str(), r["response"].as_str()),
+        (Some("unload"), Some(""))
+    );
+
+    let tags = call(s.addr, "GET", "/api/tags", &Value::Null).json();
+    let m = &tags["models"][0];
+    assert_eq!(m["name"], "mens:latest");
+    assert_eq!(m["details"]["format"], "gguf");
+    let arch = m["details"]["family"].as_str().unwrap().to_string();
+    assert!(!arch.is_empty());
+    assert!(m["size"].as_u64().unwrap() > 0);
+    assert_eq!(m["digest"].as_str().unwrap().len(), 32);
+    let ps = call(s.addr, "GET", "/api/ps", &Value::Null).json();
+    assert_eq!(ps["models"][0]["name"], "mens:latest");
+    let v = call(s.addr, "GET", "/api/version", &Value::Null).json();
+    assert!(v["version"].as_str().unwrap().starts_with("0."));
+
+    let show = post(s.addr, "/api/show", json!({"model": "mens"})).json();
+    let ctx = s.state.scheduler.options().ctx;
+    assert_eq!(show["parameters"], format!("num_ctx {ctx}"));
+    assert_eq!(show["model_info"]["general.architecture"], arch);
+    let train = show["model_info"][format!("{arch}.context_length")]
+        .as_u64()
+        .unwrap();
+    assert_eq!(train, s.state.config.model.context_length);
+    assert!(train > 0);
+    let caps: Vec<&str> = show["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert!(caps.contains(&"completion"));
+    assert_eq!(caps.contains(&"insert"), s.state.tokenizer.fim.is_some());
+    let params = show["model_info"]["general.parameter_count"]
+        .as_u64()
+        .unwrap();
+    let tensors: u64 = s.state.tokenizer.vocab_size() as u64;
+    assert!(params > tensors, "{params}");
+}
+
+#[test]
+fn bad_ollama_requests_get_an_ollama_error() {
+    let s = start(1, 4, ServerConfig::default());
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, status, needle) in [
+        (
+            "/api/chat",
+            json!({"model": "other", "messages": msgs}),
+            404,
+            "not found",
+        ),
+        ("/api/show", json!({"model": "other:7b"}), 404, "not found"),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "images": ["aGk="]}),
+            400,
+            "images",
+        ),
+        (
+            "/api/chat",
+            json!({"messages": [{"role": "user", "content": "a", "images": ["aGk="]}]}),
+            400,
+            "images",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "template": "{{ .Prompt }}"}),
+            400,
+            "template",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "context": [1, 2, 3]}),
+            400,
+            "context",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "suffix": "b", "raw": true}),
+            400,
+            "raw and suffix",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "format": "yaml"}),
+            400,
+            "format",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "options": [1]}),
+            400,
+            "options",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "options": {"num_predict": "x"}}),
+            400,
+            "num_predict",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "options": {"temperature": -1}}),
+            400,
+            "temperature",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "a", "stream": "yes"}),
+            400,
+            "stream",
+        ),
+        (
+            "/api/chat",
+            json!({"messages": [{"role": "robot", "content": "a"}]}),
+            400,
+            "role",
+        ),
+        (
+            "/api/chat",
+            json!({"messages": msgs, "format": {"type": "object", "properties": {"a": {"type": "nope"}}}}),
+            400,
+            "",
+        ),
+        ("/api/chat", json!({"messages": "hi"}), 400, "messages"),
+    ] {
+        let r = post(s.addr, path, body);
+        assert_ollama_error(&r, status, needle);
+    }
+    // Not JSON: 415, in Ollama's shape.
+    let r = read_reply(send(s.addr, "POST", "/api/chat", &[], b"{}"));
+    assert_ollama_error(&r, 415, "JSON");
+    // The model not supporting FIM is a 400 as on /infill (the tiny model has no FIM tokens).
+    if s.state.tokenizer.fim.is_none() {
+        let r = post(
+            s.addr,
+            "/api/generate",
+            json!({"prompt": "a", "suffix": "b"}),
+        );
+        assert_ollama_error(&r, 400, "fill-in-the-middle");
+    }
+}
+
+#[test]
+fn native_completion_answers_in_llama_servers_shape() {
+    let s = start(1, 4, ServerConfig::default());
+    let body = json!({"prompt": "hello there", "n_predict": 6, "temperature": 0});
+    for path in ["/completion", "/completions"] {
+        let r = post(s.addr, path, body.clone());
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(v["stop"], true);
+        assert_eq!(v["tokens_predicted"], 6);
+        assert_eq!(v["stop_type"], "limit");
+        assert!(v["timings"]["predicted_n"] == 6);
+        let content = v["content"].as_str().unwrap().to_string();
+        // Streamed: `data: {"content", "stop": false}` events, then the summary with stop: true.
+        let mut b = body.clone();
+        b["stream"] = json!(true);
+        let r = post(s.addr, path, b);
+        let events: Vec<Value> = r
+            .events()
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let (last, parts) = events.split_last().unwrap();
+        assert!(parts.iter().all(|e| e["stop"] == false));
+        assert_eq!(last["stop"], true);
+        let streamed: String = parts
+            .iter()
+            .map(|e| e["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(streamed, content);
+    }
+    // Token ids and llama-server's mixed lists of ids and text.
+    let ids = s.state.tokenizer.encode_text("hello there", 64).unwrap();
+    let by_ids = post(
+        s.addr,
+        "/completion",
+        json!({"prompt": ids, "n_predict": 6, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(
+        by_ids["tokens_evaluated"].as_u64().unwrap() as usize,
+        ids.len()
+    );
+    let mut mixed: Vec<Value> = vec![json!("hello")];
+    let tail = s.state.tokenizer.encode_text(" there", 64).unwrap();
+    mixed.extend(tail.iter().map(|&t| json!(t)));
+    let r = post(
+        s.addr,
+        "/completion",
+        json!({"prompt": mixed, "n_predict": 1, "temperature": 0}),
+    )
+    .json();
+    let head = s.state.tokenizer.encode_text("hello", 64).unwrap();
+    assert_eq!(
+        r["tokens_evaluated"].as_u64().unwrap() as usize,
+        head.len() + tail.len()
+    );
+    // n_predict 0 only caches the prompt: no content.
+    let r = post(
+        s.addr,
+        "/completion",
+        json!({"prompt": "hello", "n_predict": 0}),
+    )
+    .json();
+    assert_eq!(r["content"], "");
+    for (body, needle) in [
+        (json!({"prompt": "a", "n_probs": 3}), "n_probs"),
+        (json!({"prompt": ["a", "b"]}), "one prompt"),
+        (json!({"prompt": ""}), "empty"),
+        (json!({"prompt": [4294967295u64]}), "vocabulary"),
+        (
+            json!({"prompt": "a", "tools": [{"type": "function"}]}),
+            "tools",
+        ),
+        (json!({"prompt": "a", "model": "other"}), "does not exist"),
+    ] {
+        let r = post(s.addr, "/completion", body);
+        let status = if needle == "does not exist" { 404 } else { 400 };
+        assert_error(&r, status, needle);
+    }
+}
