@@ -167,8 +167,8 @@ pub(crate) async fn chat(
     let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
     let format = s.template.call_format();
     let tools = common.tool_use(format)?;
-    let grammar = match (tools.grammar, common.grammar_spec()?) {
-        (Some(g), None) => Some(GrammarSpec::Lark(g)),
+    let grammar = match (&tools.grammar, common.grammar_spec()?) {
+        (Some(g), None) => Some(GrammarSpec::Lark(g.clone())),
         (None, g) => g,
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -186,12 +186,33 @@ pub(crate) async fn chat(
             .then(|| mens::tools::Toolbox::new(format, &tools.tools)),
         think: None,
     };
-    let defs = tools.tools;
-    let p = tokenize(&s, move |st, limit| chat_prompt(st, &msgs, &defs, limit)).await?;
+    let defs = tools.tools.clone();
+    let vars = common.template_vars()?;
+    let p = tokenize(&s, move |st, limit| {
+        chat_prompt(st, &msgs, &defs, &vars, limit)
+    })
+    .await?;
+    // Whether the template opened the answer's `<think>` block itself.
+    let tail = s.tokenizer.decode(&p[p.len().saturating_sub(4)..]);
+    let opened = tail.trim_end().ends_with(mens::think::OPEN);
     if s.config.split_reasoning {
-        // Whether the template opened the answer's `<think>` block itself.
-        let tail = s.tokenizer.decode(&p[p.len().saturating_sub(4)..]);
-        extra.think = Some(tail.trim_end().ends_with(mens::think::OPEN));
+        extra.think = Some(opened);
+    }
+    // A forced call may come after the model's reasoning: inside the block the template opened,
+    // or after one it may open (its template knows `<think>`; closed already when the template
+    // turned thinking off).
+    let source = s.template.source().unwrap_or("");
+    let reasoning = if opened {
+        mens::tools::Reasoning::Open
+    } else if source.contains(mens::think::OPEN) && !tail.trim_end().ends_with(mens::think::CLOSE) {
+        mens::tools::Reasoning::Optional
+    } else {
+        mens::tools::Reasoning::None
+    };
+    if reasoning != mens::tools::Reasoning::None {
+        if let Some(g) = tools.grammar_with(reasoning) {
+            extra.grammar = Some(GrammarSpec::Lark(g));
+        }
     }
     complete(s.clone(), kind, p, &common, tenant, None, extra).await
 }
@@ -201,7 +222,11 @@ pub(crate) async fn chat_tokens(s: &Arc<AppState>, r: ChatRequest) -> ApiResult<
     let ChatRequest { messages, common } = r;
     let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
     let defs = common.tool_use(s.template.call_format())?.tools;
-    let p = tokenize(s, move |st, _| chat_prompt(st, &msgs, &defs, MAX_TOKENIZE)).await?;
+    let vars = common.template_vars()?;
+    let p = tokenize(s, move |st, _| {
+        chat_prompt(st, &msgs, &defs, &vars, MAX_TOKENIZE)
+    })
+    .await?;
     Ok(p.len())
 }
 
@@ -211,10 +236,11 @@ fn chat_prompt(
     s: &AppState,
     msgs: &[Message],
     tools: &[serde_json::Value],
+    vars: &mens::chat::Vars,
     limit: usize,
 ) -> ApiResult<Vec<u32>> {
     s.template
-        .tokens_with(&s.tokenizer, msgs, tools, true, limit)
+        .tokens_full(&s.tokenizer, msgs, tools, vars, true, limit)
         .map_err(|e| match e {
             mens::Error::Template(m) => {
                 engine_error(format!("the model's chat template failed: {m}"))
@@ -667,8 +693,9 @@ pub fn prepare(
         let msgs = chat_messages(&r.messages, &r.common, "mens")?;
         let tools = r.common.tool_use(template.call_format())?;
         r.common.logprobs(true)?;
+        let vars = r.common.template_vars()?;
         let p = template
-            .tokens_with(tok, &msgs, &tools.tools, true, ctx - 1)
+            .tokens_full(tok, &msgs, &tools.tools, &vars, true, ctx - 1)
             .map_err(too_long)?;
         (p, r.common)
     } else {

@@ -219,6 +219,17 @@ fn wants_thinking(o: &Map<String, Value>) -> bool {
     }
 }
 
+/// A chat request's `think`, given to the template as `enable_thinking` (Qwen3's switch: false
+/// makes the template close the reasoning block before the answer); absent: the template's default.
+fn think_var(o: &Map<String, Value>, out: &mut Map<String, Value>) {
+    if o.get("think").is_some_and(|t| !t.is_null()) {
+        out.insert(
+            "chat_template_kwargs".into(),
+            json!({ "enable_thinking": wants_thinking(o) }),
+        );
+    }
+}
+
 fn no_images(v: Option<&Value>) -> ApiResult<()> {
     match v {
         None | Some(Value::Null) => Ok(()),
@@ -254,6 +265,9 @@ fn message(m: &Value) -> ApiResult<Value> {
     }
     if let Some(n) = m.get("tool_name").and_then(Value::as_str) {
         out["name"] = json!(n);
+    }
+    if let Some(t) = m.get("thinking").and_then(Value::as_str) {
+        out["reasoning_content"] = json!(t);
     }
     Ok(out)
 }
@@ -303,6 +317,7 @@ pub async fn api_chat(
         if let Some(t) = o.get("tools").filter(|t| !t.is_null()) {
             out.insert("tools".into(), t.clone());
         }
+        think_var(o, &mut out);
         let r: ChatRequest = serde_json::from_value(Value::Object(out))
             .map_err(|e| bad(format!("the request is not valid: {e}")))?;
         let echo = json!({ "think": wants_thinking(o) });
@@ -360,6 +375,7 @@ pub async fn api_generate(
             msgs.push(json!({"role": "user", "content": prompt}));
             let mut out = out;
             out.insert("messages".into(), json!(msgs));
+            think_var(o, &mut out);
             let r: ChatRequest = serde_json::from_value(Value::Object(out))
                 .map_err(|e| bad(format!("the request is not valid: {e}")))?;
             let echo = json!({ "think": wants_thinking(o) });

@@ -151,6 +151,10 @@ pub(crate) struct Common {
     /// Generate to max_tokens even past an end-of-generation token (benchmarks; as llama-server).
     #[serde(default)]
     pub(crate) ignore_eos: Option<bool>,
+    /// Extra chat template variables (llama-server's and vLLM's field; Qwen3's `enable_thinking`):
+    /// a few plain values, checked by `mens::chat::check_vars`.
+    #[serde(default)]
+    pub(crate) chat_template_kwargs: Option<Value>,
     // Not supported yet: refused when set to anything but its neutral value.
     #[serde(default)]
     pub(crate) logit_bias: Option<Value>,
@@ -163,8 +167,18 @@ pub(crate) struct ToolUse {
     pub(crate) tools: Vec<Value>,
     /// Parse `<tool_call>` blocks of the answer into `tool_calls`.
     pub(crate) parse: bool,
-    /// Force calls (`required`, or a named function): the grammar that does it.
+    /// Force calls (`required`, or a named function): the grammar that does it, calls only.
     pub(crate) grammar: Option<String>,
+    /// What forces them: the function (`None`: any), how many calls, the format.
+    forced: Option<(Option<String>, usize, mens::tools::CallFormat)>,
+}
+
+impl ToolUse {
+    /// The forcing grammar when the answer may reason first (see `mens::tools::Reasoning`).
+    pub(crate) fn grammar_with(&self, reasoning: mens::tools::Reasoning) -> Option<String> {
+        let (only, calls, format) = self.forced.as_ref()?;
+        mens::tools::call_grammar(&self.tools, only.as_deref(), *format, *calls, reasoning).ok()
+    }
 }
 
 /// Most tools one request may define.
@@ -197,6 +211,9 @@ pub(crate) struct ChatMessage {
     pub(crate) tool_call_id: Option<String>,
     #[serde(default)]
     pub(crate) name: Option<String>,
+    /// An assistant turn's reasoning, as llama-server returned it (handed to the template).
+    #[serde(default)]
+    pub(crate) reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -459,10 +476,16 @@ impl Common {
             Some(true) => mens::tools::MAX_CALLS,
             _ => 1,
         };
-        let grammar = match forced {
+        let grammar = match &forced {
             Some(only) => Some(
-                mens::tools::call_grammar(&tools, only.as_deref(), format, calls)
-                    .map_err(|e| ApiError::invalid(e.to_string()).param("tool_choice"))?,
+                mens::tools::call_grammar(
+                    &tools,
+                    only.as_deref(),
+                    format,
+                    calls,
+                    mens::tools::Reasoning::None,
+                )
+                .map_err(|e| ApiError::invalid(e.to_string()).param("tool_choice"))?,
             ),
             None => None,
         };
@@ -470,7 +493,23 @@ impl Common {
             tools,
             parse: true,
             grammar,
+            forced: forced.map(|only| (only, calls, format)),
         })
+    }
+
+    /// `chat_template_kwargs` as template variables (checked).
+    pub(crate) fn template_vars(&self) -> ApiResult<mens::chat::Vars> {
+        let vars = match &self.chat_template_kwargs {
+            None | Some(Value::Null) => return Ok(mens::chat::Vars::new()),
+            Some(Value::Object(o)) => o.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid("chat_template_kwargs must be an object")
+                    .param("chat_template_kwargs"))
+            }
+        };
+        mens::chat::check_vars(&vars)
+            .map_err(|e| ApiError::invalid(e.to_string()).param("chat_template_kwargs"))?;
+        Ok(vars)
     }
 
     /// The tenant whose cached prompts this request may reuse: its API key and `user`.
@@ -713,6 +752,7 @@ pub(crate) fn chat_messages(
         }
         msg.tool_call_id = m.tool_call_id.clone();
         msg.name = m.name.clone();
+        msg.reasoning_content = m.reasoning_content.clone().filter(|_| role == "assistant");
         msgs.push(msg);
     }
     Ok(msgs)

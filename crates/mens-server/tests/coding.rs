@@ -573,3 +573,40 @@ fn a_leading_think_block_is_reasoning_content() {
         .get("reasoning_content")
         .is_none());
 }
+
+/// A forced call may follow the model's reasoning: with a template that opens the `<think>` block
+/// (as thinking models' templates do), the forcing grammar lets the answer reason, close the block
+/// and call; the reasoning is `reasoning_content` and the call is parsed. (Before, the grammar
+/// forced the call at once, inside the open block, where it was read as reasoning.)
+#[test]
+fn a_forced_call_may_follow_reasoning_in_an_opened_block() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let base = mens::chat::ChatTemplate::from_gguf(&l.model.gguf, &tok).unwrap();
+    let turn = "{{- '<|im_start|>assistant\\n' }}";
+    let source = base.source().unwrap();
+    assert!(source.contains(turn));
+    let opened = source.replace(turn, "{{- '<|im_start|>assistant\\n<think>\\n' }}");
+    let s = support::start_with_template(
+        l.model.clone(),
+        None,
+        tok,
+        one_slot(),
+        ServerConfig::default(),
+        Some(opened),
+    );
+    let mut b = ask("What is the weather in Oslo, in celsius? Think briefly, then call the tool.");
+    b["tools"] = weather_tools();
+    b["tool_choice"] = json!("required");
+    b["temperature"] = json!(0);
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let reasoning = c["message"]["reasoning_content"].as_str().unwrap_or("");
+    assert!(
+        !reasoning.trim().is_empty() && !reasoning.contains("<tool_call>"),
+        "{v}"
+    );
+    let call = &c["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+}

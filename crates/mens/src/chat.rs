@@ -24,6 +24,10 @@ pub struct Message {
     /// A tool result's function name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning (its `<think>` block, given back by the client as
+    /// `reasoning_content`): templates that know it (Qwen3's) write it or drop it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -34,6 +38,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 }
@@ -119,6 +124,8 @@ struct RenderJob {
     messages: Vec<Message>,
     #[serde(default)]
     tools: Vec<serde_json::Value>,
+    #[serde(default)]
+    vars: Vars,
     add_generation_prompt: bool,
 }
 
@@ -174,6 +181,7 @@ pub fn render_isolated_main(memory_limit: u64) -> std::io::Result<()> {
             &job.source,
             &job.messages,
             &job.tools,
+            &job.vars,
             job.add_generation_prompt,
         ) {
             Ok(text) => serde_json::json!({ "ok": text }),
@@ -258,6 +266,50 @@ pub fn read_template_file(path: &std::path::Path) -> Result<String> {
     })
 }
 
+/// Extra template variables (llama-server's `chat_template_kwargs`).
+pub type Vars = serde_json::Map<String, serde_json::Value>;
+
+/// Most extra template variables a request may give, and the longest string among them.
+pub const MAX_VARS: usize = 16;
+pub const MAX_VAR_LEN: usize = 1024;
+
+/// Extra template variables must be few, named like identifiers, and plain values (a boolean, a
+/// number or a short string): a switch such as `enable_thinking`, never a structure that makes a
+/// template do unbounded work. They cannot replace `messages`, `tools` or the tokens (the
+/// template's own variables come first).
+pub fn check_vars(vars: &Vars) -> Result<()> {
+    if vars.len() > MAX_VARS {
+        return Err(Error::InvalidArgument(format!(
+            "chat_template_kwargs takes at most {MAX_VARS} variables"
+        )));
+    }
+    for (k, v) in vars {
+        let name_ok = !k.is_empty()
+            && k.len() <= 64
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !k.starts_with(|c: char| c.is_ascii_digit());
+        if !name_ok {
+            return Err(Error::InvalidArgument(format!(
+                "chat_template_kwargs: {:?} is not a variable name",
+                k.chars().take(64).collect::<String>()
+            )));
+        }
+        let value_ok = match v {
+            serde_json::Value::Bool(_) | serde_json::Value::Number(_) | serde_json::Value::Null => {
+                true
+            }
+            serde_json::Value::String(s) => s.len() <= MAX_VAR_LEN,
+            _ => false,
+        };
+        if !value_ok {
+            return Err(Error::InvalidArgument(format!(
+                "chat_template_kwargs: {k} must be a boolean, a number or a string of at most {MAX_VAR_LEN} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl ChatTemplate {
     pub fn new(source: Option<String>, bos_token: String, eos_token: String) -> Self {
         ChatTemplate {
@@ -324,11 +376,25 @@ impl ChatTemplate {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_full(messages, tools, &Vars::new(), add_generation_prompt)
+    }
+
+    /// Render with tool definitions and extra template variables (`vars`, a request's
+    /// `chat_template_kwargs` such as `enable_thinking`: see [`check_vars`]).
+    pub fn render_full(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        vars: &Vars,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         match (&self.source, &self.isolation) {
             (Some(src), Some(iso)) => {
-                self.render_in(iso, src, messages, tools, add_generation_prompt)
+                self.render_in(iso, src, messages, tools, vars, add_generation_prompt)
             }
-            (Some(src), None) => self.render_jinja(src, messages, tools, add_generation_prompt),
+            (Some(src), None) => {
+                self.render_jinja(src, messages, tools, vars, add_generation_prompt)
+            }
             (None, _) if tools.is_empty() => Ok(chatml(messages, add_generation_prompt)),
             (None, _) => Err(Error::Template(
                 "this model has no chat template, so it cannot be given tools".into(),
@@ -342,6 +408,7 @@ impl ChatTemplate {
         src: &str,
         messages: &[Message],
         tools: &[serde_json::Value],
+        vars: &Vars,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let job = RenderJob {
@@ -350,6 +417,7 @@ impl ChatTemplate {
             eos_token: self.eos_token.clone(),
             messages: messages.to_vec(),
             tools: tools.to_vec(),
+            vars: vars.clone(),
             add_generation_prompt,
         };
         let mut slot = self.helper.lock().unwrap_or_else(|e| e.into_inner());
@@ -410,6 +478,27 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         limit: usize,
     ) -> Result<Vec<u32>> {
+        self.tokens_full(
+            tok,
+            messages,
+            tools,
+            &Vars::new(),
+            add_generation_prompt,
+            limit,
+        )
+    }
+
+    /// [`Self::tokens_with`] with extra template variables; their strings are text too.
+    pub fn tokens_full(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        vars: &Vars,
+        add_generation_prompt: bool,
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        check_vars(vars)?;
         let esc = |s: &str| tok.escape(s).into_owned();
         let escaped: Vec<Message> = messages
             .iter()
@@ -419,10 +508,15 @@ impl ChatTemplate {
                 tool_calls: m.tool_calls.iter().map(|c| map_strings(c, &esc)).collect(),
                 tool_call_id: m.tool_call_id.as_deref().map(esc),
                 name: m.name.as_deref().map(esc),
+                reasoning_content: m.reasoning_content.as_deref().map(esc),
             })
             .collect();
         let tools: Vec<serde_json::Value> = tools.iter().map(|t| map_strings(t, &esc)).collect();
-        let text = self.render_with(&escaped, &tools, add_generation_prompt)?;
+        let vars: Vars = vars
+            .iter()
+            .map(|(k, v)| (k.clone(), map_strings(v, &esc)))
+            .collect();
+        let text = self.render_full(&escaped, &tools, &vars, add_generation_prompt)?;
         tok.encode_rendered(&text, limit)
     }
 
@@ -431,6 +525,7 @@ impl ChatTemplate {
         src: &str,
         messages: &[Message],
         tools: &[serde_json::Value],
+        vars: &Vars,
         add_generation_prompt: bool,
     ) -> Result<String> {
         for m in messages {
@@ -498,6 +593,12 @@ impl ChatTemplate {
             ctx
         } else {
             minijinja::context! { tools => tools, ..ctx }
+        };
+        // A request's variables never replace the ones above (merge_maps: the last map wins).
+        let ctx = if vars.is_empty() {
+            ctx
+        } else {
+            minijinja::value::merge_maps([minijinja::Value::from_serialize(vars), ctx])
         };
         t.render_captured_to(ctx, &mut out).map_err(|e| {
             if out.0.len() >= MAX_OUTPUT {
@@ -617,6 +718,50 @@ mod tests {
         );
     }
 
+    /// A request's template variables (Qwen3's `enable_thinking`) and an assistant turn's
+    /// `reasoning_content` reach the template; they cannot replace the template's own variables.
+    #[test]
+    fn template_variables_and_reasoning_reach_the_template() {
+        let src = "{%- for m in messages %}{{ m.role }}:{% if m.reasoning_content is string %}\
+                   [{{ m.reasoning_content }}]{% endif %}{{ m.content }};{%- endfor %}\
+                   {%- if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}\
+                   {{ bos_token }}";
+        let t = ChatTemplate::new(Some(src.into()), "<s>".into(), String::new());
+        let mut a = Message::new("assistant", "b");
+        a.reasoning_content = Some("why".into());
+        let msgs = [Message::new("user", "a"), a];
+        assert_eq!(
+            t.render(&msgs, false).unwrap(),
+            "user:a;assistant:[why]b;<s>"
+        );
+        let vars = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let off = vars(serde_json::json!({"enable_thinking": false}));
+        assert_eq!(
+            t.render_full(&msgs, &[], &off, false).unwrap(),
+            "user:a;assistant:[why]b;<no-think><s>"
+        );
+        // The template's own variables win over a request's.
+        let forged = vars(serde_json::json!({"bos_token": "<evil>", "messages": 1}));
+        assert_eq!(
+            t.render_full(&msgs, &[], &forged, false).unwrap(),
+            "user:a;assistant:[why]b;<s>"
+        );
+        for bad in [
+            serde_json::json!({"enable_thinking": {"a": 1}}),
+            serde_json::json!({"x": [1, 2]}),
+            serde_json::json!({"not a name": true}),
+            serde_json::json!({"9x": true}),
+            serde_json::json!({"s": "x".repeat(MAX_VAR_LEN + 1)}),
+        ] {
+            assert!(check_vars(&vars(bad.clone())).is_err(), "{bad}");
+        }
+        let many: Vars = (0..=MAX_VARS)
+            .map(|i| (format!("v{i}"), serde_json::json!(true)))
+            .collect();
+        assert!(check_vars(&many).is_err());
+        assert!(check_vars(&off).is_ok());
+    }
+
     #[test]
     fn raise_exception_is_an_error_and_roles_are_checked() {
         let t = ChatTemplate::new(
@@ -629,11 +774,12 @@ mod tests {
                 "{{ raise_exception('no') }}",
                 &[Message::new("user", "x")],
                 &[],
+                &Vars::new(),
                 true
             )
             .is_err());
         assert!(t
-            .render_jinja("x", &[Message::new("wizard", "x")], &[], true)
+            .render_jinja("x", &[Message::new("wizard", "x")], &[], &Vars::new(), true)
             .is_err());
     }
 }

@@ -303,11 +303,23 @@ pub fn tool_name(tool: &Value) -> Option<&str> {
 /// A Lark grammar for 1 to `calls` calls (at most [`MAX_CALLS`]) to `tools` (only `only` when
 /// given), each in the model's `<tool_call>` format (`format`) with arguments that follow the
 /// tool's `parameters` schema.
+/// Whether a forced answer may reason (a `<think>…</think>` block) before its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reasoning {
+    /// Calls only.
+    None,
+    /// The model can think (its template knows `<think>`): an optional block first.
+    Optional,
+    /// The prompt opened the block: the answer starts inside it and closes it before the calls.
+    Open,
+}
+
 pub fn call_grammar(
     tools: &[Value],
     only: Option<&str>,
     format: CallFormat,
     calls: usize,
+    reasoning: Reasoning,
 ) -> Result<String> {
     let mut chosen = Vec::new();
     for t in tools {
@@ -337,7 +349,17 @@ pub fn call_grammar(
         0 => String::new(),
         n => format!(" (\"\\n\" call){{0,{n}}}"),
     };
-    let head = format!("start: call{more}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\n");
+    // Reasoning: any text up to the first `</think>` (and the blank after it) as one lexeme.
+    let think = "THINK_REST: /(?s:.*)<\\/think>[ \\t\\n]*/ & ~/(?s:.*)<\\/think>(?s:.*)<\\/think>(?s:.*)/\n";
+    let start = match reasoning {
+        Reasoning::None => "start: calls\n".to_string(),
+        Reasoning::Optional => format!(
+            "start: (\"{}\" THINK_REST)? calls\n{think}",
+            crate::think::OPEN
+        ),
+        Reasoning::Open => format!("start: THINK_REST calls\n{think}"),
+    };
+    let head = format!("{start}calls: call{more}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\n");
     match format {
         CallFormat::Json => Ok(head + &json_body(chosen)),
         CallFormat::Xml => Ok(head + &xml_body(&chosen)?),
@@ -440,7 +462,6 @@ fn xml_body(chosen: &[(&str, Value)]) -> Result<String> {
         alts.push(format!("f{i}"));
     }
     if raw_text {
-        // The value and its closing tag as one lexeme that holds the tag only at its end.
         // The value and its closing tag as one lexeme that holds the tag only at its end, and
         // no other markup of the format (a parameter's or a call's tags).
         rules.push_str(
@@ -515,11 +536,17 @@ mod tests {
         let tools = [
             json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}),
         ];
-        assert!(call_grammar(&tools, Some("g"), CallFormat::Json, MAX_CALLS)
-            .unwrap_err()
-            .to_string()
-            .contains("'g'"));
-        let g = call_grammar(&tools, None, CallFormat::Json, MAX_CALLS).unwrap();
+        assert!(call_grammar(
+            &tools,
+            Some("g"),
+            CallFormat::Json,
+            MAX_CALLS,
+            Reasoning::None
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("'g'"));
+        let g = call_grammar(&tools, None, CallFormat::Json, MAX_CALLS, Reasoning::None).unwrap();
         assert!(g.contains("%json"), "{g}");
     }
 
@@ -603,7 +630,7 @@ mod tests {
                            "line": {"type": "integer"}},
             "required": ["path", "line"]}}}),
         ];
-        let g = call_grammar(&tools, None, CallFormat::Xml, 1).unwrap();
+        let g = call_grammar(&tools, None, CallFormat::Xml, 1, Reasoning::None).unwrap();
         assert!(
             g.contains("f0: \"<function=edit>\\n\" f0_p0 f0_p1? f0_p2 \"</function>\""),
             "{g}"
@@ -615,9 +642,9 @@ mod tests {
             json!({"type": "function", "function": {"name": "f", "parameters": {
             "type": "object", "properties": {"s": {"type": ["string", "null"]}}}}}),
         ];
-        let g = call_grammar(&nullable, None, CallFormat::Xml, 1).unwrap();
+        let g = call_grammar(&nullable, None, CallFormat::Xml, 1, Reasoning::None).unwrap();
         assert!(g.contains("RAW_VALUE") && !g.contains("%json"), "{g}");
         let bad = [json!({"type": "function", "function": {"name": "a<b"}})];
-        assert!(call_grammar(&bad, None, CallFormat::Xml, 1).is_err());
+        assert!(call_grammar(&bad, None, CallFormat::Xml, 1, Reasoning::None).is_err());
     }
 }

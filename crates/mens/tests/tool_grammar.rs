@@ -4,7 +4,7 @@
 mod common;
 
 use mens::grammar::{GrammarSpec, Grammars};
-use mens::tools::{call_grammar, CallFormat};
+use mens::tools::{call_grammar, CallFormat, Reasoning};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ fn xml_call_grammar_takes_code_values_and_stops_markup() {
                        "line": {"type": "integer", "minimum": 1}, "text": {"type": "string"}},
         "required": ["path", "line"]}}}),
     ];
-    let one = call_grammar(&tools, None, CallFormat::Xml, 1).unwrap();
+    let one = call_grammar(&tools, None, CallFormat::Xml, 1, Reasoning::None).unwrap();
     let call =
         |body: &str| format!("<tool_call>\n<function=edit>\n{body}</function>\n</tool_call>");
     let p = |k: &str, v: &str| format!("<parameter={k}>\n{v}\n</parameter>\n");
@@ -71,11 +71,63 @@ fn xml_call_grammar_takes_code_values_and_stops_markup() {
     for t in &bad {
         assert!(!accepts(&g, &one, &tok, t), "{t}");
     }
-    let many = call_grammar(&tools, None, CallFormat::Xml, 8).unwrap();
+    let many = call_grammar(&tools, None, CallFormat::Xml, 8, Reasoning::None).unwrap();
     assert!(accepts(
         &g,
         &many,
         &tok,
         &format!("{}\n{}", good[0], good[1])
     ));
+}
+
+/// A forced call after the model's reasoning: an optional `<think>` block when the model can think,
+/// the rest of an opened block when its template opened one, none otherwise; one block, closed once.
+#[test]
+fn forced_calls_may_follow_a_reasoning_block() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = Arc::new(l.tokenizer);
+    let g = Grammars::new(tok.clone()).unwrap();
+    let tools = [
+        json!({"type": "function", "function": {"name": "get", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}),
+    ];
+    let call =
+        "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    let thought = "The user wants the weather; <b>get</b> needs a city.\nOslo it is.";
+    let block = format!("<think>\n{thought}\n</think>\n\n{call}");
+    let rest = format!("{thought}\n</think>\n\n{call}");
+    let grammar = |r: Reasoning| call_grammar(&tools, None, CallFormat::Json, 1, r).unwrap();
+    let (none, optional, open) = (
+        grammar(Reasoning::None),
+        grammar(Reasoning::Optional),
+        grammar(Reasoning::Open),
+    );
+    let cases = [
+        // (answer, accepted with None, with Optional, with Open)
+        (call.to_string(), true, true, false),
+        // (Inside an opened block, `<think>` is text of the reasoning.)
+        (block.clone(), false, true, true),
+        (rest.clone(), false, false, true),
+        // No call after the block; a second closing tag; text before the block (reasoning, when
+        // the block is open).
+        (
+            format!("<think>\n{thought}\n</think>\n\n"),
+            false,
+            false,
+            false,
+        ),
+        (
+            format!("<think>\nA</think>\nB</think>\n\n{call}"),
+            false,
+            false,
+            false,
+        ),
+        (format!("Sure.\n{block}"), false, false, true),
+        (format!("A</think>\nB</think>\n{call}"), false, false, false),
+    ];
+    for (text, n, o, p) in &cases {
+        assert_eq!(accepts(&g, &none, &tok, text), *n, "None: {text}");
+        assert_eq!(accepts(&g, &optional, &tok, text), *o, "Optional: {text}");
+        assert_eq!(accepts(&g, &open, &tok, text), *p, "Open: {text}");
+    }
 }
