@@ -711,6 +711,61 @@ pub fn prepare(
     Ok(prompt)
 }
 
+/// `GET /props` (llama-server's): the context a request gets, the slots, the sampling defaults,
+/// the chat template and its BOS/EOS texts. The model is named by its served name, not its path.
+pub async fn props(State(s): State<Arc<AppState>>) -> Response {
+    let d = mens::sample::SamplerConfig::default();
+    let o = s.scheduler.options();
+    axum::Json(json!({
+        "default_generation_settings": {
+            "n_ctx": o.ctx,
+            "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                       "min_p": d.min_p, "repeat_penalty": d.repeat_penalty,
+                       "repeat_last_n": d.repeat_last_n, "n_predict": -1},
+        },
+        "total_slots": o.slots,
+        "model_alias": s.config.model_name,
+        "model_path": s.config.model_name,
+        "modalities": {"vision": false, "audio": false},
+        "chat_template": s.template.source().unwrap_or(""),
+        "bos_token": s.template.bos_token,
+        "eos_token": s.template.eos_token,
+        "build_info": format!("mens {}", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response()
+}
+
+/// `POST /apply-template` (llama-server's): the prompt a chat request would get, as text
+/// (`{"prompt"}`): messages, `tools` and `chat_template_kwargs` through the model's template.
+pub async fn apply_template(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = async {
+        let r: ChatRequest = read_json(&s, &headers, body).await?;
+        let ChatRequest { messages, common } = r;
+        let msgs = chat_messages(&messages, &common, &s.config.model_name)?;
+        let tools = common.tool_use(s.template.call_format())?.tools;
+        let vars = common.template_vars()?;
+        let _permit = s
+            .tokenizing
+            .acquire()
+            .await
+            .map_err(|_| engine_error("the server is stopping".into()))?;
+        let st = s.clone();
+        let text = tokio::task::spawn_blocking(move || {
+            st.template
+                .render_full(&msgs, &tools, &vars, true)
+                .map_err(|e| ApiError::invalid(e.to_string()))
+        })
+        .await
+        .map_err(|_| engine_error("rendering the template failed".into()))??;
+        Ok::<_, ApiError>(axum::Json(json!({ "prompt": text })).into_response())
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
 /// Most tokens `/tokenize` returns and `/detokenize` takes.
 const MAX_TOKENIZE: usize = 1 << 20;
 

@@ -104,7 +104,7 @@ pub struct AppState {
     /// Unix time the server started (the model's `created`).
     pub created: u64,
     /// Bounds concurrent prompt tokenization and grammar compilation.
-    tokenizing: Semaphore,
+    pub(crate) tokenizing: Semaphore,
     /// The grammar compiler (its token trie), built at the first structured-output request.
     grammars: std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>,
     connections: Arc<conn::Registry>,
@@ -165,6 +165,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/props", get(api::props))
+        .route("/apply-template", post(api::apply_template))
         .route("/tokenize", post(api::tokenize_text))
         .route("/detokenize", post(api::detokenize))
         .route("/metrics", get(metrics::metrics))

@@ -90,7 +90,7 @@ impl Default for Metrics {
 }
 
 /// The routes counted by name.
-const ROUTES: [&str; 20] = [
+const ROUTES: [&str; 22] = [
     "/health",
     "/metrics",
     "/v1/models",
@@ -110,6 +110,8 @@ const ROUTES: [&str; 20] = [
     "/api/show",
     "/api/ps",
     "/api/version",
+    "/props",
+    "/apply-template",
     "other",
 ];
 

@@ -188,6 +188,7 @@ fn common_fields(o: &Map<String, Value>) -> ApiResult<Map<String, Value>> {
         "seed",
         "stop",
         "repeat_penalty",
+        "repeat_last_n",
         "presence_penalty",
         "frequency_penalty",
     ] {

@@ -119,6 +119,10 @@ pub(crate) struct Common {
     pub(crate) presence_penalty: Option<f32>,
     #[serde(default)]
     pub(crate) repeat_penalty: Option<f32>,
+    /// The penalties' window: the last this many tokens (llama-server's and Ollama's; -1: the
+    /// whole context, 0: none).
+    #[serde(default)]
+    pub(crate) repeat_last_n: Option<i64>,
     #[serde(default)]
     pub(crate) n: Option<i64>,
     #[serde(default)]
@@ -606,6 +610,18 @@ impl Common {
         }
         if let Some(p) = self.repeat_penalty {
             c.repeat_penalty = p;
+        }
+        match self.repeat_last_n {
+            None => {}
+            Some(-1) => c.repeat_last_n = 1 << 20,
+            Some(n) if (0..=1 << 20).contains(&n) => c.repeat_last_n = n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(format!(
+                    "repeat_last_n must be -1 (the whole context) or between 0 and {}, got {n}",
+                    1 << 20
+                ))
+                .param("repeat_last_n"))
+            }
         }
         c.seed = match self.seed {
             Some(s) => s as u64,

@@ -464,3 +464,66 @@ fn template_switches_and_past_reasoning_reach_the_template() {
         );
     }
 }
+
+/// llama-server's `/props` and `/apply-template`: the context, slots and template a client plans
+/// with, and the prompt text a chat request gets (the same tokens as the chat request's prompt).
+#[test]
+fn props_and_apply_template_describe_the_prompt() {
+    let s = start(2, 4, ServerConfig::default());
+    let p = call(s.addr, "GET", "/props", &Value::Null).json();
+    assert_eq!(p["total_slots"], 2);
+    assert_eq!(
+        p["default_generation_settings"]["n_ctx"].as_u64().unwrap() as usize,
+        s.state.scheduler.options().ctx
+    );
+    assert_eq!(p["default_generation_settings"]["params"]["top_k"], 40);
+    assert_eq!(p["model_alias"], "mens");
+    assert_eq!(
+        p["chat_template"].as_str().unwrap(),
+        s.state.template.source().unwrap_or("")
+    );
+    let msgs = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]);
+    let r = post(s.addr, "/apply-template", json!({ "messages": msgs }));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let text = r.json()["prompt"].as_str().unwrap().to_string();
+    assert!(
+        text.contains("be brief") && text.contains("hello there"),
+        "{text}"
+    );
+    let ids = s.state.tokenizer.encode_special(&text, 1 << 20).unwrap();
+    let chat = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 1}),
+    )
+    .json();
+    assert_eq!(
+        chat["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        ids.len()
+    );
+    assert_error(
+        &post(
+            s.addr,
+            "/apply-template",
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+        ),
+        400,
+        "role",
+    );
+    // The penalties' window: -1 the whole context; out of range refused.
+    let ok = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 2, "repeat_penalty": 1.1, "repeat_last_n": -1}),
+    );
+    assert_eq!(ok.status, 200);
+    assert_error(
+        &post(
+            s.addr,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 2, "repeat_last_n": -2}),
+        ),
+        400,
+        "repeat_last_n",
+    );
+}

@@ -168,8 +168,9 @@ impl Sampler {
         Ok(Sampler {
             rng: rand::rngs::StdRng::seed_from_u64(config.seed),
             candidates: Vec::with_capacity(vocab_size),
-            window: Vec::with_capacity(config.repeat_last_n),
-            counts: Vec::with_capacity(config.repeat_last_n),
+            // Grown as tokens come: a window of the whole context is not allocated up front.
+            window: Vec::with_capacity(config.repeat_last_n.min(1024)),
+            counts: Vec::with_capacity(config.repeat_last_n.min(1024)),
             top: Vec::new(),
             constraint: None,
             logprobs: None,
