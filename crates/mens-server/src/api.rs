@@ -184,7 +184,7 @@ pub(crate) async fn chat(
         tools: tools
             .parse
             .then(|| mens::tools::Toolbox::new(format, &tools.tools)),
-        think: None,
+        ..Default::default()
     };
     let defs = tools.tools.clone();
     let vars = common.template_vars()?;
@@ -376,6 +376,7 @@ pub async fn native_completion(
         n_predict,
         t_max_predict_ms,
         n_probs,
+        n_indent,
         mut common,
     } = r;
     if let Err(e) = common.check_supported(&s.config.model_name) {
@@ -409,6 +410,7 @@ pub async fn native_completion(
         };
         let extra = Extra {
             grammar: common.grammar_spec()?,
+            min_indent: min_indent(n_indent)?,
             ..Default::default()
         };
         let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
@@ -450,6 +452,19 @@ pub(crate) fn fim_ids(
     .map_err(too_long)
 }
 
+/// llama-server's `n_indent` as the engine's `min_indent`: absent or ≤ 0 is off.
+fn min_indent(n: Option<i64>) -> ApiResult<usize> {
+    match n {
+        None => Ok(0),
+        Some(n) if n <= 0 => Ok(0),
+        Some(n) if n <= 1 << 16 => Ok(n as usize),
+        Some(n) => Err(
+            ApiError::invalid(format!("n_indent must be at most {}, got {n}", 1 << 16))
+                .param("n_indent"),
+        ),
+    }
+}
+
 /// The batch llama-server fits a FIM prompt to (its default `-b`; at most half the context here, so
 /// that other files' chunks have room): the prefix keeps 3/4 of it, the suffix 1/4.
 const FIM_BATCH: usize = 2048;
@@ -472,11 +487,16 @@ pub async fn infill(
         prompt,
         n_predict,
         t_max_predict_ms,
+        n_indent,
         mut common,
     } = r;
     if let Err(e) = common.check_supported(&s.config.model_name) {
         return e.into_response();
     }
+    let min_indent = match min_indent(n_indent) {
+        Ok(n) => n,
+        Err(e) => return e.into_response(),
+    };
     if input_extra.len() > MAX_EXTRA {
         return ApiError::invalid(format!("input_extra takes at most {MAX_EXTRA} chunks"))
             .param("input_extra")
@@ -499,7 +519,10 @@ pub async fn infill(
     let n = n_predict.unwrap_or(0);
     let ids = tokenize(&s, move |st, limit| fim_ids(st, &input, n, limit)).await;
     let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
-    let extra = Extra::default();
+    let extra = Extra {
+        min_indent,
+        ..Default::default()
+    };
     match ids {
         Ok(p) => {
             complete(
@@ -536,8 +559,7 @@ async fn finish_completion(
             echo: Value::Null,
             grammar: common.grammar_spec()?,
             logprobs: common.logprobs(false)?,
-            tools: None,
-            think: None,
+            ..Default::default()
         };
         complete(s, kind, prompt, common, tenant, None, extra).await
     };
@@ -554,6 +576,8 @@ pub(crate) struct Extra {
     pub(crate) tools: Option<mens::tools::Toolbox>,
     /// Split a leading `<think>` block into `reasoning_content` (see `Meta::think`).
     pub(crate) think: Option<bool>,
+    /// llama-server's `n_indent` (`mens::scheduler::Request::min_indent`).
+    pub(crate) min_indent: usize,
 }
 
 /// Compile a grammar off the async workers (bounded like tokenization; llguidance bounds the
@@ -603,6 +627,7 @@ pub(crate) async fn complete(
         max_tokens,
         sampler,
         stop,
+        min_indent: extra.min_indent,
         on_event: Box::new(move |e| tx.send(e).is_ok()),
         alive: Box::new(move || !alive.is_closed()),
         tenant: c.tenant(tenant),

@@ -258,6 +258,9 @@ pub(crate) struct NativeRequest {
     /// Per-token probabilities (llama-server's `completion_probabilities`): not supported.
     #[serde(default)]
     pub(crate) n_probs: Option<i64>,
+    /// The least indentation of the completion's later lines (see `/infill`).
+    #[serde(default)]
+    pub(crate) n_indent: Option<i64>,
     #[serde(flatten)]
     pub(crate) common: Common,
 }
@@ -276,7 +279,7 @@ pub(crate) struct CompletionRequest {
 }
 
 /// llama-server's `/infill` body (the shape llama.vscode and llama.vim send). Fields it sends that
-/// mens has no use for (`samplers`, `cache_prompt`, `n_indent`, `t_max_prompt_ms`) are accepted.
+/// mens has no use for (`samplers`, `cache_prompt`, `t_max_prompt_ms`) are accepted.
 #[derive(Deserialize)]
 pub(crate) struct InfillRequest {
     #[serde(default)]
@@ -294,6 +297,9 @@ pub(crate) struct InfillRequest {
     /// Generation time limit in milliseconds.
     #[serde(default)]
     pub(crate) t_max_predict_ms: Option<u64>,
+    /// The least indentation of the completion's later lines (the cursor line's).
+    #[serde(default)]
+    pub(crate) n_indent: Option<i64>,
     #[serde(flatten)]
     pub(crate) common: Common,
 }

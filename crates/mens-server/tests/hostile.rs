@@ -457,6 +457,7 @@ fn a_departed_client_leaves_the_queue() {
         max_tokens: if slow { 40 } else { 1 },
         sampler: SamplerConfig::greedy(),
         stop: vec![],
+        min_indent: 0,
         on_event: Box::new(move |e| {
             if slow && matches!(e, Event::Text(_)) {
                 std::thread::sleep(Duration::from_millis(25));

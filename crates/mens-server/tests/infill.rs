@@ -162,3 +162,63 @@ fn a_model_without_fim_tokens_gets_a_clear_400() {
     );
     assert_error(&r, 400, "fill-in-the-middle");
 }
+
+/// `n_indent` (llama.vscode sends the cursor line's indentation): the completion ends, as
+/// llama-server ends it, before the first later line indented less — here the next method of the
+/// class, which the 0.5B goes on to write without it; whole and streamed alike.
+#[test]
+fn n_indent_ends_the_completion_at_a_shallower_line() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let opts = SchedulerOptions {
+        slots: 1,
+        ctx: 2048,
+        batch: 256,
+        queue: 4,
+        cache_reuse: 0,
+        spec: None,
+        cache: Default::default(),
+    };
+    let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
+    let prefix = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n";
+    let ask = |n_indent: i64, stream: bool| {
+        let mut b = vscode_request(prefix, "\n", "        ", 80);
+        b["n_indent"] = json!(n_indent);
+        b["temperature"] = json!(0);
+        b["stream"] = json!(stream);
+        post(s.addr, "/infill", b)
+    };
+    let free = ask(0, false).json();
+    let free_text = free["content"].as_str().unwrap().to_string();
+    // Without the limit the model writes the next method, at 4 spaces.
+    let at = free_text
+        .find("\n    def ")
+        .unwrap_or_else(|| panic!("{free_text:?}"));
+    let limited = ask(8, false).json();
+    let text = limited["content"].as_str().unwrap();
+    assert_eq!(text, &free_text[..at + 5], "{limited}");
+    assert_eq!(limited["stop_type"], "limit");
+    assert!(
+        limited["tokens_predicted"].as_u64().unwrap() < free["tokens_predicted"].as_u64().unwrap()
+    );
+    let streamed: String = ask(8, true)
+        .events()
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    assert_error(
+        &post(
+            s.addr,
+            "/infill",
+            json!({"input_prefix": "a", "n_indent": 1 << 20}),
+        ),
+        400,
+        "n_indent",
+    );
+}

@@ -298,6 +298,7 @@ fn blocker(
         max_tokens: 4,
         sampler: SamplerConfig::greedy(),
         stop: vec![],
+        min_indent: 0,
         on_event: Box::new(move |e| {
             if matches!(e, Event::Text(_)) {
                 let _ = started_tx.send(());
@@ -361,6 +362,7 @@ fn listened(prompt: Vec<u32>, tenant: u64) -> (Request, std::sync::mpsc::Receive
         max_tokens: 12,
         sampler: SamplerConfig::greedy(),
         stop: vec![],
+        min_indent: 0,
         on_event: Box::new(move |e| tx.send(e).is_ok()),
         alive: Box::new(|| true),
         tenant,

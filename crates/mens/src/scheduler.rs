@@ -69,6 +69,9 @@ pub struct Request {
     pub sampler: SamplerConfig,
     /// Generation stops before any of these strings (they are not emitted).
     pub stop: Vec<String>,
+    /// llama-server's `n_indent`: after the first line, generation ends (`Finish::Length`, cut
+    /// before the line's text) at a line indented by fewer than this many spaces or tabs; 0: off.
+    pub min_indent: usize,
     /// Receives the output; returns false when nobody listens any more (the slot is then freed).
     pub on_event: Box<dyn FnMut(Event) -> bool + Send>,
     /// Polled once per step, also while queued: false when the requester has gone away.
@@ -766,7 +769,7 @@ impl Loop<'_> {
                 next: None,
                 reuse,
                 sampler,
-                stream: TokenStream::new(job.req.stop.clone()),
+                stream: TokenStream::new(job.req.stop.clone()).with_min_indent(job.req.min_indent),
                 generated: 0,
                 first: None,
                 claimed: claim,
@@ -1163,7 +1166,9 @@ impl Loop<'_> {
                 self.slots[slot] = None;
                 return false;
             }
-            if hit || a.sampler.grammar_done() {
+            if hit && a.stream.indent_hit() {
+                Some(Finish::Length)
+            } else if hit || a.sampler.grammar_done() {
                 Some(Finish::Stop)
             } else if a.generated >= a.req.max_tokens
                 || self.runner.slot_tokens(slot).len() + 1 >= ctx

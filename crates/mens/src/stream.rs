@@ -75,13 +75,59 @@ impl StopMatcher {
     }
 }
 
-/// Detokenizer + stop matcher for one generation.
+/// llama-server's `n_indent` (editor plugins send the cursor line's indentation): after the first
+/// line, generation ends at a line indented by fewer than `min` spaces or tabs, cut before its
+/// first other character (the newline and the indentation stay). Blank lines do not count.
+#[derive(Default)]
+pub struct IndentLimit {
+    min: usize,
+    seen_newline: bool,
+    at_line_start: bool,
+    indent: usize,
+}
+
+impl IndentLimit {
+    pub fn new(min: usize) -> Self {
+        IndentLimit {
+            min,
+            ..Default::default()
+        }
+    }
+
+    /// The byte offset in `text` where the output ends, if a line there is indented too little.
+    pub fn push(&mut self, text: &str) -> Option<usize> {
+        if self.min == 0 {
+            return None;
+        }
+        for (i, c) in text.char_indices() {
+            if c == '\n' {
+                self.seen_newline = true;
+                self.at_line_start = true;
+                self.indent = 0;
+            } else if self.at_line_start {
+                if c == ' ' || c == '\t' {
+                    self.indent += 1;
+                } else {
+                    self.at_line_start = false;
+                    if self.seen_newline && self.indent < self.min {
+                        return Some(i);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Detokenizer + stop matcher (+ indentation limit) for one generation.
 pub struct TokenStream {
     decoder: StreamDecoder,
     matcher: StopMatcher,
+    indent: IndentLimit,
     piece: String,
     emit: String,
     stopped: bool,
+    indent_hit: bool,
 }
 
 impl TokenStream {
@@ -89,19 +135,43 @@ impl TokenStream {
         TokenStream {
             decoder: StreamDecoder::new(),
             matcher: StopMatcher::new(stops),
+            indent: IndentLimit::default(),
             piece: String::with_capacity(64),
             emit: String::with_capacity(64),
             stopped: false,
+            indent_hit: false,
+        }
+    }
+
+    /// End at a line indented by fewer than `min` characters (see [`IndentLimit`]; 0: never).
+    pub fn with_min_indent(mut self, min: usize) -> Self {
+        self.indent = IndentLimit::new(min);
+        self
+    }
+
+    /// Whether the indentation limit ended generation.
+    pub fn indent_hit(&self) -> bool {
+        self.indent_hit
+    }
+
+    /// The indentation limit over the text about to be shown: cut it there, and stop.
+    fn limit(&mut self) {
+        if let Some(at) = self.indent.push(&self.emit) {
+            self.emit.truncate(at);
+            self.stopped = true;
+            self.indent_hit = true;
         }
     }
 
     /// Add a generated token (not an end-of-generation token): the text now safe to show (maybe
-    /// empty), and whether a stop string was hit (then generation ends; nothing more is shown).
+    /// empty), and whether a stop string (or the indentation limit) was hit (then generation
+    /// ends; nothing more is shown).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> (&str, bool) {
         self.piece.clear();
         self.emit.clear();
         self.decoder.push(tok, id, &mut self.piece);
         self.stopped = self.matcher.push(&self.piece, &mut self.emit);
+        self.limit();
         (&self.emit, self.stopped)
     }
 
@@ -118,6 +188,7 @@ impl TokenStream {
             self.decoder.finish(&mut self.piece);
             self.matcher.push(&self.piece, &mut self.emit);
             self.matcher.finish(&mut self.emit);
+            self.limit();
         }
         &self.emit
     }
@@ -242,6 +313,38 @@ pub fn move_order(chunks: &[Chunk]) -> Vec<Chunk> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama-server's rule, at every split of the text into pieces: the first line is free, a later
+    /// line indented below the minimum ends the output before its first character; blank lines and
+    /// deeper lines go on.
+    #[test]
+    fn the_indentation_limit_cuts_where_llama_server_does() {
+        let cases = [
+            (
+                "    x = 1\n    return x\ny = 2",
+                4,
+                Some("    x = 1\n    return x\n"),
+            ),
+            ("x\n\n  \n    y\n  z", 4, Some("x\n\n  \n    y\n  ")),
+            ("a = 1\nb = 2", 0, None),
+            ("\tif a:\n\t\tb()\n\tc()", 1, None),
+            ("no newline, little indent", 8, None),
+            ("ok\n\tbad", 2, Some("ok\n\t")),
+        ];
+        for (text, min, want) in cases {
+            for cut in 0..=text.len() {
+                if !text.is_char_boundary(cut) {
+                    continue;
+                }
+                let mut l = IndentLimit::new(min);
+                let got = match l.push(&text[..cut]) {
+                    Some(i) => Some(&text[..i]),
+                    None => l.push(&text[cut..]).map(|i| &text[..cut + i]),
+                };
+                assert_eq!(got, want, "{text:?} min {min} cut {cut}");
+            }
+        }
+    }
 
     #[test]
     fn passes_and_kept_prefixes_respect_the_uniform_length() {

@@ -174,6 +174,7 @@ fn request(
         max_tokens,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
+        min_indent: 0,
         on_event: Box::new(move |e| tx.send(e).is_ok()),
         alive: Box::new(move || alive.load(Ordering::SeqCst)),
         tenant,
