@@ -265,13 +265,8 @@ pub async fn completions(
         suffix,
         common,
     } = r;
-    if let Err(e) = common.check_supported(&s.config.model_name) {
+    if let Err(e) = common.check_text(&s.config.model_name) {
         return e.into_response();
-    }
-    if !neutral(&common.tools) || !neutral(&common.tool_choice) {
-        return ApiError::invalid("tools are for /v1/chat/completions")
-            .param("tools")
-            .into_response();
     }
     if let Some(suffix) = suffix.filter(|x| !x.is_empty()) {
         // Fill in the middle between the prompt and the suffix.
@@ -366,64 +361,39 @@ pub async fn native_completion(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let r: NativeRequest = match read_json(&s, &headers, body).await {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let NativeRequest {
-        prompt,
-        parse_special,
-        n_predict,
-        t_max_predict_ms,
-        n_probs,
-        n_indent,
-        mut common,
-    } = r;
-    if let Err(e) = common.check_supported(&s.config.model_name) {
-        return e.into_response();
-    }
-    if n_probs.unwrap_or(0) > 0 {
-        return ApiError::invalid("n_probs is not supported; use /v1/completions with logprobs")
-            .param("n_probs")
-            .into_response();
-    }
-    if !neutral(&common.tools) || !neutral(&common.tool_choice) {
-        return ApiError::invalid("tools are for /v1/chat/completions")
-            .param("tools")
-            .into_response();
-    }
-    if let Some(n) = n_predict {
-        // -1: the rest of the context; 0: only the prompt is cached (one token made, not sent).
-        common.max_tokens = (n >= 0).then_some(n.max(1));
-    }
-    let quiet = n_predict == Some(0);
-    let ids = tokenize(&s, move |st, limit| {
-        prompt_ids(&st.tokenizer, prompt, parse_special, limit)
-    })
-    .await;
     let answer = async {
-        let ids = match ids? {
-            p if p.is_empty() => {
-                return Err(ApiError::invalid("the prompt is empty").param("prompt"))
-            }
-            p => p,
-        };
+        let r: NativeRequest = read_json(&s, &headers, body).await?;
+        let NativeRequest {
+            prompt,
+            parse_special,
+            n_probs,
+            native,
+            mut common,
+        } = r;
+        common.check_text(&s.config.model_name)?;
+        if n_probs.unwrap_or(0) > 0 {
+            return Err(ApiError::invalid(
+                "n_probs is not supported; use /v1/completions with logprobs",
+            )
+            .param("n_probs"));
+        }
+        let limits = native.limits(&mut common)?;
+        let ids = tokenize(&s, move |st, limit| {
+            prompt_ids(&st.tokenizer, prompt, parse_special, limit)
+        })
+        .await?;
+        if ids.is_empty() {
+            return Err(ApiError::invalid("the prompt is empty").param("prompt"));
+        }
         let extra = Extra {
             grammar: common.grammar_spec()?,
-            min_indent: min_indent(n_indent)?,
+            min_indent: limits.min_indent,
             ..Default::default()
         };
-        let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
-        complete(
-            s,
-            Kind::Native { quiet },
-            ids,
-            &common,
-            tenant,
-            deadline,
-            extra,
-        )
-        .await
+        let kind = Kind::Native {
+            quiet: limits.quiet,
+        };
+        complete(s, kind, ids, &common, tenant, limits.deadline, extra).await
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -452,19 +422,6 @@ pub(crate) fn fim_ids(
     .map_err(too_long)
 }
 
-/// llama-server's `n_indent` as the engine's `min_indent`: absent or ≤ 0 is off.
-fn min_indent(n: Option<i64>) -> ApiResult<usize> {
-    match n {
-        None => Ok(0),
-        Some(n) if n <= 0 => Ok(0),
-        Some(n) if n <= 1 << 16 => Ok(n as usize),
-        Some(n) => Err(
-            ApiError::invalid(format!("n_indent must be at most {}, got {n}", 1 << 16))
-                .param("n_indent"),
-        ),
-    }
-}
-
 /// The batch llama-server fits a FIM prompt to (its default `-b`; at most half the context here, so
 /// that other files' chunks have room): the prefix keeps 3/4 of it, the suffix 1/4.
 const FIM_BATCH: usize = 2048;
@@ -476,69 +433,45 @@ pub async fn infill(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let r: InfillRequest = match read_json(&s, &headers, body).await {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let InfillRequest {
-        input_prefix,
-        input_suffix,
-        input_extra,
-        prompt,
-        n_predict,
-        t_max_predict_ms,
-        n_indent,
-        mut common,
-    } = r;
-    if let Err(e) = common.check_supported(&s.config.model_name) {
-        return e.into_response();
-    }
-    let min_indent = match min_indent(n_indent) {
-        Ok(n) => n,
-        Err(e) => return e.into_response(),
-    };
-    if input_extra.len() > MAX_EXTRA {
-        return ApiError::invalid(format!("input_extra takes at most {MAX_EXTRA} chunks"))
-            .param("input_extra")
-            .into_response();
-    }
-    let quiet = n_predict == Some(0);
-    if let Some(n) = n_predict {
-        // n_predict 0 caches the prompt: one token is generated and not sent.
-        common.max_tokens = (n >= 0).then_some(n.max(1));
-    }
-    let input = FimInput {
-        prefix: input_prefix,
-        suffix: input_suffix,
-        prompt,
-        extra: input_extra
-            .into_iter()
-            .map(|c| (c.filename.unwrap_or_else(|| "tmp".into()), c.text))
-            .collect(),
-    };
-    let n = n_predict.unwrap_or(0);
-    let ids = tokenize(&s, move |st, limit| fim_ids(st, &input, n, limit)).await;
-    let deadline = t_max_predict_ms.map(std::time::Duration::from_millis);
-    let extra = Extra {
-        min_indent,
-        ..Default::default()
-    };
-    match ids {
-        Ok(p) => {
-            complete(
-                s,
-                Kind::Native { quiet },
-                p,
-                &common,
-                tenant,
-                deadline,
-                extra,
-            )
-            .await
+    let answer = async {
+        let r: InfillRequest = read_json(&s, &headers, body).await?;
+        let InfillRequest {
+            input_prefix,
+            input_suffix,
+            input_extra,
+            prompt,
+            native,
+            mut common,
+        } = r;
+        common.check_supported(&s.config.model_name)?;
+        if input_extra.len() > MAX_EXTRA {
+            return Err(
+                ApiError::invalid(format!("input_extra takes at most {MAX_EXTRA} chunks"))
+                    .param("input_extra"),
+            );
         }
-        Err(e) => Err(e),
-    }
-    .unwrap_or_else(IntoResponse::into_response)
+        let limits = native.limits(&mut common)?;
+        let input = FimInput {
+            prefix: input_prefix,
+            suffix: input_suffix,
+            prompt,
+            extra: input_extra
+                .into_iter()
+                .map(|c| (c.filename.unwrap_or_else(|| "tmp".into()), c.text))
+                .collect(),
+        };
+        let n = native.n_predict.unwrap_or(0);
+        let ids = tokenize(&s, move |st, limit| fim_ids(st, &input, n, limit)).await?;
+        let extra = Extra {
+            min_indent: limits.min_indent,
+            ..Default::default()
+        };
+        let kind = Kind::Native {
+            quiet: limits.quiet,
+        };
+        complete(s, kind, ids, &common, tenant, limits.deadline, extra).await
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn finish_completion(

@@ -273,6 +273,21 @@ fn message(m: &Value) -> ApiResult<Value> {
     Ok(out)
 }
 
+/// The request's JSON object, its `model` checked.
+async fn read_object(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Map<String, Value>> {
+    match read_json(s, headers, body).await? {
+        Value::Object(o) => {
+            model_field(s, &o)?;
+            Ok(o)
+        }
+        _ => Err(bad("the request body must be a JSON object")),
+    }
+}
+
 /// Whether the request only loads (or unloads) the model: no prompt, no messages.
 fn load_answer(s: &AppState, o: &Map<String, Value>, chat: bool) -> Response {
     let unload = o
@@ -296,11 +311,7 @@ pub async fn api_chat(
     body: Body,
 ) -> Response {
     let answer = async {
-        let v: Value = read_json(&s, &headers, body).await?;
-        let o = v
-            .as_object()
-            .ok_or_else(|| bad("the request body must be a JSON object"))?;
-        model_field(&s, o)?;
+        let o = &read_object(&s, &headers, body).await?;
         let messages = match o.get("messages") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(a)) => a.clone(),
@@ -338,11 +349,7 @@ pub async fn api_generate(
     body: Body,
 ) -> Response {
     let answer = async {
-        let v: Value = read_json(&s, &headers, body).await?;
-        let o = v
-            .as_object()
-            .ok_or_else(|| bad("the request body must be a JSON object"))?;
-        model_field(&s, o)?;
+        let o = &read_object(&s, &headers, body).await?;
         no_images(o.get("images"))?;
         let text = |k: &str| -> ApiResult<String> {
             match o.get(k) {
@@ -473,11 +480,7 @@ pub async fn version() -> Response {
 /// the context a request gets here as `num_ctx` (a slot's).
 pub async fn show(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let answer = async {
-        let v: Value = read_json(&s, &headers, body).await?;
-        let o = v
-            .as_object()
-            .ok_or_else(|| bad("the request body must be a JSON object"))?;
-        model_field(&s, o)?;
+        read_object(&s, &headers, body).await?;
         let c = &s.config.model;
         let a = &c.architecture;
         let source = s.template.source().unwrap_or("");

@@ -251,18 +251,62 @@ pub(crate) struct NativeRequest {
     pub(crate) prompt: Prompt,
     #[serde(default)]
     pub(crate) parse_special: bool,
-    #[serde(default)]
-    pub(crate) n_predict: Option<i64>,
-    #[serde(default)]
-    pub(crate) t_max_predict_ms: Option<u64>,
     /// Per-token probabilities (llama-server's `completion_probabilities`): not supported.
     #[serde(default)]
     pub(crate) n_probs: Option<i64>,
-    /// The least indentation of the completion's later lines (see `/infill`).
-    #[serde(default)]
-    pub(crate) n_indent: Option<i64>,
+    #[serde(flatten)]
+    pub(crate) native: NativeFields,
     #[serde(flatten)]
     pub(crate) common: Common,
+}
+
+/// The generation fields of llama-server's native endpoints (`/infill`, `/completion`).
+#[derive(Deserialize)]
+pub(crate) struct NativeFields {
+    /// Tokens to generate: -1 (or absent) the rest of the context, 0 only caches the prompt.
+    #[serde(default)]
+    pub(crate) n_predict: Option<i64>,
+    /// Generation time limit in milliseconds.
+    #[serde(default)]
+    pub(crate) t_max_predict_ms: Option<u64>,
+    /// The least indentation of the completion's later lines (the cursor line's).
+    #[serde(default)]
+    pub(crate) n_indent: Option<i64>,
+}
+
+/// What the native fields ask of a generation.
+pub(crate) struct NativeLimits {
+    /// `n_predict` 0: the prompt is only cached (one token is made and not sent).
+    pub(crate) quiet: bool,
+    pub(crate) deadline: Option<std::time::Duration>,
+    /// `n_indent` (≤ 0: off).
+    pub(crate) min_indent: usize,
+}
+
+impl NativeFields {
+    /// Checks them and sets `common.max_tokens` from `n_predict`.
+    pub(crate) fn limits(&self, common: &mut Common) -> ApiResult<NativeLimits> {
+        if let Some(n) = self.n_predict {
+            common.max_tokens = (n >= 0).then_some(n.max(1));
+        }
+        let min_indent = match self.n_indent {
+            None => 0,
+            Some(n) if n <= 0 => 0,
+            Some(n) if n <= 1 << 16 => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(format!(
+                    "n_indent must be at most {}, got {n}",
+                    1 << 16
+                ))
+                .param("n_indent"))
+            }
+        };
+        Ok(NativeLimits {
+            quiet: self.n_predict == Some(0),
+            deadline: self.t_max_predict_ms.map(std::time::Duration::from_millis),
+            min_indent,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -291,15 +335,8 @@ pub(crate) struct InfillRequest {
     /// The text of the cursor's line before the cursor (after the prefix).
     #[serde(default)]
     pub(crate) prompt: String,
-    /// Tokens to generate: -1 (or absent) the rest of the context, 0 only caches the prompt.
-    #[serde(default)]
-    pub(crate) n_predict: Option<i64>,
-    /// Generation time limit in milliseconds.
-    #[serde(default)]
-    pub(crate) t_max_predict_ms: Option<u64>,
-    /// The least indentation of the completion's later lines (the cursor line's).
-    #[serde(default)]
-    pub(crate) n_indent: Option<i64>,
+    #[serde(flatten)]
+    pub(crate) native: NativeFields,
     #[serde(flatten)]
     pub(crate) common: Common,
 }
@@ -331,6 +368,15 @@ pub(crate) fn neutral(v: &Option<Value>) -> bool {
 }
 
 impl Common {
+    /// A text completion's checks (no chat): the model's name, and no tools.
+    pub(crate) fn check_text(&self, model_name: &str) -> ApiResult<()> {
+        self.check_supported(model_name)?;
+        if !neutral(&self.tools) || !neutral(&self.tool_choice) {
+            return Err(ApiError::invalid("tools are for /v1/chat/completions").param("tools"));
+        }
+        Ok(())
+    }
+
     /// Refuse what the server cannot do yet, rather than ignore it.
     pub(crate) fn check_supported(&self, model_name: &str) -> ApiResult<()> {
         if let Some(m) = &self.model {

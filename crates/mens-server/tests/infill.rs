@@ -32,13 +32,9 @@ fn vscode_request(prefix: &str, suffix: &str, prompt: &str, n_predict: i64) -> V
     })
 }
 
-#[test]
-fn infill_fills_a_function_body_like_llama_server() {
-    let l = common::load("qwen2.5-coder-0.5b");
-    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-    let fim = tok.fim.expect("Qwen2.5-Coder has FIM tokens");
-    assert!(fim.repo.is_some() && fim.file_sep.is_some());
-    let opts = SchedulerOptions {
+/// One slot of 2048 tokens.
+fn one_slot() -> SchedulerOptions {
+    SchedulerOptions {
         slots: 1,
         ctx: 2048,
         batch: 256,
@@ -46,7 +42,16 @@ fn infill_fills_a_function_body_like_llama_server() {
         cache_reuse: 0,
         spec: None,
         cache: Default::default(),
-    };
+    }
+}
+
+#[test]
+fn infill_fills_a_function_body_like_llama_server() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let fim = tok.fim.expect("Qwen2.5-Coder has FIM tokens");
+    assert!(fim.repo.is_some() && fim.file_sep.is_some());
+    let opts = one_slot();
     let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
     let prefix = "def add(a, b):\n";
     let suffix = "\n    return result\n";
@@ -170,15 +175,7 @@ fn a_model_without_fim_tokens_gets_a_clear_400() {
 fn n_indent_ends_the_completion_at_a_shallower_line() {
     let l = common::load("qwen2.5-coder-0.5b");
     let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-    let opts = SchedulerOptions {
-        slots: 1,
-        ctx: 2048,
-        batch: 256,
-        queue: 4,
-        cache_reuse: 0,
-        spec: None,
-        cache: Default::default(),
-    };
+    let opts = one_slot();
     let s = start_with(l.model.clone(), tok, opts, ServerConfig::default());
     let prefix = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n";
     let ask = |n_indent: i64, stream: bool| {
