@@ -188,12 +188,24 @@ fn n_indent_ends_the_completion_at_a_shallower_line() {
     let free = ask(0, false).json();
     let free_text = free["content"].as_str().unwrap().to_string();
     // Without the limit the model writes the next method, at 4 spaces.
-    let at = free_text
-        .find("\n    def ")
-        .unwrap_or_else(|| panic!("{free_text:?}"));
+    assert!(free_text.contains("\n    def "), "{free_text:?}");
     let limited = ask(8, false).json();
     let text = limited["content"].as_str().unwrap();
-    assert_eq!(text, &free_text[..at + 5], "{limited}");
+    // With it, the answer is the free one up to the first later line indented less than 8 (a
+    // blank line counts, as in llama-server), cut before that line's first character.
+    let line = text.rfind('\n').map(|i| i + 1).expect("a newline");
+    let rest = &free_text[line..];
+    let indent = rest.len() - rest.trim_start_matches([' ', '\t']).len();
+    assert!(
+        free_text.starts_with(text) && text.len() < free_text.len(),
+        "{limited}"
+    );
+    assert_eq!(text.len(), line + indent, "{limited}");
+    assert!(indent < 8, "{limited}");
+    assert!(text[..line]
+        .lines()
+        .skip(1)
+        .all(|l| l.len() - l.trim_start().len() >= 8));
     assert_eq!(limited["stop_type"], "limit");
     assert!(
         limited["tokens_predicted"].as_u64().unwrap() < free["tokens_predicted"].as_u64().unwrap()

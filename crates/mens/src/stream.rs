@@ -77,11 +77,11 @@ impl StopMatcher {
 
 /// llama-server's `n_indent` (editor plugins send the cursor line's indentation): after the first
 /// line, generation ends at a line indented by fewer than `min` spaces or tabs, cut before its
-/// first other character (the newline and the indentation stay). Blank lines do not count.
+/// first other character (the newline before it and the indentation stay). As in llama-server, a
+/// newline counts as such a character: a blank line less indented ends the output too.
 #[derive(Default)]
 pub struct IndentLimit {
     min: usize,
-    seen_newline: bool,
     at_line_start: bool,
     indent: usize,
 }
@@ -100,19 +100,19 @@ impl IndentLimit {
             return None;
         }
         for (i, c) in text.char_indices() {
-            if c == '\n' {
-                self.seen_newline = true;
-                self.at_line_start = true;
-                self.indent = 0;
-            } else if self.at_line_start {
+            if self.at_line_start {
                 if c == ' ' || c == '\t' {
                     self.indent += 1;
-                } else {
-                    self.at_line_start = false;
-                    if self.seen_newline && self.indent < self.min {
-                        return Some(i);
-                    }
+                    continue;
                 }
+                if self.indent < self.min {
+                    return Some(i);
+                }
+                self.at_line_start = false;
+            }
+            if c == '\n' {
+                self.at_line_start = true;
+                self.indent = 0;
             }
         }
         None
@@ -315,8 +315,8 @@ mod tests {
     use super::*;
 
     /// llama-server's rule, at every split of the text into pieces: the first line is free, a later
-    /// line indented below the minimum ends the output before its first character; blank lines and
-    /// deeper lines go on.
+    /// line indented below the minimum (a blank one too) ends the output before its first
+    /// character; deeper lines go on.
     #[test]
     fn the_indentation_limit_cuts_where_llama_server_does() {
         let cases = [
@@ -325,7 +325,8 @@ mod tests {
                 4,
                 Some("    x = 1\n    return x\n"),
             ),
-            ("x\n\n  \n    y\n  z", 4, Some("x\n\n  \n    y\n  ")),
+            ("x\n\n    y", 4, Some("x\n")),
+            ("x\n    \n    y\n  z", 4, Some("x\n    \n    y\n  ")),
             ("a = 1\nb = 2", 0, None),
             ("\tif a:\n\t\tb()\n\tc()", 1, None),
             ("no newline, little indent", 8, None),
