@@ -33,6 +33,8 @@ if REAL:
     assert {"tools", "insert"} <= set(info.capabilities), info.capabilities
     assert info.modelinfo["qwen2.context_length"] == 32768, info.modelinfo
     assert "<|im_start|>" in info.template
+    # Continue's Ollama provider turns fill-in-the-middle on when the template names `.Suffix`.
+    assert ".Suffix" in info.template
 assert client.ps().models[0].model == model
 
 # Fill in the middle (what Ollama-speaking editor plugins send): a function body between its

@@ -488,8 +488,15 @@ pub async fn show(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body
         if source.contains("tools") {
             caps.push("tools");
         }
+        // The model's Jinja template; with FIM tokens it ends with a Go-template comment naming
+        // `.Suffix` (Ollama's templates are Go templates, and Continue's Ollama provider turns
+        // fill-in-the-middle on when the template mentions `.Suffix`).
+        let mut template = source.to_string();
         if s.tokenizer.fim.is_some() {
             caps.push("insert");
+            template.push_str(
+                "\n{{/* .Suffix: mens fills in the middle with the model's FIM tokens */}}",
+            );
         }
         if source.contains(mens::think::OPEN) {
             caps.push("thinking");
@@ -502,7 +509,7 @@ pub async fn show(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body
         info.insert(format!("{a}.block_count"), json!(c.block_count));
         Ok::<_, ApiError>(
             axum::Json(json!({
-                "modelfile": "", "template": source,
+                "modelfile": "", "template": template,
                 "parameters": format!("num_ctx {}", s.scheduler.options().ctx),
                 "details": details(c), "model_info": info, "capabilities": caps,
                 "modified_at": modified(&s),

@@ -150,6 +150,16 @@ fn an_empty_request_loads_and_the_model_endpoints_describe_the_model() {
     let v = call(s.addr, "GET", "/api/version", &Value::Null).json();
     assert!(v["version"].as_str().unwrap().starts_with("0."));
 
+    // Continue's Ollama provider names the model as `name`.
+    assert_eq!(
+        post(s.addr, "/api/show", json!({"name": "mens:latest"})).status,
+        200
+    );
+    assert_ollama_error(
+        &post(s.addr, "/api/show", json!({"name": "other"})),
+        404,
+        "not found",
+    );
     let show = post(s.addr, "/api/show", json!({"model": "mens"})).json();
     let ctx = s.state.scheduler.options().ctx;
     assert_eq!(show["parameters"], format!("num_ctx {ctx}"));
@@ -167,6 +177,12 @@ fn an_empty_request_loads_and_the_model_endpoints_describe_the_model() {
         .collect();
     assert!(caps.contains(&"completion"));
     assert_eq!(caps.contains(&"insert"), s.state.tokenizer.fim.is_some());
+    let template = show["template"].as_str().unwrap();
+    assert!(template.starts_with(s.state.template.source().unwrap_or("")));
+    assert_eq!(
+        template.contains(".Suffix"),
+        s.state.tokenizer.fim.is_some()
+    );
     let params = show["model_info"]["general.parameter_count"]
         .as_u64()
         .unwrap();
