@@ -165,6 +165,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/api/embed", post(ollama::no_embeddings))
+        .route("/api/embeddings", post(ollama::no_embeddings))
         .route("/props", get(api::props))
         .route("/apply-template", post(api::apply_template))
         .route("/tokenize", post(api::tokenize_text))

@@ -471,6 +471,16 @@ pub async fn ps(State(s): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// `POST /api/embed` and `/api/embeddings`: a generation server, not an embedding one (a clear
+/// answer, where an unknown path would get a 404).
+pub async fn no_embeddings() -> Response {
+    error(ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_implemented",
+        "embeddings are not served by mens (a generation server): use an embedding server",
+    ))
+}
+
 /// `GET /api/version`.
 pub async fn version() -> Response {
     axum::Json(json!({ "version": API_VERSION })).into_response()

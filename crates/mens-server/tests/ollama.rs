@@ -279,6 +279,9 @@ fn bad_ollama_requests_get_an_ollama_error() {
         let r = post(s.addr, path, body);
         assert_ollama_error(&r, status, needle);
     }
+    // No embeddings here: a clear 501, not a bare 404.
+    let r = post(s.addr, "/api/embed", json!({"input": "a"}));
+    assert_ollama_error(&r, 501, "embeddings");
     // Not JSON: 415, in Ollama's shape.
     let r = read_reply(send(s.addr, "POST", "/api/chat", &[], b"{}"));
     assert_ollama_error(&r, 415, "JSON");
