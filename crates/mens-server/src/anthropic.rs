@@ -169,6 +169,28 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
             out.insert(to.into(), x.clone());
         }
     }
+    // Extended thinking on or off: the template's `enable_thinking` (Qwen3's switch). The
+    // reasoning itself stays in the text here.
+    match o
+        .get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+    {
+        Some("enabled") => {
+            out.insert(
+                "chat_template_kwargs".into(),
+                json!({"enable_thinking": true}),
+            );
+        }
+        Some("disabled") => {
+            out.insert(
+                "chat_template_kwargs".into(),
+                json!({"enable_thinking": false}),
+            );
+        }
+        None => {}
+        Some(_) => return Err(bad("thinking.type must be \"enabled\" or \"disabled\"")),
+    }
     if let Some(u) = o
         .get("metadata")
         .and_then(|m| m.get("user_id"))

@@ -669,6 +669,17 @@ pub fn prepare(
     Ok(prompt)
 }
 
+/// `POST /v1/embeddings`: a generation server, not an embedding one (a clear 501, where an
+/// unknown path would get a 404; llama.vscode asks a separately configured server for these).
+pub async fn no_embeddings() -> Response {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_implemented_error",
+        "embeddings are not served by mens (a generation server): use an embedding server",
+    )
+    .into_response()
+}
+
 /// `GET /props` (llama-server's): the context a request gets, the slots, the sampling defaults,
 /// the chat template and its BOS/EOS texts. The model is named by its served name, not its path.
 pub async fn props(State(s): State<Arc<AppState>>) -> Response {

@@ -153,6 +153,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
+        .route("/v1/embeddings", post(api::no_embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
