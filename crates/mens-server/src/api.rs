@@ -194,7 +194,8 @@ pub(crate) async fn chat(
     .await?;
     // Whether the template opened the answer's `<think>` block itself.
     let tail = s.tokenizer.decode(&p[p.len().saturating_sub(4)..]);
-    let opened = tail.trim_end().ends_with(mens::think::OPEN);
+    let tail = tail.trim_end();
+    let opened = tail.ends_with(mens::think::OPEN);
     if s.config.split_reasoning {
         extra.think = Some(opened);
     }
@@ -204,7 +205,7 @@ pub(crate) async fn chat(
     let source = s.template.source().unwrap_or("");
     let reasoning = if opened {
         mens::tools::Reasoning::Open
-    } else if source.contains(mens::think::OPEN) && !tail.trim_end().ends_with(mens::think::CLOSE) {
+    } else if source.contains(mens::think::OPEN) && !tail.ends_with(mens::think::CLOSE) {
         mens::tools::Reasoning::Optional
     } else {
         mens::tools::Reasoning::None
@@ -330,7 +331,7 @@ pub(crate) fn prompt_ids(
         Prompt::Tokens(t) => Ok(t),
         Prompt::Mixed(pieces) => {
             let mut ids = match pieces.first() {
-                Some(PromptPiece::Text(_)) => tok.encode_text("", limit).map_err(too_long)?,
+                Some(PromptPiece::Text(_)) => tok.start(),
                 _ => Vec::new(),
             };
             for p in pieces {
@@ -385,15 +386,8 @@ pub async fn native_completion(
         if ids.is_empty() {
             return Err(ApiError::invalid("the prompt is empty").param("prompt"));
         }
-        let extra = Extra {
-            grammar: common.grammar_spec()?,
-            min_indent: limits.min_indent,
-            ..Default::default()
-        };
-        let kind = Kind::Native {
-            quiet: limits.quiet,
-        };
-        complete(s, kind, ids, &common, tenant, limits.deadline, extra).await
+        let grammar = common.grammar_spec()?;
+        complete_native(s, tenant, ids, &common, limits, grammar).await
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -462,16 +456,29 @@ pub async fn infill(
         };
         let n = native.n_predict.unwrap_or(0);
         let ids = tokenize(&s, move |st, limit| fim_ids(st, &input, n, limit)).await?;
-        let extra = Extra {
-            min_indent: limits.min_indent,
-            ..Default::default()
-        };
-        let kind = Kind::Native {
-            quiet: limits.quiet,
-        };
-        complete(s, kind, ids, &common, tenant, limits.deadline, extra).await
+        complete_native(s, tenant, ids, &common, limits, None).await
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Answer a native endpoint's prompt in llama-server's shape, under its limits.
+async fn complete_native(
+    s: Arc<AppState>,
+    tenant: Tenant,
+    ids: Vec<u32>,
+    common: &Common,
+    limits: NativeLimits,
+    grammar: Option<GrammarSpec>,
+) -> ApiResult<Response> {
+    let extra = Extra {
+        grammar,
+        min_indent: limits.min_indent,
+        ..Default::default()
+    };
+    let kind = Kind::Native {
+        quiet: limits.quiet,
+    };
+    complete(s, kind, ids, common, tenant, limits.deadline, extra).await
 }
 
 async fn finish_completion(

@@ -303,6 +303,24 @@ fn load_answer(s: &AppState, o: &Map<String, Value>, chat: bool) -> Response {
     axum::Json(v).into_response()
 }
 
+/// A request as a chat of `msgs` (OpenAI messages) with the request's fields `out`, answered in
+/// Ollama's shape for `/api/chat` (`chat`) or `/api/generate`.
+async fn as_chat(
+    s: &Arc<AppState>,
+    tenant: Tenant,
+    o: &Map<String, Value>,
+    mut out: Map<String, Value>,
+    msgs: Vec<Value>,
+    chat_api: bool,
+) -> ApiResult<Response> {
+    out.insert("messages".into(), json!(msgs));
+    think_var(o, &mut out);
+    let r: ChatRequest = serde_json::from_value(Value::Object(out))
+        .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+    let echo = json!({ "think": wants_thinking(o) });
+    chat(s.clone(), tenant, r, Kind::Ollama { chat: chat_api }, echo).await
+}
+
 /// `POST /api/chat`.
 pub async fn api_chat(
     State(s): State<Arc<AppState>>,
@@ -321,19 +339,14 @@ pub async fn api_chat(
             return Ok(load_answer(&s, o, true));
         }
         let mut out = common_fields(o)?;
+        if let Some(t) = o.get("tools").filter(|t| !t.is_null()) {
+            out.insert("tools".into(), t.clone());
+        }
         let msgs = messages
             .iter()
             .map(message)
             .collect::<ApiResult<Vec<_>>>()?;
-        out.insert("messages".into(), json!(msgs));
-        if let Some(t) = o.get("tools").filter(|t| !t.is_null()) {
-            out.insert("tools".into(), t.clone());
-        }
-        think_var(o, &mut out);
-        let r: ChatRequest = serde_json::from_value(Value::Object(out))
-            .map_err(|e| bad(format!("the request is not valid: {e}")))?;
-        let echo = json!({ "think": wants_thinking(o) });
-        chat(s.clone(), tenant, r, Kind::Ollama { chat: true }, echo).await
+        as_chat(&s, tenant, o, out, msgs, true).await
     };
     answer.await.unwrap_or_else(error)
 }
@@ -381,13 +394,7 @@ pub async fn api_generate(
                 msgs.push(json!({"role": "system", "content": system}));
             }
             msgs.push(json!({"role": "user", "content": prompt}));
-            let mut out = out;
-            out.insert("messages".into(), json!(msgs));
-            think_var(o, &mut out);
-            let r: ChatRequest = serde_json::from_value(Value::Object(out))
-                .map_err(|e| bad(format!("the request is not valid: {e}")))?;
-            let echo = json!({ "think": wants_thinking(o) });
-            return chat(s.clone(), tenant, r, kind, echo).await;
+            return as_chat(&s, tenant, o, out, msgs, false).await;
         }
         let common: Common = serde_json::from_value(Value::Object(out))
             .map_err(|e| bad(format!("the request is not valid: {e}")))?;

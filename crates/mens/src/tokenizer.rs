@@ -367,7 +367,8 @@ impl Tokenizer {
         out.push_str(rest);
     }
 
-    fn start(&self) -> Vec<u32> {
+    /// The ids every prompt starts with: the BOS, when the model adds one.
+    pub fn start(&self) -> Vec<u32> {
         match (self.add_bos, self.bos) {
             (true, Some(b)) => vec![b],
             _ => Vec::new(),
