@@ -134,6 +134,65 @@ fn openai_anthropic_and_ollama_python_clients_work_against_mens_serve() {
         );
         assert!(stdout.contains(done));
     }
+
+    // A thinking model's shapes: the same model behind its own template changed to open
+    // `<think>` in the assistant's turn (`--chat-template-file`).
+    let props: serde_json::Value = serde_json::from_str(&get(&url, "/props", "test-key")).unwrap();
+    let source = props["chat_template"].as_str().unwrap();
+    let turn = "{{- '<|im_start|>assistant\\n' }}";
+    assert!(source.contains(turn), "{source}");
+    let dir = common::repo_root().join("target/tmp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("think-template.jinja");
+    std::fs::write(
+        &file,
+        source.replace(turn, "{{- '<|im_start|>assistant\\n<think>\\n' }}"),
+    )
+    .unwrap();
+    let (_thinking, url) = serve(&[
+        "-m",
+        model.to_str().unwrap(),
+        "-c",
+        "2048",
+        "--parallel",
+        "1",
+        "--api-key",
+        "test-key",
+        "--chat-template-file",
+        file.to_str().unwrap(),
+    ]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/thinking_compat.py");
+    let out = Command::new(&py)
+        .arg(script)
+        .arg(&url)
+        .arg("test-key")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "thinking client checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("thinking clients: all checks passed"));
+}
+
+/// A GET's body (HTTP/1.0: the body as sent, not chunked).
+fn get(url: &str, path: &str, key: &str) -> String {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Anthropic's Messages API: `POST /v1/messages` and `/v1/messages/count_tokens`. A request is
 //! translated to an OpenAI chat request (the same checks, template, tools and limits), and the
 //! answer is written in Anthropic's shape: content blocks, `stop_reason`, and its stream events
-//! (`message_start`, `content_block_*`, `message_delta`, `message_stop`).
+//! (`message_start`, `content_block_*`, `message_delta`, `message_stop`). A reasoning model's
+//! leading `<think>` block (split as the chat API splits it) is a `thinking` block; mens signs
+//! nothing, so its `signature` is empty, and a `thinking` block sent back is the turn's reasoning.
 
 use crate::api::{chat, chat_tokens, read_json};
 use crate::guard::Tenant;
@@ -109,11 +111,18 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
             }
         };
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut calls = Vec::new();
         let mut results = Vec::new();
         for b in blocks {
             match b.get("type").and_then(Value::as_str) {
                 Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                // The reasoning of an earlier answer, sent back as the API asks; its signature
+                // is not checked (mens signs nothing). A redacted block holds no text.
+                Some("thinking") if role == "assistant" => {
+                    reasoning.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or(""))
+                }
+                Some("redacted_thinking") if role == "assistant" => {}
                 Some("tool_use") if role == "assistant" => {
                     let name = b.get("name").and_then(Value::as_str).unwrap_or("");
                     let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
@@ -141,6 +150,9 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
         msgs.extend(results);
         if role == "assistant" {
             let mut a = json!({"role": "assistant", "content": text});
+            if !reasoning.is_empty() {
+                a["reasoning_content"] = json!(reasoning);
+            }
             if !calls.is_empty() {
                 a["tool_calls"] = json!(calls);
             }
@@ -169,27 +181,24 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
             out.insert(to.into(), x.clone());
         }
     }
-    // Extended thinking on or off: the template's `enable_thinking` (Qwen3's switch). The
-    // reasoning itself stays in the text here.
-    match o
-        .get("thinking")
-        .and_then(|t| t.get("type"))
-        .and_then(Value::as_str)
-    {
-        Some("enabled") => {
-            out.insert(
-                "chat_template_kwargs".into(),
-                json!({"enable_thinking": true}),
-            );
-        }
-        Some("disabled") => {
-            out.insert(
-                "chat_template_kwargs".into(),
-                json!({"enable_thinking": false}),
-            );
-        }
-        None => {}
-        Some(_) => return Err(bad("thinking.type must be \"enabled\" or \"disabled\"")),
+    // Thinking on or off: the template's `enable_thinking` (Qwen3's switch). `adaptive` leaves
+    // the choice to the model, which a thinking template's model makes by thinking;
+    // `between_tools` is thinking off. A budget is not enforced.
+    let thinking = o.get("thinking").filter(|t| !t.is_null());
+    if let Some(t) = thinking {
+        let on = match t.get("type").and_then(Value::as_str) {
+            Some("enabled" | "adaptive") => true,
+            Some("disabled" | "between_tools") => false,
+            _ => {
+                return Err(bad(
+                    "thinking.type must be \"enabled\", \"adaptive\", \"disabled\" or \"between_tools\"",
+                ))
+            }
+        };
+        out.insert(
+            "chat_template_kwargs".into(),
+            json!({ "enable_thinking": on }),
+        );
     }
     if let Some(u) = o
         .get("metadata")
@@ -240,7 +249,14 @@ pub async fn messages(
     let answer = async {
         let v: Value = read_json(&s, &headers, body).await?;
         let r = translate(&v, false)?;
-        chat(s.clone(), tenant, r, Kind::Messages, Value::Null).await
+        // `display: "omitted"`: thinking blocks come without their text.
+        let omitted = v
+            .get("thinking")
+            .and_then(|t| t.get("display"))
+            .and_then(Value::as_str)
+            == Some("omitted");
+        let echo = json!({ "omit_thinking": omitted });
+        chat(s.clone(), tenant, r, Kind::Messages, echo).await
     };
     answer.await.unwrap_or_else(error)
 }
@@ -273,6 +289,11 @@ fn usage_json(u: &Usage) -> Value {
            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0})
 }
 
+/// Whether this answer's thinking blocks go without their text (`display: "omitted"`).
+fn omitted(m: &Meta) -> bool {
+    m.echo["omit_thinking"] == json!(true)
+}
+
 fn tool_use(m: &Meta, c: &ToolCall, i: usize) -> Value {
     let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
     json!({"type": "tool_use", "id": format!("toolu_{}_{i}", m.id), "name": c.name, "input": input})
@@ -284,12 +305,26 @@ pub(crate) async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
+    let (reasoning, text) = match meta.think {
+        Some(open) => mens::think::split(&text, open),
+        None => (String::new(), text),
+    };
     let (content, calls) = match &meta.tools {
         Some(tools) => mens::tools::parse(&text, tools),
         None => (text, Vec::new()),
     };
     let mut blocks = Vec::new();
-    if !content.is_empty() || calls.is_empty() {
+    if !reasoning.is_empty() {
+        let shown = if omitted(&meta) {
+            ""
+        } else {
+            reasoning.as_str()
+        };
+        blocks.push(json!({"type": "thinking", "thinking": shown, "signature": ""}));
+    }
+    // An empty text block only when there is nothing else (the answer was cut off in its
+    // reasoning: the thinking block alone, as Anthropic's).
+    if !content.is_empty() || blocks.is_empty() && calls.is_empty() {
         blocks.push(json!({"type": "text", "text": content}));
     }
     blocks.extend(calls.iter().enumerate().map(|(i, c)| tool_use(&meta, c, i)));
@@ -304,9 +339,10 @@ pub(crate) async fn whole(
 struct Stream {
     meta: Meta,
     pending: VecDeque<Bytes>,
-    /// Index of the next content block; whether a text block is open.
+    /// Index of the next content block; whether a text or a thinking block is open.
     block: usize,
     text_open: bool,
+    thinking_open: bool,
     n_calls: usize,
 }
 
@@ -316,7 +352,26 @@ impl Stream {
             .push_back(Bytes::from(format!("event: {name}\ndata: {v}\n\n")));
     }
 
+    /// Close an open thinking block: its (empty) signature, then its end.
+    fn close_thinking(&mut self) {
+        if self.thinking_open {
+            self.thinking_open = false;
+            let i = self.block;
+            self.event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": i,
+                       "delta": {"type": "signature_delta", "signature": ""}}),
+            );
+            self.event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            );
+            self.block += 1;
+        }
+    }
+
     fn close_text(&mut self) {
+        self.close_thinking();
         if self.text_open {
             self.text_open = false;
             let i = self.block;
@@ -338,6 +393,7 @@ impl crate::sse::EventSink for Stream {
         if t.is_empty() {
             return;
         }
+        self.close_thinking();
         if !self.text_open {
             self.text_open = true;
             let i = self.block;
@@ -351,6 +407,33 @@ impl crate::sse::EventSink for Stream {
             "content_block_delta",
             json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}}),
         );
+    }
+
+    fn reasoning(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        if !self.thinking_open {
+            self.thinking_open = true;
+            let i = self.block;
+            self.event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": i,
+                       "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+            );
+        }
+        if !omitted(&self.meta) {
+            let i = self.block;
+            self.event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": i,
+                       "delta": {"type": "thinking_delta", "thinking": t}}),
+            );
+        }
+    }
+
+    fn think(&self) -> Option<bool> {
+        self.meta.think
     }
 
     fn call(&mut self, c: ToolCall) {
@@ -408,6 +491,7 @@ pub(crate) fn stream(
         pending: VecDeque::new(),
         block: 0,
         text_open: false,
+        thinking_open: false,
         n_calls: 0,
     };
     let m = &st.meta;
@@ -418,4 +502,54 @@ pub(crate) fn stream(
     st.event("message_start", start);
     st.event("ping", json!({"type": "ping"}));
     crate::sse::event_stream(st, rx, calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thinking_of(r: &ChatRequest) -> Option<Value> {
+        r.common
+            .chat_template_kwargs
+            .as_ref()
+            .map(|k| k["enable_thinking"].clone())
+    }
+
+    /// An assistant's thinking blocks are its turn's reasoning (a redacted one adds nothing);
+    /// every thinking type Anthropic defines maps to the template's switch, others are refused.
+    #[test]
+    fn thinking_blocks_and_types_translate() {
+        let body = |thinking: Value| {
+            json!({"max_tokens": 8, "thinking": thinking, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "say hello", "signature": "x"},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "text", "text": "hello"}]},
+                {"role": "user", "content": "again"}]})
+        };
+        let r = translate(&body(json!({"type": "adaptive"})), false).unwrap();
+        let a = &r.messages[1];
+        assert_eq!(a.role, "assistant");
+        assert_eq!(a.reasoning_content.as_deref(), Some("say hello"));
+        assert!(matches!(&a.content, Some(crate::request::Content::Text(t)) if t == "hello"));
+        assert_eq!(thinking_of(&r), Some(json!(true)));
+        for (t, on) in [
+            ("enabled", Some(json!(true))),
+            ("disabled", Some(json!(false))),
+            ("between_tools", Some(json!(false))),
+        ] {
+            let r = translate(&body(json!({ "type": t })), false).unwrap();
+            assert_eq!(thinking_of(&r), on, "{t}");
+        }
+        assert!(thinking_of(&translate(&body(Value::Null), false).unwrap()).is_none());
+        let e = translate(&body(json!({"type": "sometimes"})), false)
+            .err()
+            .unwrap();
+        assert!(e.message.contains("thinking.type"), "{}", e.message);
+        // Thinking is an assistant's: in a user turn it is refused.
+        let user = json!({"max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "thinking", "thinking": "x", "signature": ""}]}]});
+        assert!(translate(&user, false).is_err());
+    }
 }

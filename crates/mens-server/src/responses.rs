@@ -1,8 +1,9 @@
 //! OpenAI's Responses API, stateless: `POST /v1/responses` with `input` (a string or items:
-//! messages, `function_call`, `function_call_output`), `instructions`, function `tools`,
-//! `tool_choice`, `text.format` (json_schema / json_object), `max_output_tokens`, `stream`. Like
-//! `anthropic`, the request becomes a chat request; the answer is written as output items, or as the
-//! API's stream events. Nothing is stored: `previous_response_id` is refused.
+//! messages, `function_call`, `function_call_output`, `reasoning`), `instructions`, function
+//! `tools`, `tool_choice`, `text.format` (json_schema / json_object), `reasoning.effort`,
+//! `max_output_tokens`, `stream`. Like `anthropic`, the request becomes a chat request; the answer
+//! is written as output items (a reasoning model's leading `<think>` block as a `reasoning` item),
+//! or as the API's stream events. Nothing is stored: `previous_response_id` is refused.
 
 use crate::api::{chat, read_json};
 use crate::guard::Tenant;
@@ -62,6 +63,8 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
         .param("previous_response_id"));
     }
     let mut msgs: Vec<Value> = Vec::new();
+    // A reasoning item's text, kept for the assistant turn that follows it.
+    let mut reasoning = String::new();
     if let Some(i) = o.get("instructions").and_then(Value::as_str) {
         msgs.push(json!({"role": "system", "content": i}));
     }
@@ -74,7 +77,25 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                         let role = it.get("role").and_then(Value::as_str).unwrap_or("user");
                         let role = if role == "developer" { "system" } else { role };
                         let content = text_of(it.get("content").unwrap_or(&Value::Null))?;
-                        msgs.push(json!({"role": role, "content": content}));
+                        let mut m = json!({"role": role, "content": content});
+                        if role == "assistant" && !reasoning.is_empty() {
+                            m["reasoning_content"] = json!(std::mem::take(&mut reasoning));
+                        }
+                        msgs.push(m);
+                    }
+                    // An earlier answer's reasoning, sent back as the API asks: its text (or its
+                    // summary) goes to the next assistant turn; encrypted content is not read.
+                    "reasoning" => {
+                        for key in ["content", "summary"] {
+                            for p in it.get(key).and_then(Value::as_array).into_iter().flatten() {
+                                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                                    reasoning.push_str(t);
+                                }
+                            }
+                            if !reasoning.is_empty() {
+                                break;
+                            }
+                        }
                     }
                     "function_call" => {
                         let call = json!({"id": it.get("call_id").cloned().unwrap_or(Value::Null),
@@ -88,9 +109,13 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                             {
                                 m["tool_calls"].as_array_mut().map(|a| a.push(call));
                             }
-                            _ => msgs.push(
-                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
-                            ),
+                            _ => {
+                                let mut m = json!({"role": "assistant", "content": "", "tool_calls": [call]});
+                                if !reasoning.is_empty() {
+                                    m["reasoning_content"] = json!(std::mem::take(&mut reasoning));
+                                }
+                                msgs.push(m)
+                            }
                         }
                     }
                     "function_call_output" => {
@@ -166,7 +191,29 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
         };
         out.insert("response_format".into(), rf);
     }
+    // `reasoning.effort`: "none" turns a thinking template's reasoning off (`enable_thinking`), any
+    // other effort on; the effort itself is the template's `reasoning_effort` (gpt-oss reads it).
+    let effort = o
+        .get("reasoning")
+        .and_then(|r| r.get("effort"))
+        .filter(|e| !e.is_null());
+    if let Some(e) = effort {
+        let e = e
+            .as_str()
+            .ok_or_else(|| bad("reasoning.effort must be a string").param("reasoning"))?;
+        if !matches!(e, "none" | "minimal" | "low" | "medium" | "high" | "xhigh") {
+            return Err(
+                bad("reasoning.effort must be none, minimal, low, medium, high or xhigh")
+                    .param("reasoning"),
+            );
+        }
+        out.insert(
+            "chat_template_kwargs".into(),
+            json!({"enable_thinking": e != "none", "reasoning_effort": e}),
+        );
+    }
     let echo = json!({
+        "reasoning": {"effort": effort.cloned().unwrap_or(Value::Null), "summary": null},
         "instructions": o.get("instructions").cloned().unwrap_or(Value::Null),
         "max_output_tokens": o.get("max_output_tokens").cloned().unwrap_or(Value::Null),
         "temperature": o.get("temperature").cloned().unwrap_or(Value::Null),
@@ -203,6 +250,12 @@ fn message_item(m: &Meta, text: &str, status: &str) -> Value {
                json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]) }})
 }
 
+fn reasoning_item(m: &Meta, text: &str, status: &str) -> Value {
+    json!({"type": "reasoning", "id": format!("rs_{}", m.id), "status": status, "summary": [],
+           "content": if status == "in_progress" { json!([]) } else {
+               json!([{"type": "reasoning_text", "text": text}]) }})
+}
+
 fn call_item(m: &Meta, c: &ToolCall, i: usize, status: &str) -> Value {
     json!({"type": "function_call", "id": format!("fc_{}_{i}", m.id), "call_id": format!("call_{}_{i}", m.id),
            "name": c.name, "arguments": if status == "in_progress" { "" } else { c.arguments.as_str() },
@@ -220,7 +273,7 @@ fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) 
         "id": format!("resp_{}", m.id), "object": "response", "created_at": m.created,
         "status": status, "error": null, "incomplete_details": incomplete, "model": m.model,
         "output": output, "previous_response_id": null,
-        "reasoning": {"effort": null, "summary": null}, "store": false, "truncation": "disabled",
+        "store": false, "truncation": "disabled",
         "usage": u.map(|u| json!({
             "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
@@ -234,13 +287,20 @@ fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) 
     r
 }
 
-fn output_of(m: &Meta, text: &str) -> Vec<Value> {
+fn output_of(m: &Meta, text: String) -> Vec<Value> {
+    let (reasoning, text) = match m.think {
+        Some(open) => mens::think::split(&text, open),
+        None => (String::new(), text),
+    };
     let (content, calls) = match &m.tools {
-        Some(tools) => mens::tools::parse(text, tools),
-        None => (text.to_string(), Vec::new()),
+        Some(tools) => mens::tools::parse(&text, tools),
+        None => (text, Vec::new()),
     };
     let mut out = Vec::new();
-    if !content.is_empty() || calls.is_empty() {
+    if !reasoning.is_empty() {
+        out.push(reasoning_item(m, &reasoning, "completed"));
+    }
+    if !content.is_empty() || out.is_empty() && calls.is_empty() {
         out.push(message_item(m, &content, "completed"));
     }
     out.extend(
@@ -257,7 +317,7 @@ pub(crate) async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
-    let output = output_of(&meta, &text);
+    let output = output_of(&meta, text);
     Ok(axum::Json(response_json(&meta, &meta.echo, output, Some(&usage))).into_response())
 }
 
@@ -267,6 +327,8 @@ struct Stream {
     seq: u64,
     /// The open message item: its output index and text so far.
     msg: Option<(usize, String)>,
+    /// The open reasoning item: its output index and text so far.
+    thought: Option<(usize, String)>,
     items: Vec<Value>,
     n_calls: usize,
 }
@@ -294,7 +356,27 @@ impl Stream {
         }
     }
 
+    fn close_reasoning(&mut self) {
+        if let Some((i, text)) = self.thought.take() {
+            let id = format!("rs_{}", self.meta.id);
+            self.event(
+                json!({"type": "response.reasoning_text.done", "item_id": id, "output_index": i,
+                "content_index": 0, "text": text}),
+            );
+            self.event(
+                json!({"type": "response.content_part.done", "item_id": id, "output_index": i,
+                "content_index": 0, "part": {"type": "reasoning_text", "text": text}}),
+            );
+            let item = reasoning_item(&self.meta, &text, "completed");
+            self.event(
+                json!({"type": "response.output_item.done", "output_index": i, "item": item}),
+            );
+            self.items.push(item);
+        }
+    }
+
     fn close_text(&mut self) {
+        self.close_reasoning();
         if let Some((i, text)) = self.msg.take() {
             let id = format!("msg_{}", self.meta.id);
             self.event(
@@ -321,6 +403,7 @@ impl crate::sse::EventSink for Stream {
         if t.is_empty() {
             return;
         }
+        self.close_reasoning();
         self.open_message();
         let id = format!("msg_{}", self.meta.id);
         let (i, acc) = self.msg.as_mut().expect("open message");
@@ -330,6 +413,36 @@ impl crate::sse::EventSink for Stream {
             json!({"type": "response.output_text.delta", "item_id": id, "output_index": i,
             "content_index": 0, "delta": t, "logprobs": []}),
         );
+    }
+
+    fn reasoning(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        let id = format!("rs_{}", self.meta.id);
+        if self.thought.is_none() {
+            let i = self.items.len();
+            self.thought = Some((i, String::new()));
+            let item = reasoning_item(&self.meta, "", "in_progress");
+            self.event(
+                json!({"type": "response.output_item.added", "output_index": i, "item": item}),
+            );
+            self.event(
+                json!({"type": "response.content_part.added", "item_id": id, "output_index": i,
+                "content_index": 0, "part": {"type": "reasoning_text", "text": ""}}),
+            );
+        }
+        let (i, acc) = self.thought.as_mut().expect("open reasoning");
+        acc.push_str(t);
+        let i = *i;
+        self.event(
+            json!({"type": "response.reasoning_text.delta", "item_id": id, "output_index": i,
+            "content_index": 0, "delta": t}),
+        );
+    }
+
+    fn think(&self) -> Option<bool> {
+        self.meta.think
     }
 
     fn call(&mut self, c: ToolCall) {
@@ -380,6 +493,7 @@ pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>) -> Response
         pending: VecDeque::new(),
         seq: 0,
         msg: None,
+        thought: None,
         items: Vec::new(),
         n_calls: 0,
     };
@@ -388,4 +502,39 @@ pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>) -> Response
     let r = response_json(&st.meta, &st.meta.echo, vec![], None);
     st.event(json!({"type": "response.in_progress", "response": r}));
     crate::sse::event_stream(st, rx, calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reasoning item sent back is the next assistant turn's reasoning (a message's or a
+    /// call's); `reasoning.effort` reaches the template, "none" turning thinking off.
+    #[test]
+    fn reasoning_items_and_effort_translate() {
+        let (body, echo) = translate(&json!({"reasoning": {"effort": "none"}, "input": [
+            {"type": "message", "role": "user", "content": "weather?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "call the tool"}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "-3"},
+            {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "answer"}]},
+            {"type": "message", "role": "assistant", "content": "It is -3."},
+            {"type": "message", "role": "user", "content": "thanks"}]}))
+        .unwrap();
+        let m = body["messages"].as_array().unwrap();
+        assert_eq!(m[1]["reasoning_content"], "call the tool", "{body}");
+        assert_eq!(m[1]["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(m[3]["reasoning_content"], "answer", "{body}");
+        assert_eq!(m[3]["content"], "It is -3.");
+        assert!(m[4].get("reasoning_content").is_none());
+        assert_eq!(
+            body["chat_template_kwargs"],
+            json!({"enable_thinking": false, "reasoning_effort": "none"})
+        );
+        assert_eq!(echo["reasoning"]["effort"], "none");
+        let (body, _) = translate(&json!({"input": "x", "reasoning": {"effort": "high"}})).unwrap();
+        assert_eq!(body["chat_template_kwargs"]["enable_thinking"], true);
+        assert!(translate(&json!({"input": "x", "reasoning": {"effort": "max"}})).is_err());
+    }
 }

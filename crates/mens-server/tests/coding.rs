@@ -610,3 +610,117 @@ fn a_forced_call_may_follow_reasoning_in_an_opened_block() {
     let call = &c["message"]["tool_calls"][0]["function"];
     assert_eq!(call["name"], "get_weather", "{v}");
 }
+
+/// The data of each server-sent event (`event:` lines skipped).
+fn event_data(r: &Reply) -> Vec<Value> {
+    String::from_utf8(r.body.clone())
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// The Anthropic and Responses APIs give a reasoning model's reasoning its own place: a
+/// `thinking` block (streamed as `thinking_delta`s, closed by a `signature_delta`) and a
+/// `reasoning` item (streamed as `response.reasoning_text.delta`s), before the call; whole and
+/// streamed agree. `display: "omitted"` keeps the block and drops its text.
+#[test]
+fn reasoning_is_a_thinking_block_and_a_reasoning_item() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let base = mens::chat::ChatTemplate::from_gguf(&l.model.gguf, &tok).unwrap();
+    let turn = "{{- '<|im_start|>assistant\\n' }}";
+    let opened = base
+        .source()
+        .unwrap()
+        .replace(turn, "{{- '<|im_start|>assistant\\n<think>\\n' }}");
+    let s = support::start_with_template(
+        l.model.clone(),
+        None,
+        tok,
+        one_slot(),
+        ServerConfig::default(),
+        Some(opened),
+    );
+    let question = "What is the weather in Oslo, in celsius? Think briefly, then call the tool.";
+    let schema = weather_tools()[0]["function"]["parameters"].clone();
+
+    // Anthropic, whole.
+    let a = json!({"model": "mens", "max_tokens": 120, "temperature": 0,
+        "thinking": {"type": "adaptive"},
+        "messages": [{"role": "user", "content": question}],
+        "tools": [{"name": "get_weather", "input_schema": schema}],
+        "tool_choice": {"type": "any"}});
+    let v = post(s.addr, "/v1/messages", a.clone()).json();
+    let blocks = v["content"].as_array().unwrap();
+    assert_eq!(blocks[0]["type"], "thinking", "{v}");
+    assert_eq!(blocks[0]["signature"], "", "{v}");
+    let thought = blocks[0]["thinking"].as_str().unwrap().to_string();
+    assert!(
+        !thought.trim().is_empty() && !thought.contains("</think>"),
+        "{v}"
+    );
+    assert_eq!(blocks[1]["type"], "tool_use", "{v}");
+    assert_eq!(blocks[1]["name"], "get_weather", "{v}");
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+
+    // Anthropic, streamed: the same thinking, its block first and closed before the call's.
+    let mut sa = a.clone();
+    sa["stream"] = json!(true);
+    let ev = event_data(&post(s.addr, "/v1/messages", sa));
+    let starts: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["type"] == "content_block_start")
+        .map(|e| &e["content_block"])
+        .collect();
+    assert_eq!(starts[0]["type"], "thinking", "{ev:?}");
+    assert_eq!(starts[1]["type"], "tool_use", "{ev:?}");
+    let streamed: String = ev
+        .iter()
+        .filter(|e| e["delta"]["type"] == "thinking_delta")
+        .map(|e| e["delta"]["thinking"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, thought);
+    let sig = ev
+        .iter()
+        .position(|e| e["delta"]["type"] == "signature_delta")
+        .unwrap();
+    assert_eq!(ev[sig + 1]["type"], "content_block_stop", "{ev:?}");
+    assert_eq!(ev[sig + 1]["index"], 0, "{ev:?}");
+
+    // display: "omitted": the block stays, without its text.
+    let mut oa = a.clone();
+    oa["thinking"] = json!({"type": "enabled", "budget_tokens": 1024, "display": "omitted"});
+    let v = post(s.addr, "/v1/messages", oa).json();
+    assert_eq!(v["content"][0]["type"], "thinking", "{v}");
+    assert_eq!(v["content"][0]["thinking"], "", "{v}");
+
+    // Responses, whole and streamed.
+    let r = json!({"model": "mens", "max_output_tokens": 120, "temperature": 0,
+        "input": question, "tool_choice": "required",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": schema}]});
+    let v = post(s.addr, "/v1/responses", r.clone()).json();
+    let out = v["output"].as_array().unwrap();
+    assert_eq!(out[0]["type"], "reasoning", "{v}");
+    assert_eq!(out[0]["content"][0]["type"], "reasoning_text", "{v}");
+    assert_eq!(out[0]["content"][0]["text"], json!(thought), "{v}");
+    assert_eq!(out[1]["type"], "function_call", "{v}");
+    let mut sr = r.clone();
+    sr["stream"] = json!(true);
+    let ev = event_data(&post(s.addr, "/v1/responses", sr));
+    let streamed: String = ev
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, thought);
+    let done = ev.last().unwrap();
+    assert_eq!(done["type"], "response.completed", "{ev:?}");
+    assert_eq!(done["response"]["output"][0]["type"], "reasoning", "{done}");
+    assert_eq!(
+        done["response"]["output"][1]["type"], "function_call",
+        "{done}"
+    );
+}

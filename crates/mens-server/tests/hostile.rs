@@ -645,10 +645,10 @@ fn anthropic_and_responses_requests_are_checked() {
         &post(
             a,
             "/v1/responses",
-            json!({"input": [{"type": "reasoning"}]}),
+            json!({"input": [{"type": "web_search_call"}]}),
         ),
         400,
-        "reasoning",
+        "web_search_call",
     );
     let ok = post(
         a,
