@@ -80,7 +80,9 @@ c = client.messages.count_tokens(
     model=model, system="You are a terse coding assistant.",
     messages=[{"role": "user", "content": "Write a Python function that returns the square of x."}],
 )
-assert c.input_tokens == m.usage.input_tokens, (c.input_tokens, m.usage.input_tokens)
+# The prompt is the uncached input plus what the cache held.
+prompt = m.usage.input_tokens + m.usage.cache_read_input_tokens
+assert c.input_tokens == prompt, (c.input_tokens, m.usage)
 print("count_tokens:", c.input_tokens)
 
 # Errors in Anthropic's shape, as the client's exception types.

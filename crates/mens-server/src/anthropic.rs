@@ -73,6 +73,24 @@ fn text_of(v: &Value, what: &str) -> ApiResult<String> {
     }
 }
 
+/// Claude Code (2.1.36 and later) opens the system prompt with a block
+/// `x-anthropic-billing-header: cc_version=…; cch=…;` whose hash changes with every request: left
+/// in, no request would share a cached prefix with the one before. It is billing telemetry for
+/// Anthropic's servers, not instructions: dropped (as Ollama's launcher and vllm-mlx do).
+fn without_billing_header(sys: &Value) -> std::borrow::Cow<'_, Value> {
+    let billing = |b: &Value| {
+        b.get("text")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.starts_with("x-anthropic-billing-header:"))
+    };
+    match sys {
+        Value::Array(blocks) if blocks.first().is_some_and(billing) => {
+            std::borrow::Cow::Owned(Value::Array(blocks[1..].to_vec()))
+        }
+        _ => std::borrow::Cow::Borrowed(sys),
+    }
+}
+
 /// The Anthropic request as an OpenAI chat request.
 fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
     let o = v
@@ -81,7 +99,7 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
     let mut out = Map::new();
     let mut msgs = Vec::new();
     if let Some(sys) = o.get("system") {
-        let t = text_of(sys, "system")?;
+        let t = text_of(&without_billing_header(sys), "system")?;
         if !t.is_empty() {
             msgs.push(json!({"role": "system", "content": t}));
         }
@@ -92,9 +110,16 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
         .ok_or_else(|| bad("messages: a list is required"))?;
     for m in messages {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        // A system message within the conversation (instructions from that point on): a system
+        // turn where the template has one.
+        if role == "system" {
+            let t = text_of(m.get("content").unwrap_or(&Value::Null), "system message")?;
+            msgs.push(json!({"role": "system", "content": t}));
+            continue;
+        }
         if role != "user" && role != "assistant" {
             return Err(bad(format!(
-                "messages: role must be \"user\" or \"assistant\", got {:?}",
+                "messages: role must be \"user\", \"assistant\" or \"system\", got {:?}",
                 crate::request::clip(role)
             )));
         }
@@ -236,8 +261,12 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
         out.insert("parallel_tool_calls".into(), json!(!one));
     }
     // Anthropic's default is greedy-ish 1.0; leave mens's sampler defaults when absent.
-    serde_json::from_value(Value::Object(out))
-        .map_err(|e| bad(format!("the request is not valid: {e}")))
+    let mut r: ChatRequest = serde_json::from_value(Value::Object(out))
+        .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+    // Clients send a large `max_tokens` whatever the model (Claude Code: 32,000): an answer
+    // ends where the context does (`stop_reason: "max_tokens"`) instead of being refused.
+    r.common.max_tokens_bound = true;
+    Ok(r)
 }
 
 pub async fn messages(
@@ -284,8 +313,11 @@ fn stop_reason(u: &Usage, calls: usize) -> &'static str {
     }
 }
 
+/// Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache (the prompt
+/// is `input_tokens + cache_read_input_tokens`, as Anthropic counts).
 fn usage_json(u: &Usage) -> Value {
-    json!({"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+    json!({"input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
+           "output_tokens": u.completion_tokens,
            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0})
 }
 
@@ -466,7 +498,7 @@ impl crate::sse::EventSink for Stream {
             "message_delta",
             json!({"type": "message_delta",
                    "delta": {"stop_reason": reason, "stop_sequence": u.stop_sequence},
-                   "usage": {"output_tokens": u.completion_tokens}}),
+                   "usage": usage_json(&u)}),
         );
         self.event("message_stop", json!({"type": "message_stop"}));
     }
@@ -551,5 +583,53 @@ mod tests {
         let user = json!({"max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "thinking", "thinking": "x", "signature": ""}]}]});
         assert!(translate(&user, false).is_err());
+    }
+
+    /// A system message within the conversation stays where it is, as a system turn; a large
+    /// `max_tokens` is a bound (cut to the context), not a refusal; other roles are refused.
+    #[test]
+    fn mid_conversation_system_messages_and_max_tokens() {
+        let r = translate(
+            &json!({"max_tokens": 32000, "system": "be terse", "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "text", "text": "now in French",
+                                                 "cache_control": {"type": "ephemeral"}}]},
+                {"role": "user", "content": "again"}]}),
+            false,
+        )
+        .unwrap();
+        let roles: Vec<&str> = r.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "system", "user"]);
+        // Claude Code's per-request billing block, first in the system prompt, is dropped (only
+        // there: the same text later is the client's).
+        let sys = |blocks: Value| {
+            let r = translate(
+                &json!({"max_tokens": 8, "system": blocks,
+                "messages": [{"role": "user", "content": "hi"}]}),
+                false,
+            )
+            .unwrap();
+            match &r.messages[0].content {
+                Some(crate::request::Content::Text(t)) => t.clone(),
+                _ => panic!("no system text"),
+            }
+        };
+        let header = json!({"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.bf1; cch=1a2b3;"});
+        let rules = json!({"type": "text", "text": "You are a coding agent."});
+        assert_eq!(sys(json!([header, rules])), "You are a coding agent.");
+        assert!(sys(json!([rules, header])).contains("cch=1a2b3"));
+        assert!(
+            matches!(&r.messages[2].content, Some(crate::request::Content::Text(t)) if t == "now in French")
+        );
+        assert_eq!(r.common.max_tokens(1000, 4096, None).unwrap(), 3096);
+        assert_eq!(r.common.max_tokens(1000, 40000, Some(512)).unwrap(), 512);
+        assert!(r.common.max_tokens(4096, 4096, None).is_err());
+        let e = translate(
+            &json!({"max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]}),
+            false,
+        )
+        .err()
+        .unwrap();
+        assert!(e.message.contains("role"), "{}", e.message);
     }
 }

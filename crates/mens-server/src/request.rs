@@ -101,6 +101,10 @@ pub(crate) struct Common {
     pub(crate) max_tokens: Option<i64>,
     #[serde(default)]
     pub(crate) max_completion_tokens: Option<i64>,
+    /// `max_tokens` is only a bound: more than the context has room for (or the server's cap)
+    /// is cut to it, not refused (Anthropic's API, whose clients send 32,000 whatever the model).
+    #[serde(skip)]
+    pub(crate) max_tokens_bound: bool,
     #[serde(default)]
     pub(crate) temperature: Option<f32>,
     #[serde(default)]
@@ -710,7 +714,7 @@ impl Common {
     }
 
     /// `max_tokens` (or `max_completion_tokens`), checked against the context and the server's
-    /// cap; absent: the rest of the context, at most the cap.
+    /// cap (or cut to them: `max_tokens_bound`); absent: the rest of the context, at most the cap.
     pub(crate) fn max_tokens(
         &self,
         prompt: usize,
@@ -730,6 +734,9 @@ impl Common {
         let cap = cap.unwrap_or(usize::MAX);
         match asked {
             None => Ok((ctx - prompt).min(cap)),
+            Some(n) if n >= 1 && self.max_tokens_bound => {
+                Ok((ctx - prompt).min(cap).min(n.min(usize::MAX as i64) as usize))
+            }
             Some(n) if n < 1 => {
                 Err(ApiError::invalid(format!("{name} must be ≥ 1, got {n}")).param(name))
             }

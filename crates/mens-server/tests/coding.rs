@@ -724,3 +724,72 @@ fn reasoning_is_a_thinking_block_and_a_reasoning_item() {
         "{done}"
     );
 }
+
+/// A request in the shape Claude Code 2.1 sends (seen through a logging proxy; the text here is
+/// made up): `?beta=true`, system blocks with `cache_control`, a system message within the
+/// conversation, tools without a `type`, adaptive thinking with its text omitted,
+/// `context_management` and `output_config`, `max_tokens` 32,000 against a 2,048-token slot,
+/// streamed; then the next turn with an empty-text thinking block, a `tool_use` and its result.
+#[test]
+fn claude_codes_request_shape_is_served() {
+    let l = common::load("qwen2.5-coder-0.5b");
+    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
+    let s = support::start_with(l.model.clone(), tok, one_slot(), ServerConfig::default());
+    let tools = json!([
+        {"name": "Read", "description": "Read a file from the local filesystem.",
+         "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
+                          "required": ["file_path"], "additionalProperties": false,
+                          "$schema": "http://json-schema.org/draft-07/schema#"}},
+        {"name": "Bash", "description": "Run a shell command.",
+         "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
+                          "timeout": {"type": "number"}}, "required": ["command"]}}]);
+    let mut b = json!({
+        "model": "mens", "max_tokens": 32000, "stream": true,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": "{\"device_id\":\"d\",\"session_id\":\"s\"}"},
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.a1b; cc_entrypoint=cli; cch=0aaa9;"},
+                   {"type": "text", "text": "You are a coding agent."},
+                   {"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}],
+        "tools": tools,
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>The date is 2026-12-05.</system-reminder>"},
+                {"type": "text", "text": "Reply with the word hello.", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": [{"type": "text", "text": "Use tools only when needed."}]}]});
+    let r = post(s.addr, "/v1/messages?beta=true", b.clone());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let ev = event_data(&r);
+    assert_eq!(ev[0]["type"], "message_start", "{ev:?}");
+    assert_eq!(ev.last().unwrap()["type"], "message_stop", "{ev:?}");
+    let end = ev.iter().find(|e| e["type"] == "message_delta").unwrap();
+    assert!(end["usage"]["cache_read_input_tokens"].is_u64(), "{end}");
+    assert!(
+        ["end_turn", "max_tokens", "tool_use"]
+            .contains(&end["delta"]["stop_reason"].as_str().unwrap()),
+        "{end}"
+    );
+
+    // The next turn: the earlier answer (its thinking omitted, a call) and the call's result.
+    b["messages"] = json!([
+        {"role": "user", "content": "What does notes.txt say?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": ""},
+            {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "notes.txt"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "banana split recipe"}]},
+            {"type": "text", "text": "Answer with its first word."}]}]);
+    b["stream"] = json!(false);
+    // Its billing block changes with every request; dropped, the system prompt and tools are
+    // read from the cache the first request left.
+    b["system"][0]["text"] =
+        json!("x-anthropic-billing-header: cc_version=2.1.332.e59; cc_entrypoint=cli; cch=36ee5;");
+    let v = post(s.addr, "/v1/messages?beta=true", b).json();
+    assert_eq!(v["type"], "message", "{v}");
+    assert!(v["usage"]["output_tokens"].as_u64().unwrap() > 0, "{v}");
+    let cached = v["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(cached > 100, "{v}");
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{v}");
+}
