@@ -91,6 +91,20 @@ fn without_billing_header(sys: &Value) -> std::borrow::Cow<'_, Value> {
     }
 }
 
+/// The `user` a request's prompt cache belongs to (with its API key), from `metadata.user_id`.
+/// Claude Code writes there a JSON object of its device, account and session: the session is
+/// left out, so a new session of the same device and account reads the system prompt and tools
+/// (about 11,600 tokens) from the cache instead of prefilling them again.
+fn cache_user(user_id: &str) -> String {
+    let Ok(Value::Object(o)) = serde_json::from_str::<Value>(user_id) else {
+        return user_id.to_string();
+    };
+    match (o.get("device_id"), o.get("account_uuid")) {
+        (Some(Value::String(d)), Some(Value::String(a))) => format!("device:{d}/account:{a}"),
+        _ => user_id.to_string(),
+    }
+}
+
 /// The Anthropic request as an OpenAI chat request.
 fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
     let o = v
@@ -230,7 +244,7 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
         .and_then(|m| m.get("user_id"))
         .and_then(Value::as_str)
     {
-        out.insert("user".into(), json!(u));
+        out.insert("user".into(), json!(cache_user(u)));
     }
     if let Some(tools) = o.get("tools").and_then(Value::as_array) {
         let t: Vec<Value> = tools
@@ -618,6 +632,33 @@ mod tests {
         let rules = json!({"type": "text", "text": "You are a coding agent."});
         assert_eq!(sys(json!([header, rules])), "You are a coding agent.");
         assert!(sys(json!([rules, header])).contains("cch=1a2b3"));
+        // Claude Code's sessions of one device and account share a cache tenant; other users
+        // are kept as sent.
+        let user = |id: &str| {
+            translate(
+                &json!({"max_tokens": 8, "metadata": {"user_id": id},
+                "messages": [{"role": "user", "content": "hi"}]}),
+                false,
+            )
+            .unwrap()
+            .common
+            .user
+            .unwrap()
+        };
+        let a = user(r#"{"device_id":"d1","account_uuid":"","session_id":"s1"}"#);
+        assert_eq!(
+            a,
+            user(r#"{"device_id":"d1","account_uuid":"","session_id":"s2"}"#)
+        );
+        assert_ne!(
+            a,
+            user(r#"{"device_id":"d2","account_uuid":"","session_id":"s1"}"#)
+        );
+        assert_ne!(
+            a,
+            user(r#"{"device_id":"d1","account_uuid":"a","session_id":"s1"}"#)
+        );
+        assert_eq!(user("alice"), "alice");
         assert!(
             matches!(&r.messages[2].content, Some(crate::request::Content::Text(t)) if t == "now in French")
         );
