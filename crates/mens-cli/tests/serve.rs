@@ -116,23 +116,7 @@ fn openai_anthropic_and_ollama_python_clients_work_against_mens_serve() {
         ("anthropic_compat.py", "anthropic client: all checks passed"),
         ("ollama_compat.py", "ollama client: all checks passed"),
     ] {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests")
-            .join(script);
-        let out = Command::new(&py)
-            .arg(script)
-            .arg(&url)
-            .arg("test-key")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        eprintln!("{stdout}");
-        assert!(
-            out.status.success(),
-            "client checks failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(stdout.contains(done));
+        run_client(&py, script, &url, done);
     }
 
     // A thinking model's shapes: the same model behind its own template changed to open
@@ -161,10 +145,22 @@ fn openai_anthropic_and_ollama_python_clients_work_against_mens_serve() {
         "--chat-template-file",
         file.to_str().unwrap(),
     ]);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/thinking_compat.py");
-    let out = Command::new(&py)
-        .arg(script)
-        .arg(&url)
+    run_client(
+        &py,
+        "thinking_compat.py",
+        &url,
+        "thinking clients: all checks passed",
+    );
+}
+
+/// Run a client script of tests/ against `url` (key `test-key`); it must pass and say `done`.
+fn run_client(py: &PathBuf, script: &str, url: &str, done: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let out = Command::new(py)
+        .arg(&script)
+        .arg(url)
         .arg("test-key")
         .output()
         .unwrap();
@@ -172,10 +168,11 @@ fn openai_anthropic_and_ollama_python_clients_work_against_mens_serve() {
     eprintln!("{stdout}");
     assert!(
         out.status.success(),
-        "thinking client checks failed:\n{stdout}\n{}",
+        "{} failed:\n{stdout}\n{}",
+        script.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("thinking clients: all checks passed"));
+    assert!(stdout.contains(done));
 }
 
 /// A GET's body (HTTP/1.0: the body as sent, not chunked).

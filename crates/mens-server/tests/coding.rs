@@ -574,12 +574,9 @@ fn a_leading_think_block_is_reasoning_content() {
         .is_none());
 }
 
-/// A forced call may follow the model's reasoning: with a template that opens the `<think>` block
-/// (as thinking models' templates do), the forcing grammar lets the answer reason, close the block
-/// and call; the reasoning is `reasoning_content` and the call is parsed. (Before, the grammar
-/// forced the call at once, inside the open block, where it was read as reasoning.)
-#[test]
-fn a_forced_call_may_follow_reasoning_in_an_opened_block() {
+/// The 0.5B behind its own template changed to open `<think>` in the assistant's turn (as
+/// thinking models' templates do), one slot.
+fn thinking_server() -> Server {
     let l = common::load("qwen2.5-coder-0.5b");
     let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
     let base = mens::chat::ChatTemplate::from_gguf(&l.model.gguf, &tok).unwrap();
@@ -587,14 +584,23 @@ fn a_forced_call_may_follow_reasoning_in_an_opened_block() {
     let source = base.source().unwrap();
     assert!(source.contains(turn));
     let opened = source.replace(turn, "{{- '<|im_start|>assistant\\n<think>\\n' }}");
-    let s = support::start_with_template(
+    support::start_with_template(
         l.model.clone(),
         None,
         tok,
         one_slot(),
         ServerConfig::default(),
         Some(opened),
-    );
+    )
+}
+
+/// A forced call may follow the model's reasoning: with a template that opens the `<think>` block
+/// (as thinking models' templates do), the forcing grammar lets the answer reason, close the block
+/// and call; the reasoning is `reasoning_content` and the call is parsed. (Before, the grammar
+/// forced the call at once, inside the open block, where it was read as reasoning.)
+#[test]
+fn a_forced_call_may_follow_reasoning_in_an_opened_block() {
+    let s = thinking_server();
     let mut b = ask("What is the weather in Oslo, in celsius? Think briefly, then call the tool.");
     b["tools"] = weather_tools();
     b["tool_choice"] = json!("required");
@@ -628,22 +634,7 @@ fn event_data(r: &Reply) -> Vec<Value> {
 /// streamed agree. `display: "omitted"` keeps the block and drops its text.
 #[test]
 fn reasoning_is_a_thinking_block_and_a_reasoning_item() {
-    let l = common::load("qwen2.5-coder-0.5b");
-    let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
-    let base = mens::chat::ChatTemplate::from_gguf(&l.model.gguf, &tok).unwrap();
-    let turn = "{{- '<|im_start|>assistant\\n' }}";
-    let opened = base
-        .source()
-        .unwrap()
-        .replace(turn, "{{- '<|im_start|>assistant\\n<think>\\n' }}");
-    let s = support::start_with_template(
-        l.model.clone(),
-        None,
-        tok,
-        one_slot(),
-        ServerConfig::default(),
-        Some(opened),
-    );
+    let s = thinking_server();
     let question = "What is the weather in Oslo, in celsius? Think briefly, then call the tool.";
     let schema = weather_tools()[0]["function"]["parameters"].clone();
 
