@@ -231,7 +231,21 @@ r = client.responses.create(model=model, input="Give a JSON status.", temperatur
                             text={"format": {"type": "json_schema", "name": "st", "strict": True, "schema": bounded}})
 assert r.status == "completed", (r.status, r.output_text)
 jsonschema.validate(json.loads(r.output_text), bounded)
-print("responses: text, stream, function call, json_schema")
+# Codex's kinds of tools: a namespace's function comes back under its namespace, a custom tool's
+# call as a custom_tool_call with text input, a hosted web search is not offered.
+ctools = [{"type": "namespace", "name": "tests", "description": "Test tools.", "tools": rtools},
+          {"type": "custom", "name": "apply_patch", "description": "Apply a patch to files."},
+          {"type": "web_search"}]
+r = client.responses.create(model=model, input="Run the tests in src/.", tools=ctools, temperature=0,
+                            tool_choice={"type": "function", "namespace": "tests", "name": "run_tests"},
+                            max_output_tokens=60)
+fc = [o for o in r.output if o.type == "function_call"]
+assert fc and fc[0].namespace == "tests" and fc[0].name == "run_tests", r.output
+r = client.responses.create(model=model, input="Add the line x = 1 to a.py.", tools=ctools, temperature=0,
+                            tool_choice={"type": "custom", "name": "apply_patch"}, max_output_tokens=60)
+cc = [o for o in r.output if o.type == "custom_tool_call"]
+assert cc and cc[0].name == "apply_patch" and isinstance(cc[0].input, str), r.output
+print("responses: text, stream, function call, json_schema, namespace and custom tools")
 
 # llama-server's /tokenize and /detokenize; special-token text is text unless asked.
 import urllib.request

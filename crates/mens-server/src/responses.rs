@@ -1,6 +1,8 @@
 //! OpenAI's Responses API, stateless: `POST /v1/responses` with `input` (a string or items:
-//! messages, `function_call`, `function_call_output`, `reasoning`), `instructions`, function
-//! `tools`, `tool_choice`, `text.format` (json_schema / json_object), `reasoning.effort`,
+//! messages, `function_call`, `function_call_output`, `custom_tool_call`(`_output`), `reasoning`),
+//! `instructions`, `tools` (function, custom as a function of one `input` string, namespace as
+//! `namespace.name`; tools the API's servers run are not offered), `tool_choice`, `text.format`
+//! (json_schema / json_object), `reasoning.effort`,
 //! `max_output_tokens`, `stream`. Like `anthropic`, the request becomes a chat request; the answer
 //! is written as output items (a reasoning model's leading `<think>` block as a `reasoning` item),
 //! or as the API's stream events. Nothing is stored: `previous_response_id` is refused.
@@ -51,6 +53,85 @@ fn text_of(v: &Value) -> ApiResult<String> {
     }
 }
 
+/// Tool types the API's own servers run (their calls are items `<type>_call`).
+const HOSTED: [&str; 9] = [
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "tool_search",
+    "web_fetch",
+];
+
+/// A namespaced tool's name as the model sees it.
+fn flat_name(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) if !ns.is_empty() => format!("{ns}.{name}"),
+        _ => name.to_string(),
+    }
+}
+
+/// A function or custom tool (in a namespace or not) as a chat tool. A custom tool takes free
+/// text: a function of one `input` string, its format (a grammar, when it has one) described.
+fn chat_tool(namespace: Option<&str>, tool: &Value) -> ApiResult<Value> {
+    let name = tool.get("name").and_then(Value::as_str).unwrap_or("");
+    let mut description = tool
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let parameters = match tool.get("type").and_then(Value::as_str) {
+        Some("function") => tool
+            .get("parameters")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object"})),
+        Some("custom") => {
+            let f = tool.get("format");
+            if let (Some(syntax), Some(def)) = (
+                f.and_then(|f| f.get("syntax")).and_then(Value::as_str),
+                f.and_then(|f| f.get("definition")).and_then(Value::as_str),
+            ) {
+                description.push_str(&format!(
+                    "\nThe input follows this {syntax} grammar:\n{def}"
+                ));
+            }
+            json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})
+        }
+        k => {
+            return Err(bad(format!(
+                "tools: a namespace holds function and custom tools, not {:?}",
+                crate::request::clip(k.unwrap_or("(none)"))
+            ))
+            .param("tools"))
+        }
+    };
+    Ok(json!({"type": "function", "function": {
+        "name": flat_name(namespace, name), "description": description, "parameters": parameters}}))
+}
+
+/// Where a call of the flattened name `flat` goes back to, by the request's tools: its
+/// namespace, its own name, and whether it is a custom tool's.
+fn call_target(echo: &Value, flat: &str) -> (Option<String>, String, bool) {
+    for t in echo["tools"].as_array().into_iter().flatten() {
+        let custom = |t: &Value| t["type"] == "custom";
+        if t["type"] == "namespace" {
+            let ns = t["name"].as_str().unwrap_or("");
+            for inner in t["tools"].as_array().into_iter().flatten() {
+                let name = inner["name"].as_str().unwrap_or("");
+                if flat_name(Some(ns), name) == flat {
+                    return (Some(ns.to_string()), name.to_string(), custom(inner));
+                }
+            }
+        } else if t["name"] == flat {
+            return (None, flat.to_string(), custom(t));
+        }
+    }
+    (None, flat.to_string(), false)
+}
+
 /// The request as a chat request body, and the request's own fields echoed in the answer.
 fn translate(v: &Value) -> ApiResult<(Value, Value)> {
     let o = v
@@ -97,11 +178,22 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                             }
                         }
                     }
-                    "function_call" => {
+                    kind @ ("function_call" | "custom_tool_call") => {
+                        let name = flat_name(
+                            it.get("namespace").and_then(Value::as_str),
+                            it.get("name").and_then(Value::as_str).unwrap_or(""),
+                        );
+                        // A custom tool's call is a function call with one `input` string.
+                        let arguments = if kind == "custom_tool_call" {
+                            json!(
+                                json!({"input": it.get("input").cloned().unwrap_or(json!(""))})
+                                    .to_string()
+                            )
+                        } else {
+                            it.get("arguments").cloned().unwrap_or(json!("{}"))
+                        };
                         let call = json!({"id": it.get("call_id").cloned().unwrap_or(Value::Null),
-                            "type": "function", "function": {
-                                "name": it.get("name").cloned().unwrap_or(Value::Null),
-                                "arguments": it.get("arguments").cloned().unwrap_or(json!("{}"))}});
+                            "type": "function", "function": {"name": name, "arguments": arguments}});
                         // Consecutive calls belong to one assistant turn.
                         match msgs.last_mut() {
                             Some(m)
@@ -118,7 +210,10 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                             }
                         }
                     }
-                    "function_call_output" => {
+                    // Calls of tools the server would have run (see HOSTED): nothing here ran
+                    // them, so there is nothing to hand the template.
+                    k if HOSTED.iter().any(|h| k == format!("{h}_call")) => {}
+                    "function_call_output" | "custom_tool_call_output" => {
                         let out = match it.get("output") {
                             Some(Value::String(s)) => s.clone(),
                             Some(x) => text_of(x)?,
@@ -157,22 +252,40 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
     if let Some(tools) = o.get("tools").and_then(Value::as_array) {
         let mut t = Vec::new();
         for tool in tools {
-            if tool.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(bad("tools: only function tools are supported").param("tools"));
+            match tool.get("type").and_then(Value::as_str).unwrap_or("") {
+                "function" | "custom" => t.push(chat_tool(None, tool)?),
+                // A namespace's tools are offered as `namespace.name`.
+                "namespace" => {
+                    let ns = tool.get("name").and_then(Value::as_str).unwrap_or("");
+                    for inner in tool.get("tools").and_then(Value::as_array).into_iter().flatten() {
+                        t.push(chat_tool(Some(ns), inner)?);
+                    }
+                }
+                // Tools the API's own servers run: a local server runs none of them, so the
+                // model is not offered them (rather than the request refused).
+                k if HOSTED.contains(&k) => {}
+                k => {
+                    return Err(bad(format!(
+                        "tools: {:?} tools are not supported (function, custom and namespace tools are)",
+                        crate::request::clip(k)
+                    ))
+                    .param("tools"))
+                }
             }
-            t.push(json!({"type": "function", "function": {
-                "name": tool.get("name").cloned().unwrap_or(Value::Null),
-                "description": tool.get("description").cloned().unwrap_or(json!("")),
-                "parameters": tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
-            }}));
         }
-        out.insert("tools".into(), json!(t));
+        if !t.is_empty() {
+            out.insert("tools".into(), json!(t));
+        }
     }
     if let Some(c) = o.get("tool_choice").filter(|c| !c.is_null()) {
         let choice = match c {
             Value::String(_) => c.clone(),
             _ => {
-                json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}})
+                let name = flat_name(
+                    c.get("namespace").and_then(Value::as_str),
+                    c.get("name").and_then(Value::as_str).unwrap_or(""),
+                );
+                json!({"type": "function", "function": {"name": name}})
             }
         };
         out.insert("tool_choice".into(), choice);
@@ -256,10 +369,28 @@ fn reasoning_item(m: &Meta, text: &str, status: &str) -> Value {
                json!([{"type": "reasoning_text", "text": text}]) }})
 }
 
+/// A call as an output item: a `function_call`, or a `custom_tool_call` with its `input`, under
+/// its namespace when it has one.
 fn call_item(m: &Meta, c: &ToolCall, i: usize, status: &str) -> Value {
-    json!({"type": "function_call", "id": format!("fc_{}_{i}", m.id), "call_id": format!("call_{}_{i}", m.id),
-           "name": c.name, "arguments": if status == "in_progress" { "" } else { c.arguments.as_str() },
-           "status": status})
+    let (namespace, name, custom) = call_target(&m.echo, &c.name);
+    let done = status != "in_progress";
+    let mut item = if custom {
+        let input = serde_json::from_str::<Value>(&c.arguments)
+            .ok()
+            .and_then(|a| a.get("input").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_default();
+        json!({"type": "custom_tool_call", "id": format!("ctc_{}_{i}", m.id),
+               "call_id": format!("call_{}_{i}", m.id), "name": name,
+               "input": if done { input } else { String::new() }, "status": status})
+    } else {
+        json!({"type": "function_call", "id": format!("fc_{}_{i}", m.id),
+               "call_id": format!("call_{}_{i}", m.id), "name": name,
+               "arguments": if done { c.arguments.as_str() } else { "" }, "status": status})
+    };
+    if let Some(ns) = namespace {
+        item["namespace"] = json!(ns);
+    }
+    item
 }
 
 /// The whole response object (`status` in_progress while streaming starts).
@@ -455,15 +586,27 @@ impl crate::sse::EventSink for Stream {
         self.event(
             json!({"type": "response.output_item.added", "output_index": i, "item": started}),
         );
-        self.event(
-            json!({"type": "response.function_call_arguments.delta", "item_id": id,
-            "output_index": i, "delta": c.arguments}),
-        );
-        self.event(
-            json!({"type": "response.function_call_arguments.done", "item_id": id,
-            "output_index": i, "arguments": c.arguments, "name": c.name}),
-        );
         let item = call_item(&self.meta, &c, n, "completed");
+        if item["type"] == "custom_tool_call" {
+            let input = item["input"].clone();
+            self.event(
+                json!({"type": "response.custom_tool_call_input.delta", "item_id": id,
+                "output_index": i, "delta": input}),
+            );
+            self.event(
+                json!({"type": "response.custom_tool_call_input.done", "item_id": id,
+                "output_index": i, "input": input}),
+            );
+        } else {
+            self.event(
+                json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                "output_index": i, "delta": c.arguments}),
+            );
+            self.event(
+                json!({"type": "response.function_call_arguments.done", "item_id": id,
+                "output_index": i, "arguments": c.arguments, "name": item["name"]}),
+            );
+        }
         self.event(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
         self.items.push(item);
     }
@@ -536,5 +679,74 @@ mod tests {
         let (body, _) = translate(&json!({"input": "x", "reasoning": {"effort": "high"}})).unwrap();
         assert_eq!(body["chat_template_kwargs"]["enable_thinking"], true);
         assert!(translate(&json!({"input": "x", "reasoning": {"effort": "max"}})).is_err());
+    }
+
+    /// Codex's tools: functions, a namespace of functions (offered as `namespace.name`), a custom
+    /// tool (a function of one `input` string, its grammar described) and a hosted web search (not
+    /// offered); calls come back under their namespace, a custom tool's as `custom_tool_call`; the
+    /// same calls sent back become the template's calls.
+    #[test]
+    fn namespace_custom_and_hosted_tools_translate() {
+        let tools = json!([
+            {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "agents", "description": "sub-agents", "tools": [
+                {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}]},
+            {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+            {"type": "web_search", "external_web_access": false}]);
+        let (body, echo) = translate(&json!({"tools": tools, "input": [
+            {"type": "message", "role": "user", "content": "go"},
+            {"type": "function_call", "namespace": "agents", "name": "close_agent",
+             "call_id": "c1", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "closed"},
+            {"type": "custom_tool_call", "name": "apply_patch", "call_id": "c2", "input": "*** Begin"},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed"}]}))
+        .unwrap();
+        let names: Vec<&str> = body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["exec_command", "agents.close_agent", "apply_patch"]);
+        let patch = &body["tools"][2]["function"];
+        assert!(patch["description"]
+            .as_str()
+            .unwrap()
+            .contains("start: /.+/"));
+        assert_eq!(patch["parameters"]["required"], json!(["input"]));
+        let m = body["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 5, "{body}");
+        assert_eq!(
+            m[1]["tool_calls"][0]["function"]["name"],
+            "agents.close_agent"
+        );
+        assert_eq!(m[3]["tool_calls"][0]["function"]["name"], "apply_patch");
+        let args: Value = serde_json::from_str(
+            m[3]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(args, json!({"input": "*** Begin"}));
+        assert_eq!(m[4]["role"], "tool");
+        assert_eq!(
+            call_target(&echo, "agents.close_agent"),
+            (Some("agents".into()), "close_agent".into(), false)
+        );
+        assert_eq!(
+            call_target(&echo, "apply_patch"),
+            (None, "apply_patch".into(), true)
+        );
+        assert_eq!(
+            call_target(&echo, "exec_command"),
+            (None, "exec_command".into(), false)
+        );
+        // A tool the client would run but this API shape does not describe: refused by name.
+        let e = translate(&json!({"input": "x", "tools": [{"type": "computer_use_preview"}]}))
+            .err()
+            .unwrap();
+        assert!(e.message.contains("computer_use_preview"), "{}", e.message);
     }
 }

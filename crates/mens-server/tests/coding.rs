@@ -784,3 +784,73 @@ fn claude_codes_request_shape_is_served() {
     assert!(cached > 100, "{v}");
     assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{v}");
 }
+
+/// A request in the shape Codex 0.171 sends to the Responses API (seen through a logging proxy;
+/// the text here is made up): developer messages, function tools, a namespace of tools, a hosted
+/// web search, `reasoning.summary`, `include`, `prompt_cache_key`, `client_metadata`, `store:
+/// false`, streamed. Forced calls come back under their namespace, and a custom tool's call as a
+/// `custom_tool_call` with its text input.
+#[test]
+fn codexs_request_shape_is_served() {
+    let s = server();
+    let mut b = json!({
+        "model": "mens", "stream": true, "store": false, "parallel_tool_calls": true,
+        "tool_choice": "auto", "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1",
+        "client_metadata": {"thread_id": "thread-1", "turn_id": "turn-1"},
+        "max_output_tokens": 80, "temperature": 0,
+        "tools": [
+            {"type": "function", "name": "exec_command", "description": "Run a shell command.",
+             "strict": false, "parameters": {"type": "object",
+                "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+            {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
+                {"type": "function", "name": "close_agent", "description": "Close an agent.",
+                 "parameters": {"type": "object", "properties": {"id": {"type": "string"}},
+                                "required": ["id"]}}]},
+            {"type": "custom", "name": "apply_patch", "description": "Apply a patch to files."},
+            {"type": "web_search", "external_web_access": false}],
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "<environment_context><cwd>/w</cwd></environment_context>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "Close the agent named a1."}]}]});
+    let r = post(s.addr, "/v1/responses", b.clone());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let ev = event_data(&r);
+    assert_eq!(ev.last().unwrap()["type"], "response.completed", "{ev:?}");
+
+    b["tool_choice"] = json!({"type": "function", "namespace": "agents", "name": "close_agent"});
+    let ev = event_data(&post(s.addr, "/v1/responses", b.clone()));
+    let done = &ev.last().unwrap()["response"];
+    let call = done["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{done}"));
+    assert_eq!(
+        (&call["namespace"], &call["name"]),
+        (&json!("agents"), &json!("close_agent"))
+    );
+    assert!(ev.iter().any(
+        |e| e["type"] == "response.function_call_arguments.done" && e["name"] == "close_agent"
+    ));
+
+    b["tool_choice"] = json!({"type": "custom", "name": "apply_patch"});
+    b["stream"] = json!(false);
+    b["input"][2]["content"][0]["text"] = json!("Add a line 'x = 1' to a.py.");
+    let v = post(s.addr, "/v1/responses", b).json();
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "custom_tool_call")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(call["name"], "apply_patch", "{v}");
+    assert!(
+        call["input"].is_string() && call.get("arguments").is_none(),
+        "{v}"
+    );
+}

@@ -636,19 +636,19 @@ fn anthropic_and_responses_requests_are_checked() {
         &post(
             a,
             "/v1/responses",
-            json!({"input": "x", "tools": [{"type": "web_search"}]}),
+            json!({"input": "x", "tools": [{"type": "local_shell"}]}),
         ),
         400,
-        "function tools",
+        "local_shell",
     );
     assert_error(
         &post(
             a,
             "/v1/responses",
-            json!({"input": [{"type": "web_search_call"}]}),
+            json!({"input": [{"type": "computer_call"}]}),
         ),
         400,
-        "web_search_call",
+        "computer_call",
     );
     let ok = post(
         a,
