@@ -325,8 +325,10 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
             json!({"enable_thinking": e != "none", "reasoning_effort": e}),
         );
     }
+    let summary = o.get("reasoning").and_then(|r| r.get("summary"));
     let echo = json!({
-        "reasoning": {"effort": effort.cloned().unwrap_or(Value::Null), "summary": null},
+        "reasoning": {"effort": effort.cloned().unwrap_or(Value::Null),
+                      "summary": summary.cloned().unwrap_or(Value::Null)},
         "instructions": o.get("instructions").cloned().unwrap_or(Value::Null),
         "max_output_tokens": o.get("max_output_tokens").cloned().unwrap_or(Value::Null),
         "temperature": o.get("temperature").cloned().unwrap_or(Value::Null),
