@@ -1,8 +1,8 @@
 //! Tool calls in model output, in the two formats a model's chat template asks for:
 //! - JSON (Qwen2.5, Qwen3 and the Hermes format many models share): `<tool_call>\n{"name": "f",
 //!   "arguments": {…}}\n</tool_call>`; small models often drop the tags and answer with the bare
-//!   object, which counts as a call when it is the whole answer and names a defined tool (as
-//!   llama.cpp's Hermes parser accepts it);
+//!   object, or with it as a `json` code block, which counts as a call when it is the whole answer
+//!   and names a defined tool (as llama.cpp's Hermes parser accepted it, fence and all);
 //! - XML (Qwen3-Coder): `<tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n…
 //!   </function>\n</tool_call>`, a value as raw text where the tool's schema says `string`, else
 //!   as JSON (falling back to the text when it does not parse).
@@ -204,15 +204,37 @@ pub struct CallSplitter {
     bare: bool,
 }
 
-/// Whether `text` (the start of an answer) is, or may grow into, `{"name"` (whitespace aside).
+/// A Markdown code fence's opening: a bare call may come inside one (Qwen2.5-Coder writes its
+/// calls as a `json` code block when it drops the tags).
+const FENCE: &str = "```";
+
+/// Whether `text` (the start of an answer) is, or may grow into, `{"name"` (whitespace aside),
+/// alone or as the first thing in a `json` code block.
 fn may_be_bare(text: &str) -> bool {
     let head: String = text
         .chars()
         .filter(|c| !c.is_whitespace())
-        .take(7)
+        .take(14)
         .collect();
+    if "```json".starts_with(&head) {
+        return true;
+    }
+    let body = head
+        .strip_prefix("```json")
+        .or_else(|| head.strip_prefix(FENCE))
+        .unwrap_or(&head);
     let want = "{\"name\"";
-    want.starts_with(&head) || head.starts_with(want)
+    want.starts_with(body) || body.starts_with(want)
+}
+
+/// The answer without the code fence around all of it (`json` or no language), if it has one.
+fn unfenced(text: &str) -> &str {
+    let t = text.trim();
+    let inner = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix(FENCE))
+        .and_then(|r| r.strip_suffix(FENCE));
+    inner.unwrap_or(t)
 }
 
 impl CallSplitter {
@@ -274,7 +296,7 @@ impl CallSplitter {
         let rest = std::mem::take(&mut self.buf);
         if self.bare {
             self.bare = false;
-            if let Some(c) = json_call_of(&rest).filter(|c| self.tools.has(&c.name)) {
+            if let Some(c) = json_call_of(unfenced(&rest)).filter(|c| self.tools.has(&c.name)) {
                 return vec![Piece::Call(c)];
             }
         }
@@ -500,6 +522,18 @@ mod tests {
         let other = Toolbox::new(CallFormat::Json, &[json!({"function": {"name": "other"}})]);
         assert!(parse(bare, &other).1.is_empty());
         assert_eq!(parse("{\"names\": 1}", &names).0, "{\"names\": 1}");
+        // As a json code block (Qwen2.5-Coder under Claude Code's prompt), streamed alike.
+        let fenced =
+            "```json\n{\n  \"name\": \"get\",\n  \"arguments\": {\"city\": \"Oslo\"}\n}\n```";
+        assert_eq!(parse(fenced, &names).1, parse(bare, &names).1);
+        assert_eq!(split_at_every_cut(fenced, &names), 1);
+        assert_eq!(parse(&fenced.replace("```json", "```"), &names).1.len(), 1);
+        // Not a call: another language's block, text after the block, an undefined name.
+        let py = "```python\n{\"name\": \"get\"}\n```";
+        assert_eq!(parse(py, &names), (py.to_string(), vec![]));
+        let more = format!("{fenced}\nThat reads the weather.");
+        assert_eq!(parse(&more, &names), (more.clone(), vec![]));
+        assert!(parse(fenced, &other).1.is_empty());
         // Cut off inside the closing tag (max_tokens): the call is whole.
         let cut = "<tool_call>\n{\"name\": \"get\", \"arguments\": {}}\n</tool_ca";
         assert_eq!(parse(cut, &names).1.len(), 1);
