@@ -351,10 +351,7 @@ pub(crate) async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
-    let (reasoning, text) = match meta.think {
-        Some(open) => mens::think::split(&text, open),
-        None => (String::new(), text),
-    };
+    let (reasoning, text) = mens::think::split_if(text, meta.think);
     let (content, calls) = match &meta.tools {
         Some(tools) => mens::tools::parse(&text, tools),
         None => (text, Vec::new()),

@@ -578,10 +578,7 @@ pub(crate) async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> ApiResult<Response> {
     let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
-    let (thinking, text) = match thinks(&meta) {
-        Some(open) => mens::think::split(&text, open),
-        None => (String::new(), text),
-    };
+    let (thinking, text) = mens::think::split_if(text, thinks(&meta));
     let mut v = head(&meta);
     if meta.kind == (Kind::Ollama { chat: true }) {
         let (content, calls) = match &meta.tools {

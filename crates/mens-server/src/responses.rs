@@ -66,6 +66,15 @@ const HOSTED: [&str; 9] = [
     "web_fetch",
 ];
 
+/// An assistant turn with the reasoning items' text that came before it (taken: it is this
+/// turn's alone).
+fn with_reasoning(mut turn: Value, reasoning: &mut String) -> Value {
+    if !reasoning.is_empty() {
+        turn["reasoning_content"] = json!(std::mem::take(reasoning));
+    }
+    turn
+}
+
 /// A namespaced tool's name as the model sees it.
 fn flat_name(namespace: Option<&str>, name: &str) -> String {
     match namespace {
@@ -158,11 +167,12 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                         let role = it.get("role").and_then(Value::as_str).unwrap_or("user");
                         let role = if role == "developer" { "system" } else { role };
                         let content = text_of(it.get("content").unwrap_or(&Value::Null))?;
-                        let mut m = json!({"role": role, "content": content});
-                        if role == "assistant" && !reasoning.is_empty() {
-                            m["reasoning_content"] = json!(std::mem::take(&mut reasoning));
-                        }
-                        msgs.push(m);
+                        let m = json!({"role": role, "content": content});
+                        msgs.push(if role == "assistant" {
+                            with_reasoning(m, &mut reasoning)
+                        } else {
+                            m
+                        });
                     }
                     // An earlier answer's reasoning, sent back as the API asks: its text (or its
                     // summary) goes to the next assistant turn; encrypted content is not read.
@@ -201,18 +211,15 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                             {
                                 m["tool_calls"].as_array_mut().map(|a| a.push(call));
                             }
-                            _ => {
-                                let mut m = json!({"role": "assistant", "content": "", "tool_calls": [call]});
-                                if !reasoning.is_empty() {
-                                    m["reasoning_content"] = json!(std::mem::take(&mut reasoning));
-                                }
-                                msgs.push(m)
-                            }
+                            _ => msgs.push(with_reasoning(
+                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+                                &mut reasoning,
+                            )),
                         }
                     }
                     // Calls of tools the server would have run (see HOSTED): nothing here ran
                     // them, so there is nothing to hand the template.
-                    k if HOSTED.iter().any(|h| k == format!("{h}_call")) => {}
+                    k if k.strip_suffix("_call").is_some_and(|h| HOSTED.contains(&h)) => {}
                     "function_call_output" | "custom_tool_call_output" => {
                         let out = match it.get("output") {
                             Some(Value::String(s)) => s.clone(),
@@ -421,10 +428,7 @@ fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) 
 }
 
 fn output_of(m: &Meta, text: String) -> Vec<Value> {
-    let (reasoning, text) = match m.think {
-        Some(open) => mens::think::split(&text, open),
-        None => (String::new(), text),
-    };
+    let (reasoning, text) = mens::think::split_if(text, m.think);
     let (content, calls) = match &m.tools {
         Some(tools) => mens::tools::parse(&text, tools),
         None => (text, Vec::new()),

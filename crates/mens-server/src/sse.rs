@@ -321,10 +321,8 @@ pub(crate) async fn whole(
     let logprobs = meta.logprobs_json(&lps, 0);
     let (object, choice) = match meta.kind {
         Kind::Chat | Kind::Messages | Kind::Responses => {
-            let (reasoning, text) = match meta.think {
-                Some(open) if meta.kind == Kind::Chat => think::split(&text, open),
-                _ => (String::new(), text),
-            };
+            let open = meta.think.filter(|_| meta.kind == Kind::Chat);
+            let (reasoning, text) = think::split_if(text, open);
             let mut message = json!({"role": "assistant", "content": text});
             if let Some(tools) = &meta.tools {
                 let (content, calls) = mens::tools::parse(&text, tools);

@@ -133,6 +133,15 @@ impl ThinkSplitter {
     }
 }
 
+/// [`split`] when the answer's reasoning goes apart (`Some(open)`); else no reasoning and all of
+/// `text` as the answer.
+pub fn split_if(text: String, open: Option<bool>) -> (String, String) {
+    match open {
+        Some(open) => split(&text, open),
+        None => (String::new(), text),
+    }
+}
+
 /// A finished answer's reasoning and text (`open`: as [`ThinkSplitter::new`]).
 pub fn split(text: &str, open: bool) -> (String, String) {
     let mut s = ThinkSplitter::new(open);

@@ -219,10 +219,7 @@ fn may_be_bare(text: &str) -> bool {
     if "```json".starts_with(&head) {
         return true;
     }
-    let body = head
-        .strip_prefix("```json")
-        .or_else(|| head.strip_prefix(FENCE))
-        .unwrap_or(&head);
+    let body = after_fence(&head).unwrap_or(&head);
     let want = "{\"name\"";
     want.starts_with(body) || body.starts_with(want)
 }
@@ -230,11 +227,15 @@ fn may_be_bare(text: &str) -> bool {
 /// The answer without the code fence around all of it (`json` or no language), if it has one.
 fn unfenced(text: &str) -> &str {
     let t = text.trim();
-    let inner = t
-        .strip_prefix("```json")
-        .or_else(|| t.strip_prefix(FENCE))
-        .and_then(|r| r.strip_suffix(FENCE));
-    inner.unwrap_or(t)
+    after_fence(t)
+        .and_then(|r| r.strip_suffix(FENCE))
+        .unwrap_or(t)
+}
+
+/// `text` after a code fence's opening (`json` or no language), if it starts with one.
+fn after_fence(text: &str) -> Option<&str> {
+    text.strip_prefix("```json")
+        .or_else(|| text.strip_prefix(FENCE))
 }
 
 impl CallSplitter {
