@@ -56,6 +56,14 @@ pub struct ServeArgs {
     /// `reasoning_content` (streamed as `delta.reasoning_content`), `none` leaves it in the text.
     #[arg(long, default_value = "deepseek", value_parser = ["deepseek", "none"])]
     reasoning_format: String,
+    /// Most tokens a reasoning model's leading <think> block may hold; then its closing tag is
+    /// forced and the answer follows (-1: unbounded, 0: closed at once). A request's
+    /// `thinking_budget_tokens` (Anthropic: `thinking.budget_tokens`) overrides it.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    reasoning_budget: i64,
+    /// Text forced before the closing tag when the reasoning budget is spent.
+    #[arg(long, default_value = "")]
+    reasoning_budget_message: String,
     /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
     /// streams smooth while a long prompt is prefilled, larger prefills faster. Default: 128 on the
     /// CPU, 8192 on a GPU (at least --parallel).
@@ -104,6 +112,9 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    if a.reasoning_budget < -1 {
+        bail!("invalid argument: --reasoning-budget must be -1 (unbounded) or a number of tokens");
+    }
     if a.parallel == 0 || a.parallel > 64 {
         bail!("invalid argument: --parallel must be between 1 and 64");
     }
@@ -285,6 +296,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_tokens_cap: a.max_tokens_cap,
         request_timeout: a.request_timeout.map(Duration::from_secs),
         split_reasoning: a.reasoning_format == "deepseek",
+        reasoning_budget: usize::try_from(a.reasoning_budget).ok(),
+        reasoning_budget_message: a.reasoning_budget_message.clone(),
         model: mens_server::ModelCard::of(&l.model, crate::model_path(&a.model).ok().as_deref()),
         ..Default::default()
     };

@@ -222,7 +222,8 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
     }
     // Thinking on or off: the template's `enable_thinking` (Qwen3's switch). `adaptive` leaves
     // the choice to the model, which a thinking template's model makes by thinking;
-    // `between_tools` is thinking off. A budget is not enforced.
+    // `between_tools` is thinking off. `enabled`'s `budget_tokens` bounds the block (its closing
+    // tag forced at the budget, as llama-server does).
     let thinking = o.get("thinking").filter(|t| !t.is_null());
     if let Some(t) = thinking {
         let on = match t.get("type").and_then(Value::as_str) {
@@ -238,6 +239,14 @@ fn translate(v: &Value, count_only: bool) -> ApiResult<ChatRequest> {
             "chat_template_kwargs".into(),
             json!({ "enable_thinking": on }),
         );
+        if let Some(b) = t.get("budget_tokens").filter(|b| !b.is_null()) {
+            match b.as_u64() {
+                Some(n) => {
+                    out.insert("thinking_budget_tokens".into(), json!(n));
+                }
+                None => return Err(bad("thinking.budget_tokens must be a number of tokens")),
+            }
+        }
     }
     if let Some(u) = o
         .get("metadata")

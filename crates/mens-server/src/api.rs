@@ -140,6 +140,25 @@ pub async fn models(State(s): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// llama-server's `POST /v1/chat/completions/input_tokens`: the prompt length of a chat request,
+/// as OpenAI's Responses API counts input (`{"object": "response.input_tokens", "input_tokens"}`).
+pub async fn chat_input_tokens(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = async {
+        let r: ChatRequest = read_json(&s, &headers, body).await?;
+        let n = chat_tokens(&s, r).await?;
+        Ok::<_, ApiError>(input_tokens_json(n))
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) fn input_tokens_json(n: usize) -> Response {
+    axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response()
+}
+
 pub async fn chat_completions(
     State(s): State<Arc<AppState>>,
     Extension(tenant): Extension<Tenant>,
@@ -211,6 +230,7 @@ pub(crate) async fn chat(
         mens::tools::Reasoning::None
     };
     if reasoning != mens::tools::Reasoning::None {
+        extra.watch = Some(opened);
         if let Some(g) = tools.grammar_with(reasoning) {
             extra.grammar = Some(GrammarSpec::Lark(g));
         }
@@ -518,6 +538,9 @@ pub(crate) struct Extra {
     pub(crate) think: Option<bool>,
     /// llama-server's `n_indent` (`mens::scheduler::Request::min_indent`).
     pub(crate) min_indent: usize,
+    /// The answer may start with a `<think>` block (`Some(true)`: the prompt opened it): count its
+    /// tokens and close it at the reasoning budget.
+    pub(crate) watch: Option<bool>,
 }
 
 /// Compile a grammar off the async workers (bounded like tokenization; llguidance bounds the
@@ -541,6 +564,30 @@ pub(crate) async fn compile(s: &Arc<AppState>, spec: GrammarSpec) -> ApiResult<C
     .map_err(|_| engine_error("compiling the grammar failed".into()))?
 }
 
+/// How the answer's `<think>` block is watched: the request's budget or the server's, and the
+/// tokens that close it (the budget message, then the closing tag, as text).
+fn think_watch(s: &AppState, c: &Common, open: bool) -> ApiResult<mens::think::Think> {
+    let budget = c.thinking_budget()?.unwrap_or(s.config.reasoning_budget);
+    let close = match budget {
+        Some(_) => {
+            let text = format!(
+                "{}{}",
+                s.config.reasoning_budget_message,
+                mens::think::CLOSE
+            );
+            s.tokenizer
+                .encode_text(&text, MAX_TOKENIZE)
+                .map_err(|e| engine_error(e.to_string()))?
+        }
+        None => Vec::new(),
+    };
+    Ok(mens::think::Think {
+        open,
+        budget,
+        close,
+    })
+}
+
 /// Submit the request and answer: one JSON body, or server-sent events when `stream` is set.
 pub(crate) async fn complete(
     s: Arc<AppState>,
@@ -558,6 +605,10 @@ pub(crate) async fn complete(
     let prompt_tokens = prompt.len();
     let constraint = match extra.grammar {
         Some(g) => Some(compile(&s, g).await?),
+        None => None,
+    };
+    let think = match extra.watch {
+        Some(open) => Some(think_watch(&s, c, open)?),
         None => None,
     };
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
@@ -579,6 +630,7 @@ pub(crate) async fn complete(
         constraint,
         logprobs: extra.logprobs,
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        think,
     };
     s.scheduler.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),

@@ -1,6 +1,6 @@
 //! What every request passes before a handler: the Host header (DNS rebinding), the browser Origin
-//! (CORS: only origins the operator allows), and the API key on every route but `/health` (open, as
-//! llama-server's). The key that matched becomes the request's [`Tenant`].
+//! (CORS: only origins the operator allows), and the API key on every route but `/health` and
+//! `/v1/health` (open, as llama-server's). The key that matched becomes the request's [`Tenant`].
 
 use crate::{ApiError, AppState};
 use axum::body::Body;
@@ -67,7 +67,8 @@ pub(crate) async fn check(
         }
     }
     let mut tenant = Tenant(0);
-    if !c.api_keys.is_empty() && req.uri().path() != "/health" {
+    let open = matches!(req.uri().path(), "/health" | "/v1/health");
+    if !c.api_keys.is_empty() && !open {
         match key_index(req.headers(), &c.api_keys) {
             Some(i) => tenant = Tenant(i as u64 + 1),
             None => {

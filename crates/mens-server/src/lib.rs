@@ -63,6 +63,12 @@ pub struct ServerConfig {
     /// Chat answers: a leading `<think>` block goes to `reasoning_content` (llama-server's
     /// `--reasoning-format deepseek`); false leaves it in the text.
     pub split_reasoning: bool,
+    /// Most tokens a leading `<think>` block may hold before its closing tag is forced (a
+    /// request's `thinking_budget_tokens`, or Anthropic's `thinking.budget_tokens`, overrides it;
+    /// llama-server's `--reasoning-budget`). `None`: unbounded.
+    pub reasoning_budget: Option<usize>,
+    /// Text forced before the closing tag when the budget is spent (`--reasoning-budget-message`).
+    pub reasoning_budget_message: String,
     /// What the Ollama API's `/api/tags`, `/api/ps` and `/api/show` say of the model.
     pub model: ModelCard,
 }
@@ -83,6 +89,8 @@ impl Default for ServerConfig {
             request_timeout: None,
             tokenize_parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
             split_reasoning: true,
+            reasoning_budget: None,
+            reasoning_budget_message: String::new(),
             model: ModelCard::default(),
         }
     }
@@ -150,6 +158,7 @@ impl AppState {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/v1/health", get(health))
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
@@ -157,6 +166,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        // llama-server's other names for these (Continue's `llama.cpp` provider posts to
+        // `/chat/completions`), and its input-token counters.
+        .route("/models", get(api::models))
+        .route("/chat/completions", post(api::chat_completions))
+        .route("/responses", post(responses::responses))
+        .route("/embeddings", post(api::no_embeddings))
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(api::chat_input_tokens),
+        )
+        .route(
+            "/chat/completions/input_tokens",
+            post(api::chat_input_tokens),
+        )
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route("/infill", post(api::infill))
         .route("/completion", post(api::native_completion))
         .route("/completions", post(api::native_completion))

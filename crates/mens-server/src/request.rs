@@ -163,6 +163,9 @@ pub(crate) struct Common {
     /// a few plain values, checked by `mens::chat::check_vars`.
     #[serde(default)]
     pub(crate) chat_template_kwargs: Option<Value>,
+    /// Most tokens of a leading `<think>` block (-1: unbounded; llama-server's field).
+    #[serde(default)]
+    pub(crate) thinking_budget_tokens: Option<Value>,
     // Not supported yet: refused when set to anything but its neutral value.
     #[serde(default)]
     pub(crate) logit_bias: Option<Value>,
@@ -555,6 +558,22 @@ impl Common {
             grammar,
             forced: forced.map(|only| (only, calls, format)),
         })
+    }
+
+    /// `thinking_budget_tokens`: `None` when absent (the server's default), `Some(None)` for -1
+    /// (unbounded), else the budget.
+    pub(crate) fn thinking_budget(&self) -> ApiResult<Option<Option<usize>>> {
+        match &self.thinking_budget_tokens {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(-1) => Ok(Some(None)),
+                Some(n) if n >= 0 => Ok(Some(Some(n.try_into().unwrap_or(usize::MAX)))),
+                _ => Err(ApiError::invalid(
+                    "thinking_budget_tokens must be -1 (unbounded) or a number of tokens",
+                )
+                .param("thinking_budget_tokens")),
+            },
+        }
     }
 
     /// `chat_template_kwargs` as template variables (checked).

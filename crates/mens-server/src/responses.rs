@@ -366,6 +366,24 @@ pub async fn responses(
     answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// `POST /v1/responses/input_tokens` (OpenAI's input token count): the prompt length of a
+/// Responses request.
+pub async fn input_tokens(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = async {
+        let v: Value = read_json(&s, &headers, body).await?;
+        let (chat_body, _) = translate(&v)?;
+        let r = serde_json::from_value(chat_body)
+            .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+        let n = crate::api::chat_tokens(&s, r).await?;
+        Ok::<_, ApiError>(crate::api::input_tokens_json(n))
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
 fn message_item(m: &Meta, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": format!("msg_{}", m.id), "status": status, "role": "assistant",
            "content": if status == "in_progress" { json!([]) } else {
@@ -416,7 +434,7 @@ fn response_json(m: &Meta, echo: &Value, output: Vec<Value>, u: Option<&Usage>) 
         "store": false, "truncation": "disabled",
         "usage": u.map(|u| json!({
             "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens})),
     });
     if let (Some(r), Some(e)) = (r.as_object_mut(), echo.as_object()) {

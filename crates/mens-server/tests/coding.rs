@@ -577,6 +577,10 @@ fn a_leading_think_block_is_reasoning_content() {
 /// The 0.5B behind its own template changed to open `<think>` in the assistant's turn (as
 /// thinking models' templates do), one slot.
 fn thinking_server() -> Server {
+    thinking_server_with(ServerConfig::default())
+}
+
+fn thinking_server_with(config: ServerConfig) -> Server {
     let l = common::load("qwen2.5-coder-0.5b");
     let tok = mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap();
     let base = mens::chat::ChatTemplate::from_gguf(&l.model.gguf, &tok).unwrap();
@@ -584,14 +588,7 @@ fn thinking_server() -> Server {
     let source = base.source().unwrap();
     assert!(source.contains(turn));
     let opened = source.replace(turn, "{{- '<|im_start|>assistant\\n<think>\\n' }}");
-    support::start_with_template(
-        l.model.clone(),
-        None,
-        tok,
-        one_slot(),
-        ServerConfig::default(),
-        Some(opened),
-    )
+    support::start_with_template(l.model.clone(), None, tok, one_slot(), config, Some(opened))
 }
 
 /// A forced call may follow the model's reasoning: with a template that opens the `<think>` block
@@ -852,5 +849,136 @@ fn codexs_request_shape_is_served() {
     assert!(
         call["input"].is_string() && call.get("arguments").is_none(),
         "{v}"
+    );
+}
+
+/// A reasoning budget closes the `<think>` block by force (llama-server's `--reasoning-budget`):
+/// at the request's `thinking_budget_tokens` (Anthropic's `thinking.budget_tokens`) or else the
+/// server's budget, its closing tag (after the budget message) is given instead of sampled, and the
+/// answer follows. Greedy, the block is the unbudgeted block's first tokens; usage counts it.
+#[test]
+fn a_reasoning_budget_closes_the_block() {
+    let s = thinking_server();
+    let close = |text: &str| {
+        let v = post(s.addr, "/tokenize", json!({"content": text})).json();
+        v["tokens"].as_array().unwrap().len() as u64
+    };
+    let tag = close("</think>");
+    let reasoning = |v: &Value| {
+        let n = v["usage"]["completion_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap();
+        let m = &v["choices"][0]["message"];
+        let r = m["reasoning_content"].as_str().unwrap_or("").to_string();
+        (n, r, m["content"].as_str().unwrap_or("").to_string())
+    };
+    let mut b = ask("Explain how a hash map works, step by step.");
+    b["temperature"] = json!(0);
+    b["max_tokens"] = json!(160);
+    let free = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let (free_n, free_r, _) = reasoning(&free);
+    assert!(free_n > 12 && free_r.len() > 20, "{free}");
+
+    b["thinking_budget_tokens"] = json!(8);
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let (n, r, content) = reasoning(&v);
+    assert_eq!(n, 8 + tag, "{v}");
+    assert!(
+        !r.is_empty() && free_r.starts_with(&r) && r.len() < free_r.len(),
+        "{r:?} / {free_r:?}"
+    );
+    assert!(
+        !content.trim().is_empty() && !content.contains("</think>"),
+        "{v}"
+    );
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > n, "{v}");
+
+    // Budget 0: closed at once. -1: unbounded. Anything else: a 400 naming the field.
+    b["thinking_budget_tokens"] = json!(0);
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let (n, r, _) = reasoning(&v);
+    // (The 0.5B, no thinking model, then ends its answer at once.)
+    assert_eq!((n, r.as_str()), (tag, ""), "{v}");
+    b["thinking_budget_tokens"] = json!(-1);
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    assert_eq!(reasoning(&v).0, free_n, "{v}");
+    b["thinking_budget_tokens"] = json!("many");
+    let r = post(s.addr, "/v1/chat/completions", b.clone());
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "thinking_budget_tokens");
+
+    // Anthropic: `thinking.budget_tokens` bounds the thinking block.
+    let a = json!({"model": "mens", "max_tokens": 160, "temperature": 0,
+        "thinking": {"type": "enabled", "budget_tokens": 8},
+        "messages": [{"role": "user", "content": "Explain how a hash map works, step by step."}]});
+    let v = post(s.addr, "/v1/messages", a).json();
+    let blocks = v["content"].as_array().unwrap();
+    assert_eq!(blocks[0]["type"], "thinking", "{v}");
+    assert!(
+        free_r.starts_with(blocks[0]["thinking"].as_str().unwrap()),
+        "{v}"
+    );
+    assert!(blocks.iter().any(|b| b["type"] == "text"), "{v}");
+    drop(s);
+
+    // The server's budget (`--reasoning-budget 4`, with a message) when the request sets none.
+    let s = thinking_server_with(ServerConfig {
+        reasoning_budget: Some(4),
+        reasoning_budget_message: " Enough thinking.".into(),
+        ..Default::default()
+    });
+    b.as_object_mut().unwrap().remove("thinking_budget_tokens");
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let (n, r, _) = reasoning(&v);
+    let forced = post(
+        s.addr,
+        "/tokenize",
+        json!({"content": " Enough thinking.</think>"}),
+    )
+    .json();
+    assert_eq!(
+        n,
+        4 + forced["tokens"].as_array().unwrap().len() as u64,
+        "{v}"
+    );
+    assert!(r.ends_with("Enough thinking."), "{r:?}");
+    b["thinking_budget_tokens"] = json!(-1);
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    assert_eq!(reasoning(&v).0, free_n, "{v}");
+}
+
+/// llama-server's other route names answer as the `/v1/` ones (Continue's `llama.cpp` provider
+/// posts to `/chat/completions`), and its input-token counters give the prompt length the request
+/// then reports.
+#[test]
+fn llama_servers_route_names_and_input_token_counts() {
+    let s = server();
+    let mut b = ask("Say hi.");
+    b["temperature"] = json!(0);
+    b["max_tokens"] = json!(4);
+    let a = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    let c = post(s.addr, "/chat/completions", b.clone()).json();
+    assert_eq!(a["choices"], c["choices"], "{a} / {c}");
+    for path in [
+        "/v1/chat/completions/input_tokens",
+        "/chat/completions/input_tokens",
+    ] {
+        let n = post(s.addr, path, b.clone()).json();
+        assert_eq!(n["object"], "response.input_tokens", "{n}");
+        assert_eq!(n["input_tokens"], a["usage"]["prompt_tokens"], "{n} / {a}");
+    }
+    let r = json!({"model": "mens", "input": "Say hi.", "instructions": "Be brief.",
+                   "max_output_tokens": 4, "temperature": 0});
+    let x = post(s.addr, "/responses", r.clone()).json();
+    assert_eq!(x["object"], "response", "{x}");
+    for path in ["/v1/responses/input_tokens", "/responses/input_tokens"] {
+        let n = post(s.addr, path, r.clone()).json();
+        assert_eq!(n["input_tokens"], x["usage"]["input_tokens"], "{n} / {x}");
+    }
+    let m = call(s.addr, "GET", "/models", &Value::Null).json();
+    assert_eq!(m, call(s.addr, "GET", "/v1/models", &Value::Null).json());
+    assert_eq!(
+        call(s.addr, "GET", "/v1/health", &Value::Null).json()["status"],
+        "ok"
     );
 }

@@ -470,6 +470,7 @@ fn a_departed_client_leaves_the_queue() {
         constraint: None,
         logprobs: None,
         ignore_eos: false,
+        think: None,
     };
     let yes = Arc::new(AtomicBool::new(true));
     sched.submit(req(yes.clone(), true)).unwrap();

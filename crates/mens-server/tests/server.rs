@@ -279,8 +279,24 @@ fn api_key_is_required_when_set() {
         body.as_bytes(),
     ));
     assert_eq!(r.status, 200);
-    // /health stays open (for load balancers).
+    // /health stays open (for load balancers), under both of llama-server's names; every other
+    // name of a route needs the key too.
     assert_eq!(call(s.addr, "GET", "/health", &Value::Null).status, 200);
+    assert_eq!(call(s.addr, "GET", "/v1/health", &Value::Null).status, 200);
+    for path in [
+        "/chat/completions",
+        "/chat/completions/input_tokens",
+        "/responses",
+        "/v1/responses/input_tokens",
+    ] {
+        let r = read_reply(send(s.addr, "POST", path, &[], body.as_bytes()));
+        assert_error(&r, 401, "API key");
+    }
+    assert_error(
+        &call(s.addr, "GET", "/models", &Value::Null),
+        401,
+        "API key",
+    );
 }
 
 /// A request that holds the scheduler thread (its callback blocks) until released.
@@ -312,6 +328,7 @@ fn blocker(
         constraint: None,
         logprobs: None,
         ignore_eos: false,
+        think: None,
     };
     (req, release, started)
 }
@@ -370,6 +387,7 @@ fn listened(prompt: Vec<u32>, tenant: u64) -> (Request, std::sync::mpsc::Receive
         constraint: None,
         logprobs: None,
         ignore_eos: true,
+        think: None,
     };
     (req, rx)
 }

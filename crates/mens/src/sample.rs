@@ -146,6 +146,11 @@ pub struct Sampler {
     /// The penalty window's (token, count) pairs.
     counts: Vec<(u32, u32)>,
     top: Vec<(f32, u32)>,
+    /// Tokens to give instead of sampling, first to last (a reasoning budget's closing tag).
+    forced: std::collections::VecDeque<u32>,
+    /// The scheduler may force tokens: sample on the host, token by token (no device picks, no
+    /// speculation).
+    pub hold: bool,
 }
 
 /// Log-probabilities of the model's distribution at one step (before penalties, grammar and
@@ -172,6 +177,8 @@ impl Sampler {
             window: Vec::with_capacity(config.repeat_last_n.min(1024)),
             counts: Vec::with_capacity(config.repeat_last_n.min(1024)),
             top: Vec::new(),
+            forced: Default::default(),
+            hold: false,
             constraint: None,
             logprobs: None,
             last: None,
@@ -182,7 +189,8 @@ impl Sampler {
     /// Whether sampling needs the whole logits row on the host (a device may pick greedy or
     /// top-k tokens itself otherwise).
     pub fn needs_logits(&self) -> bool {
-        self.constraint.is_some()
+        self.forcing()
+            || self.constraint.is_some()
             || self.logprobs.is_some()
             || self.config.penalised()
             || self.config.biased()
@@ -216,10 +224,15 @@ impl Sampler {
         // that cannot be chosen).
         let raw = (lse.is_some() && (self.config.penalised() || self.config.biased()))
             .then(|| logits.to_vec());
-        if let Some(c) = self.constraint.as_mut() {
-            c.mask(logits)?;
-        }
-        let t = self.choose(logits, history);
+        let t = match self.forced.pop_front() {
+            Some(t) => t,
+            None => {
+                if let Some(c) = self.constraint.as_mut() {
+                    c.mask(logits)?;
+                }
+                self.choose(logits, history)
+            }
+        };
         if let Some(c) = self.constraint.as_mut() {
             c.accept(t)?;
         }
@@ -232,6 +245,17 @@ impl Sampler {
             });
         }
         Ok(t)
+    }
+
+    /// Give these tokens at the next samples, in order, whatever the logits (a grammar still takes
+    /// them).
+    pub fn force(&mut self, ids: &[u32]) {
+        self.forced.extend(ids);
+    }
+
+    /// Whether tokens are or may be forced (sampling stays on the host).
+    pub fn forcing(&self) -> bool {
+        self.hold || !self.forced.is_empty()
     }
 
     /// Whether the grammar (if any) is complete: nothing may follow.
@@ -395,6 +419,22 @@ pub fn argmax(x: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forced_tokens_come_first_and_keep_sampling_on_the_host() {
+        let mut s = Sampler::new(SamplerConfig::greedy(), 8).unwrap();
+        assert!(!s.needs_logits());
+        s.force(&[5, 7]);
+        assert!(s.needs_logits() && s.forcing());
+        let logits = [9.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let picks: Vec<u32> = (0..3)
+            .map(|_| s.sample(&mut logits.clone(), &[]).unwrap())
+            .collect();
+        assert_eq!(picks, [5, 7, 0]);
+        assert!(!s.forcing());
+        s.hold = true;
+        assert!(s.needs_logits());
+    }
 
     #[test]
     fn invalid_values_are_rejected() {

@@ -53,6 +53,8 @@ pub struct Usage {
     /// Prompt tokens found in the slot's cache and not prefilled again.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Completion tokens of a leading `<think>` block (when the request watched one).
+    pub reasoning_tokens: usize,
     pub finish: Finish,
     /// From admission to the first sampled token.
     pub time_to_first_token: Duration,
@@ -88,6 +90,8 @@ pub struct Request {
     /// End-of-generation tokens do not end the answer (it runs to max_tokens): benchmarks, as
     /// llama-server's `ignore_eos`.
     pub ignore_eos: bool,
+    /// Watch the answer's leading `<think>` block: count it, and close it at a budget.
+    pub think: Option<crate::think::Think>,
 }
 
 #[derive(Debug, Clone)]
@@ -378,6 +382,8 @@ struct Active {
     /// After a preemption: the tokens to feed (prompt, answer so far, the next token) instead of
     /// the prompt.
     source: Option<Vec<u32>>,
+    /// The leading `<think>` block's watch (see [`Request::think`]).
+    watch: Option<crate::think::Watch>,
 }
 
 impl Active {
@@ -749,6 +755,15 @@ impl Loop<'_> {
                     continue;
                 }
             };
+            let mut sampler = sampler;
+            let watch = job.req.think.as_ref().map(|t| {
+                let mut w = crate::think::Watch::new(t.open, t.budget);
+                if w.close_at_start() {
+                    sampler.force(&t.close);
+                }
+                sampler.hold = w.pending();
+                w
+            });
             self.draft_k[slot] = DRAFT_K0;
             if let Some(d) = self.draft.as_mut() {
                 // The draft keeps no more of the old request than the target does (the same
@@ -776,6 +791,7 @@ impl Loop<'_> {
                 order: self.order,
                 paused: false,
                 source: None,
+                watch,
                 req: job.req,
             });
         }
@@ -1151,6 +1167,13 @@ impl Loop<'_> {
         let a = self.slots[slot].as_mut().expect("planned slot");
         a.generated += 1;
         self.status.generated.fetch_add(1, Ordering::Relaxed);
+        if let Some(w) = a.watch.as_mut() {
+            if w.push(self.tok.token_bytes(t)) {
+                let close = a.req.think.as_ref().map_or(&[][..], |t| &t.close[..]);
+                a.sampler.force(close);
+            }
+            a.sampler.hold = w.pending();
+        }
         a.first.get_or_insert_with(|| a.admitted.elapsed());
         let finish = if self.tok.is_stop(t) && !a.req.ignore_eos {
             Some(Finish::Stop)
@@ -1195,6 +1218,7 @@ impl Loop<'_> {
             prompt_tokens: a.req.prompt.len(),
             cached_tokens: a.cached,
             completion_tokens: a.generated,
+            reasoning_tokens: a.watch.as_ref().map_or(0, |w| w.tokens()),
             finish,
             time_to_first_token: a.first.unwrap_or_default(),
             total: a.submitted.elapsed(),

@@ -162,6 +162,128 @@ fn joined(parts: Vec<Part>) -> (String, String) {
     (reasoning, answer)
 }
 
+/// How a request's leading `<think>` block is watched while it is generated: its tokens counted,
+/// and with a budget, closed by force when the budget is spent (llama-server's
+/// `--reasoning-budget`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Think {
+    /// The prompt opened the block (the answer starts inside it).
+    pub open: bool,
+    /// Most tokens the block may hold after its opening tag; then `close` is forced.
+    pub budget: Option<usize>,
+    /// The tokens forced when the budget is spent: a message, if any, then the closing tag.
+    pub close: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Watching {
+    /// Only whitespace (or a part of the opening tag) yet.
+    Before,
+    Inside,
+    /// The budget is spent: the closing tokens are being forced.
+    Closing,
+    /// Closed, or the answer did not open a block.
+    Done,
+}
+
+/// Counts the tokens of a leading `<think>` block from the token bytes as they come, and says when
+/// its budget is spent. Tags are matched on the text, whatever tokens spell them.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    state: Watching,
+    budget: Option<usize>,
+    /// Tokens inside the block, the closing tag's included.
+    tokens: usize,
+    /// The text not yet known not to hold a tag (bounded by the tags' length).
+    tail: Vec<u8>,
+}
+
+impl Watch {
+    pub fn new(open: bool, budget: Option<usize>) -> Self {
+        Watch {
+            state: if open {
+                Watching::Inside
+            } else {
+                Watching::Before
+            },
+            budget,
+            tokens: 0,
+            tail: Vec::new(),
+        }
+    }
+
+    /// Whether the block must be closed before any token (an opened block with a budget of 0).
+    pub fn close_at_start(&mut self) -> bool {
+        self.spent()
+    }
+
+    fn spent(&mut self) -> bool {
+        if self.state == Watching::Inside && self.budget.is_some_and(|b| self.tokens >= b) {
+            self.state = Watching::Closing;
+            return true;
+        }
+        false
+    }
+
+    /// A generated token's bytes. True when the budget is now spent: force the closing tokens.
+    pub fn push(&mut self, bytes: &[u8]) -> bool {
+        match self.state {
+            Watching::Done => false,
+            Watching::Before => {
+                self.tail.extend_from_slice(bytes);
+                let start = self
+                    .tail
+                    .iter()
+                    .position(|b| !b.is_ascii_whitespace())
+                    .unwrap_or(self.tail.len());
+                let t = &self.tail[start..];
+                if let Some(rest) = t.strip_prefix(OPEN.as_bytes()) {
+                    // The tokens after the tag count; a token holding text past it counts too.
+                    self.tokens = usize::from(!rest.is_empty());
+                    self.tail = rest.to_vec();
+                    self.state = Watching::Inside;
+                    self.closed();
+                    self.spent()
+                } else {
+                    if !OPEN.as_bytes().starts_with(t) {
+                        self.state = Watching::Done;
+                        self.tail = Vec::new();
+                    }
+                    false
+                }
+            }
+            Watching::Inside | Watching::Closing => {
+                self.tokens += 1;
+                self.tail.extend_from_slice(bytes);
+                self.closed();
+                self.spent()
+            }
+        }
+    }
+
+    /// The closing tag ends the block; else keep only what may start it.
+    fn closed(&mut self) {
+        let c = CLOSE.as_bytes();
+        if self.tail.windows(c.len()).any(|w| w == c) {
+            self.state = Watching::Done;
+            self.tail = Vec::new();
+        } else {
+            let keep = self.tail.len().min(c.len() - 1);
+            self.tail.drain(..self.tail.len() - keep);
+        }
+    }
+
+    /// Tokens in the block so far (its closing tag's included; not the opening tag's).
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Whether the block may still need closing by force (a budget, the block not yet closed).
+    pub fn pending(&self) -> bool {
+        self.budget.is_some() && matches!(self.state, Watching::Before | Watching::Inside)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +342,46 @@ mod tests {
                 assert_eq!(joined(parts), whole, "cut at {cut} of {text:?}");
             }
         }
+    }
+    #[test]
+    fn a_watch_counts_the_block_and_spends_its_budget() {
+        // Opened by the prompt, no budget: every token to the closing tag counts.
+        let mut w = Watch::new(true, None);
+        for t in ["plan", " it", "</", "think", ">"] {
+            assert!(!w.push(t.as_bytes()));
+        }
+        assert_eq!(w.tokens(), 5);
+        assert!(!w.push(b" answer"));
+        assert_eq!(w.tokens(), 5);
+        // The model opens it; the budget of 3 is spent at the third token after the tag.
+        let mut w = Watch::new(false, Some(3));
+        assert!(w.pending());
+        assert!(!w.push(b"\n"));
+        assert!(!w.push(b"<th"));
+        assert!(!w.push(b"ink>"));
+        assert!(!w.push(b"a"));
+        assert!(!w.push(b"b"));
+        assert!(w.push(b"c"));
+        assert!(!w.pending());
+        // The forced closing tag ends it; later tokens are answer.
+        assert!(!w.push(b"</think>"));
+        assert!(!w.push(b"x"));
+        assert_eq!(w.tokens(), 4);
+        // Budget 0 in an opened block: closed before any token.
+        assert!(Watch::new(true, Some(0)).close_at_start());
+        assert!(!Watch::new(false, Some(0)).close_at_start());
+        // No block: nothing counted, nothing forced.
+        let mut w = Watch::new(false, Some(1));
+        assert!(!w.push(b"  Hello"));
+        assert!(!w.push(b"<think>"));
+        assert!(!w.pending());
+        assert_eq!(w.tokens(), 0);
+        // Closed within the budget: nothing forced.
+        let mut w = Watch::new(true, Some(4));
+        assert!(!w.push(b"ok</think>"));
+        assert!(!w.push(b"a"));
+        assert!(!w.push(b"b"));
+        assert!(!w.push(b"c"));
+        assert_eq!(w.tokens(), 1);
     }
 }

@@ -182,6 +182,7 @@ fn request(
         constraint: None,
         logprobs: None,
         ignore_eos: true,
+        think: None,
     };
     (req, rx)
 }

@@ -32,6 +32,7 @@ impl DeviceSampling {
     pub fn penalties_only(s: &Sampler) -> bool {
         s.config.penalised()
             && !s.config.biased()
+            && !s.forcing()
             && s.constraint.is_none()
             && s.logprobs.is_none()
             && (s.is_greedy() || s.config.top_k <= TOPK_MAX)
