@@ -90,11 +90,21 @@ impl Default for Metrics {
 }
 
 /// The routes counted by name.
-const ROUTES: [&str; 22] = [
+const ROUTES: [&str; 32] = [
     "/health",
+    "/v1/health",
     "/metrics",
     "/v1/models",
+    "/models",
     "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/chat/completions/input_tokens",
+    "/chat/completions/input_tokens",
+    "/responses",
+    "/v1/responses/input_tokens",
+    "/responses/input_tokens",
+    "/v1/embeddings",
+    "/embeddings",
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
