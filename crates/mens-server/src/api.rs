@@ -211,8 +211,9 @@ pub(crate) async fn chat(
         chat_prompt(st, &msgs, &defs, &vars, limit)
     })
     .await?;
-    // Whether the template opened the answer's `<think>` block itself.
-    let tail = s.tokenizer.decode(&p[p.len().saturating_sub(4)..]);
+    // Whether the template opened the answer's `<think>` block itself (the tag may take a token a
+    // byte where a vocabulary lacks its pieces: 16 tokens hold it and a newline).
+    let tail = s.tokenizer.decode(&p[p.len().saturating_sub(16)..]);
     let tail = tail.trim_end();
     let opened = tail.ends_with(mens::think::OPEN);
     if s.config.split_reasoning {

@@ -635,3 +635,55 @@ fn idle_connections_are_closed() {
     // The server still serves.
     assert_eq!(call(s.addr, "GET", "/health", &Value::Null).status, 200);
 }
+
+/// A template that opens `<think>` is seen whatever tokens spell the tag (the synthetic vocabulary
+/// takes a token a byte: 8 for `<think>\n`), and a reasoning budget closes the block there too.
+#[test]
+fn an_opened_block_is_seen_and_budgeted_in_any_vocabulary() {
+    let (m, t) = tiny();
+    let opts = SchedulerOptions {
+        slots: 1,
+        ctx: 256,
+        batch: 64,
+        queue: 4,
+        cache_reuse: 0,
+        spec: None,
+        cache: Default::default(),
+    };
+    let opened = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + \
+                  message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt \
+                  %}{{ '<|im_start|>assistant\n<think>\n' }}{% endif %}";
+    let s = start_with_template(
+        m,
+        None,
+        t,
+        opts,
+        ServerConfig::default(),
+        Some(opened.into()),
+    );
+    let tag = call(s.addr, "POST", "/tokenize", &json!({"content": "</think>"})).json()["tokens"]
+        .as_array()
+        .unwrap()
+        .len() as u64;
+    assert!(tag > 4, "the tag is {tag} tokens");
+    let mut b = chat("x");
+    b["max_tokens"] = json!(30);
+    b["temperature"] = json!(0);
+    let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+    // Random weights never close the block: it is all reasoning.
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 30,
+        "{v}"
+    );
+    assert!(
+        v["choices"][0]["message"]["reasoning_content"].is_string(),
+        "{v}"
+    );
+    b["thinking_budget_tokens"] = json!(5);
+    let v = post(s.addr, "/v1/chat/completions", b).json();
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        5 + tag,
+        "{v}"
+    );
+}
