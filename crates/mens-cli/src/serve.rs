@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// Most tokens one request may generate [default: the rest of the context].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
+    /// Cut a request's max_tokens to what the context (or --max-tokens-cap) holds, as
+    /// llama-server does, instead of refusing it (agents such as OpenCode send 32000 whatever the
+    /// model; the answer then ends with finish_reason "length" where the room ends).
+    #[arg(long)]
+    fit_max_tokens: bool,
     /// Seconds a request may generate for; then it ends with finish_reason "length".
     #[arg(long)]
     request_timeout: Option<u64>,
@@ -294,6 +299,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         cors_origins: a.cors_origin.clone(),
         allowed_hosts,
         max_tokens_cap: a.max_tokens_cap,
+        fit_max_tokens: a.fit_max_tokens,
         request_timeout: a.request_timeout.map(Duration::from_secs),
         split_reasoning: a.reasoning_format == "deepseek",
         reasoning_budget: usize::try_from(a.reasoning_budget).ok(),

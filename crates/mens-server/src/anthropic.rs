@@ -668,9 +668,12 @@ mod tests {
         assert!(
             matches!(&r.messages[2].content, Some(crate::request::Content::Text(t)) if t == "now in French")
         );
-        assert_eq!(r.common.max_tokens(1000, 4096, None).unwrap(), 3096);
-        assert_eq!(r.common.max_tokens(1000, 40000, Some(512)).unwrap(), 512);
-        assert!(r.common.max_tokens(4096, 4096, None).is_err());
+        assert_eq!(r.common.max_tokens(1000, 4096, None, false).unwrap(), 3096);
+        assert_eq!(
+            r.common.max_tokens(1000, 40000, Some(512), false).unwrap(),
+            512
+        );
+        assert!(r.common.max_tokens(4096, 4096, None, false).is_err());
         let e = translate(
             &json!({"max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]}),
             false,

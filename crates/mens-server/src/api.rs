@@ -602,7 +602,12 @@ pub(crate) async fn complete(
     let sampler = c.sampler(s.tokenizer.vocab_size())?;
     let stop = c.stops()?;
     let ctx = s.scheduler.options().ctx;
-    let max_tokens = c.max_tokens(prompt.len(), ctx, s.config.max_tokens_cap)?;
+    let max_tokens = c.max_tokens(
+        prompt.len(),
+        ctx,
+        s.config.max_tokens_cap,
+        s.config.fit_max_tokens,
+    )?;
     let prompt_tokens = prompt.len();
     let constraint = match extra.grammar {
         Some(g) => Some(compile(&s, g).await?),
@@ -725,7 +730,7 @@ pub fn prepare(
     common.grammar_spec()?;
     common.sampler(tok.vocab_size())?;
     common.stops()?;
-    common.max_tokens(prompt.len(), ctx, None)?;
+    common.max_tokens(prompt.len(), ctx, None, false)?;
     Ok(prompt)
 }
 

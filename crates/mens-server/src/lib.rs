@@ -56,6 +56,9 @@ pub struct ServerConfig {
     pub allowed_hosts: Option<Vec<String>>,
     /// Most tokens one request may generate (`max_tokens` above it is refused; absent: this).
     pub max_tokens_cap: Option<usize>,
+    /// A `max_tokens` over what the context (or the cap) holds is cut to fit, as llama-server
+    /// does, instead of refused (`--fit-max-tokens`; Anthropic's API always cuts).
+    pub fit_max_tokens: bool,
     /// Longest a request may generate for; then it ends with `finish_reason: "length"`.
     pub request_timeout: Option<Duration>,
     /// Prompts tokenized at once (each is CPU work off the async workers).
@@ -86,6 +89,7 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             allowed_hosts: Some(loopback_hosts()),
             max_tokens_cap: None,
+            fit_max_tokens: false,
             request_timeout: None,
             tokenize_parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
             split_reasoning: true,

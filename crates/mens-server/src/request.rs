@@ -733,12 +733,14 @@ impl Common {
     }
 
     /// `max_tokens` (or `max_completion_tokens`), checked against the context and the server's
-    /// cap (or cut to them: `max_tokens_bound`); absent: the rest of the context, at most the cap.
+    /// cap (or cut to them: `max_tokens_bound`, or `fit` from the server's `--fit-max-tokens`);
+    /// absent: the rest of the context, at most the cap.
     pub(crate) fn max_tokens(
         &self,
         prompt: usize,
         ctx: usize,
         cap: Option<usize>,
+        fit: bool,
     ) -> ApiResult<usize> {
         let (asked, name) = match self.max_completion_tokens {
             Some(n) => (Some(n), "max_completion_tokens"),
@@ -753,7 +755,7 @@ impl Common {
         let cap = cap.unwrap_or(usize::MAX);
         match asked {
             None => Ok((ctx - prompt).min(cap)),
-            Some(n) if n >= 1 && self.max_tokens_bound => {
+            Some(n) if n >= 1 && (self.max_tokens_bound || fit) => {
                 Ok((ctx - prompt).min(cap).min(n.min(usize::MAX as i64) as usize))
             }
             Some(n) if n < 1 => {
@@ -764,7 +766,7 @@ impl Common {
             ))
             .param(name)),
             Some(n) if prompt as i64 + n > ctx as i64 => Err(ApiError::invalid(format!(
-                "the prompt ({prompt} tokens) + {name} ({n}) exceed the context of {ctx} tokens; shorten the prompt or lower {name}"
+                "the prompt ({prompt} tokens) + {name} ({n}) exceed the context of {ctx} tokens; shorten the prompt or lower {name} (a server started with --fit-max-tokens cuts it to fit)"
             ))
             .param(name)
             .with_code("context_length_exceeded")),

@@ -687,3 +687,37 @@ fn an_opened_block_is_seen_and_budgeted_in_any_vocabulary() {
         "{v}"
     );
 }
+
+/// `--fit-max-tokens`: a `max_tokens` over the context's room (or the cap) is cut to fit, as
+/// llama-server does, and the answer ends with `length` where the room ends; without it the same
+/// request is a 400 (above).
+#[test]
+fn fit_max_tokens_cuts_instead_of_refusing() {
+    for (cap, asked, most) in [(None, 32000, 256), (Some(6), 100, 6)] {
+        let s = start(
+            1,
+            2,
+            ServerConfig {
+                fit_max_tokens: true,
+                max_tokens_cap: cap,
+                ..Default::default()
+            },
+        );
+        let mut b = chat("x");
+        b["max_tokens"] = json!(asked);
+        b["ignore_eos"] = json!(true);
+        let v = post(s.addr, "/v1/chat/completions", b.clone()).json();
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+        let u = &v["usage"];
+        let (p, n) = (
+            u["prompt_tokens"].as_u64().unwrap(),
+            u["completion_tokens"].as_u64().unwrap(),
+        );
+        assert!(n >= 1 && n <= most && p + n <= 256, "{v}");
+        if cap.is_some() {
+            assert_eq!(n, 6, "{v}");
+        }
+        b["max_tokens"] = json!(0);
+        assert_error(&post(s.addr, "/v1/chat/completions", b), 400, "max_tokens");
+    }
+}
