@@ -8,6 +8,7 @@ checked there.
 import json
 import sys
 
+import httpx
 import jsonschema
 import ollama
 
@@ -82,6 +83,13 @@ streamed = [c for c in client.chat(model=model, messages=msgs, tools=[weather], 
 scalls = [t for c in streamed for t in (c.message.tool_calls or [])]
 assert not REAL or [(t.function.name, dict(t.function.arguments)) for t in scalls] == \
     [(t.function.name, dict(t.function.arguments)) for t in calls], scalls
+if REAL:
+    # Since Ollama 0.12.10 a call has an id (and an index), which a tool result may name.
+    raw = httpx.post(base + "/api/chat", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                     json={"model": model, "messages": msgs, "tools": [weather], "stream": False,
+                           "options": {**GREEDY, "num_predict": 40}}).json()
+    rc = raw["message"]["tool_calls"][0]
+    assert rc["id"].startswith("call_") and rc["function"]["index"] == 0, rc
 msgs += [r.message, {"role": "tool", "content": "18 degrees and sunny", "tool_name": "get_weather"}]
 r2 = client.chat(model=model, messages=msgs, tools=[weather], options={**GREEDY, "num_predict": 40})
 # The call and its result went into the prompt (the 0.5B then answers or calls again: its choice).

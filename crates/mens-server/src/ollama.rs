@@ -16,6 +16,7 @@ use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use mens::fim::FimInput;
+use mens::sample::TokenLogprobs;
 use mens::scheduler::{Event, Finish, Usage};
 use mens::tools::{CallSplitter, ToolCall};
 use serde_json::{json, Map, Value};
@@ -25,7 +26,7 @@ use tokio::sync::mpsc;
 
 /// The Ollama API level `/api/version` reports: clients gate features (tools, structured output,
 /// thinking) on it, and mens answers those requests in this version's shape.
-const API_VERSION: &str = "0.12.0";
+const API_VERSION: &str = "0.13.4";
 
 /// What `/api/tags`, `/api/ps` and `/api/show` say of the served model.
 #[derive(Debug, Clone, Default)]
@@ -161,6 +162,12 @@ fn common_fields(o: &Map<String, Value>) -> ApiResult<Map<String, Value>> {
         Some(_) => return Err(bad("stream must be true or false")),
     };
     out.insert("stream".into(), json!(stream));
+    // Log-probabilities (Ollama's fields are OpenAI chat's: `logprobs: true`, `top_logprobs`).
+    for key in ["logprobs", "top_logprobs"] {
+        if let Some(v) = o.get(key).filter(|v| !v.is_null()) {
+            out.insert(key.into(), v.clone());
+        }
+    }
     match o.get("format") {
         None | Some(Value::Null) => {}
         Some(Value::String(f)) if f.is_empty() => {}
@@ -266,6 +273,9 @@ fn message(m: &Value) -> ApiResult<Value> {
     }
     if let Some(n) = m.get("tool_name").and_then(Value::as_str) {
         out["name"] = json!(n);
+    }
+    if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+        out["tool_call_id"] = json!(id);
     }
     if let Some(t) = m.get("thinking").and_then(Value::as_str) {
         out["reasoning_content"] = json!(t);
@@ -417,6 +427,7 @@ pub async fn api_generate(
         };
         let extra = Extra {
             grammar: common.grammar_spec()?,
+            logprobs: common.logprobs(true)?,
             ..Default::default()
         };
         complete(s.clone(), kind, ids, &common, tenant, None, extra).await
@@ -558,9 +569,12 @@ fn stats(v: &mut Value, u: &Usage) {
     v["eval_duration"] = json!(ns(u.total - ttft));
 }
 
-fn call_json(c: &ToolCall) -> Value {
+/// A call as Ollama writes it: an id (as the OpenAI API's: the answer's id and the call's index),
+/// the index, the arguments as an object.
+fn call_json(m: &Meta, c: &ToolCall, i: usize) -> Value {
     let args: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
-    json!({"function": {"name": c.name, "arguments": args}})
+    json!({"id": format!("call_{}_{i}", m.id),
+           "function": {"index": i, "name": c.name, "arguments": args}})
 }
 
 /// Whether this answer's reasoning goes apart (`think` asked, and the server splits it).
@@ -577,9 +591,12 @@ pub(crate) async fn whole(
     meta: Meta,
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> ApiResult<Response> {
-    let (text, _, usage) = crate::sse::collect(&meta, &mut rx).await?;
+    let (text, lps, usage) = crate::sse::collect(&meta, &mut rx).await?;
     let (thinking, text) = mens::think::split_if(text, thinks(&meta));
     let mut v = head(&meta);
+    if meta.logprobs {
+        v["logprobs"] = json!(meta.token_entries(&lps));
+    }
     if meta.kind == (Kind::Ollama { chat: true }) {
         let (content, calls) = match &meta.tools {
             Some(tools) => mens::tools::parse(&text, tools),
@@ -590,7 +607,11 @@ pub(crate) async fn whole(
             msg["thinking"] = json!(thinking);
         }
         if !calls.is_empty() {
-            msg["tool_calls"] = calls.iter().map(call_json).collect();
+            msg["tool_calls"] = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| call_json(&meta, c, i))
+                .collect();
         }
         v["message"] = msg;
     } else {
@@ -608,10 +629,18 @@ struct Lines {
     meta: Meta,
     chat: bool,
     pending: VecDeque<Bytes>,
+    /// Log-probabilities of the text the next line carries.
+    lps: Vec<TokenLogprobs>,
+    calls: usize,
 }
 
 impl Lines {
-    fn line(&mut self, v: &Value) {
+    /// A line, with the log-probabilities of its text.
+    fn line(&mut self, v: &mut Value) {
+        if !self.lps.is_empty() {
+            v["logprobs"] = json!(self.meta.token_entries(&self.lps));
+            self.lps.clear();
+        }
         self.pending.push_back(Bytes::from(format!("{v}\n")));
     }
 
@@ -631,7 +660,7 @@ impl Lines {
             }
         }
         v["done"] = json!(false);
-        self.line(&v);
+        self.line(&mut v);
     }
 }
 
@@ -657,7 +686,13 @@ impl crate::sse::EventSink for Lines {
     }
 
     fn call(&mut self, c: ToolCall) {
-        self.part("", Some(("tool_calls", json!([call_json(&c)]))));
+        let call = call_json(&self.meta, &c, self.calls);
+        self.calls += 1;
+        self.part("", Some(("tool_calls", json!([call]))));
+    }
+
+    fn logprobs(&mut self, l: TokenLogprobs) {
+        self.lps.push(l);
     }
 
     fn finish(&mut self, u: Usage) {
@@ -669,11 +704,12 @@ impl crate::sse::EventSink for Lines {
             v["response"] = json!("");
         }
         stats(&mut v, &u);
-        self.line(&v);
+        self.line(&mut v);
     }
 
     fn error(&mut self, m: String) {
-        self.line(&json!({ "error": m }));
+        self.lps.clear();
+        self.line(&mut json!({ "error": m }));
     }
 }
 
@@ -688,6 +724,8 @@ pub(crate) fn stream(meta: Meta, rx: mpsc::UnboundedReceiver<Event>) -> Response
         meta,
         chat,
         pending: VecDeque::new(),
+        lps: Vec::new(),
+        calls: 0,
     };
     let mut r = crate::sse::event_stream(lines, rx, calls);
     r.headers_mut().insert(

@@ -387,7 +387,10 @@ impl Common {
     /// Refuse what the server cannot do yet, rather than ignore it.
     pub(crate) fn check_supported(&self, model_name: &str) -> ApiResult<()> {
         if let Some(m) = &self.model {
-            if !m.is_empty() && m != model_name {
+            // `NAME:latest` is the name Ollama's `/api/tags` lists (and Ollama's own OpenAI
+            // routes take, as `codex --oss` sends it).
+            let listed = m.strip_suffix(":latest") == Some(model_name);
+            if !m.is_empty() && m != model_name && !listed {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     "invalid_request_error",

@@ -57,17 +57,21 @@ impl Meta {
         json!({"token": String::from_utf8_lossy(b), "logprob": logprob, "bytes": b})
     }
 
-    /// Chat's `logprobs` object for these tokens.
-    fn chat_logprobs(&self, lps: &[TokenLogprobs]) -> Value {
-        let content: Vec<Value> = lps
-            .iter()
+    /// A token's entry (`{"token", "logprob", "bytes", "top_logprobs"}`) for each of these: chat's
+    /// `logprobs.content`, and Ollama's `logprobs`.
+    pub(crate) fn token_entries(&self, lps: &[TokenLogprobs]) -> Vec<Value> {
+        lps.iter()
             .map(|l| {
                 let mut v = self.token_json(l.token, l.logprob);
                 v["top_logprobs"] = l.top.iter().map(|&(t, p)| self.token_json(t, p)).collect();
                 v
             })
-            .collect();
-        json!({ "content": content })
+            .collect()
+    }
+
+    /// Chat's `logprobs` object for these tokens.
+    fn chat_logprobs(&self, lps: &[TokenLogprobs]) -> Value {
+        json!({ "content": self.token_entries(lps) })
     }
 
     /// The legacy completions `logprobs` object; `offset`: text bytes before the first token.

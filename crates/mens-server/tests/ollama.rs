@@ -577,3 +577,105 @@ fn props_and_apply_template_describe_the_prompt() {
         "repeat_last_n",
     );
 }
+
+/// Ollama's `logprobs` / `top_logprobs` (API level 0.13): an entry a token (`token`, `logprob`,
+/// `bytes`, `top_logprobs`) at the answer's top level, whole and streamed alike (each line the
+/// entries of its text), on chat, on generate through the template, and on raw generate.
+#[test]
+fn logprobs_whole_and_streamed_in_ollamas_shape() {
+    let s = start(1, 4, ServerConfig::default());
+    let opts = json!({"temperature": 0, "num_predict": 8});
+    for (path, body, field) in [
+        (
+            "/api/chat",
+            json!({"messages": [{"role": "user", "content": "hello"}], "options": opts,
+                   "logprobs": true, "top_logprobs": 3}),
+            "message",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "hello", "options": opts, "logprobs": true, "top_logprobs": 3}),
+            "response",
+        ),
+        (
+            "/api/generate",
+            json!({"prompt": "hello", "raw": true, "options": opts, "logprobs": true,
+                   "top_logprobs": 3}),
+            "response",
+        ),
+    ] {
+        let text_of = |v: &Value| -> String {
+            let t = if field == "message" {
+                &v["message"]["content"]
+            } else {
+                &v["response"]
+            };
+            t.as_str().unwrap().to_string()
+        };
+        let mut b = body.clone();
+        b["stream"] = json!(false);
+        let whole = post(s.addr, path, b).json();
+        let entries = whole["logprobs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{whole}"));
+        assert_eq!(
+            entries.len() as u64,
+            whole["eval_count"].as_u64().unwrap(),
+            "{whole}"
+        );
+        let mut bytes = Vec::new();
+        for e in entries {
+            assert!(e["logprob"].as_f64().unwrap() <= 0.0, "{e}");
+            assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 3, "{e}");
+            // Greedy: the token is the most likely one.
+            assert_eq!(e["top_logprobs"][0]["token"], e["token"], "{e}");
+            bytes.extend(
+                e["bytes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| b.as_u64().unwrap() as u8),
+            );
+        }
+        assert_eq!(String::from_utf8_lossy(&bytes), text_of(&whole), "{path}");
+        let objs = lines(&post(s.addr, path, body));
+        let streamed: Vec<Value> = objs
+            .iter()
+            .flat_map(|v| v["logprobs"].as_array().cloned().unwrap_or_default())
+            .collect();
+        assert_eq!(&streamed, entries, "{path}");
+    }
+    // Without `logprobs`, no field; a bad `top_logprobs` names it.
+    let v = post(
+        s.addr,
+        "/api/chat",
+        json!({"messages": [{"role": "user", "content": "hi"}], "stream": false, "options": opts}),
+    )
+    .json();
+    assert!(v.get("logprobs").is_none(), "{v}");
+    let r = post(
+        s.addr,
+        "/api/chat",
+        json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 99}),
+    );
+    assert_ollama_error(&r, 400, "top_logprobs");
+    assert_eq!(
+        call(s.addr, "GET", "/api/version", &Value::Null).json()["version"],
+        "0.13.4"
+    );
+    // The name `/api/tags` lists is the served model on the OpenAI routes too (as Ollama's own,
+    // which `codex --oss` calls with it); another name is still a 404.
+    for (model, status) in [("mens:latest", 200), ("mens", 200), ("other:latest", 404)] {
+        let r = post(
+            s.addr,
+            "/v1/responses",
+            json!({"model": model, "input": "hi", "max_output_tokens": 2}),
+        );
+        assert_eq!(
+            r.status,
+            status,
+            "{model}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+}
