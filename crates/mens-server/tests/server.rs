@@ -721,3 +721,47 @@ fn fit_max_tokens_cuts_instead_of_refusing() {
         assert_error(&post(s.addr, "/v1/chat/completions", b), 400, "max_tokens");
     }
 }
+
+/// An agent's side request (another system prompt: it shares only the template's first tokens with
+/// the conversation) takes the empty slot, so the conversation's next turn still finds its prompt
+/// cached; before, it took the conversation's slot for those few tokens and threw the rest away.
+#[test]
+fn a_side_request_leaves_the_conversation_cached() {
+    let s = start(2, 4, ServerConfig::default());
+    let system = "you are a careful agent ".repeat(2);
+    let talk = |turns: Value| {
+        let mut m = vec![json!({"role": "system", "content": system})];
+        m.extend(turns.as_array().unwrap().iter().cloned());
+        json!({"messages": m, "max_tokens": 4, "temperature": 0})
+    };
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        talk(json!([{"role": "user", "content": "first"}])),
+    )
+    .json();
+    let p1 = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    let answer = r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let side = json!({"messages": [{"role": "system", "content": "title this"},
+                                   {"role": "user", "content": "first"}],
+                      "max_tokens": 4, "temperature": 0});
+    assert_eq!(post(s.addr, "/v1/chat/completions", side).status, 200);
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        talk(json!([{"role": "user", "content": "first"},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "second"}])),
+    )
+    .json();
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert!(
+        cached >= p1,
+        "cached {cached} of the first prompt's {p1}: {r}"
+    );
+}

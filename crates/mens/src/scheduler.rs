@@ -484,8 +484,11 @@ pub fn plan(slots: &[Option<SlotState>], budget: usize, uniform: usize, out: &mu
 }
 
 /// The free slot for a prompt: the one whose cache, holding this tenant's tokens, shares the longest
-/// prefix with it (the next turn of a chat); the lowest free slot when none does. Returns the slot
-/// and how many cached tokens it keeps. `free` lists (slot, owner tenant, cached tokens).
+/// prefix with it (the next turn of a chat) less what it would throw away, so a request that shares
+/// only a template's first tokens with a long cached conversation (an agent's side request) takes
+/// an empty slot, or the one holding least, and leaves the conversation cached; the lowest such slot
+/// on a tie. Returns the slot and how many cached tokens it keeps. `free` lists (slot, owner tenant,
+/// cached tokens).
 pub fn choose_slot<'a>(
     free: impl Iterator<Item = (usize, Option<u64>, &'a [u32])>,
     tenant: u64,
@@ -497,9 +500,11 @@ pub fn choose_slot<'a>(
         } else {
             0
         };
-        (i, keep)
+        let score = keep as i64 - (cached.len() - keep) as i64;
+        (i, keep, score)
     })
-    .max_by_key(|&(i, c)| (c, std::cmp::Reverse(i)))
+    .max_by_key(|&(i, _, score)| (score, std::cmp::Reverse(i)))
+    .map(|(i, keep, _)| (i, keep))
 }
 
 /// Fewest tokens a copy from another slot must add to what the chosen slot keeps.
@@ -1352,9 +1357,20 @@ mod tests {
         assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 4, 5]), Some((0, 4)));
         // Tenant 8 cannot reuse slot 0's tokens, only its own slot 1's.
         assert_eq!(choose_slot(free(), 8, &[1, 2, 3, 4, 5]), Some((1, 2)));
-        // A stranger reuses nothing and takes the lowest slot.
-        assert_eq!(choose_slot(free(), 9, &[1, 2, 3]), Some((0, 0)));
+        // A stranger reuses nothing and takes the empty slot: the others stay cached.
+        assert_eq!(choose_slot(free(), 9, &[1, 2, 3]), Some((2, 0)));
         assert_eq!(choose_slot(std::iter::empty(), 9, &[1]), None);
+        // A side request sharing a template's first tokens with a long conversation takes the
+        // empty slot; the conversation's next turn takes its own.
+        let talk: Vec<u32> = (1..200).collect();
+        let free = || vec![(0, Some(7), &talk[..]), (1, Some(7), &[][..])].into_iter();
+        assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 900, 901]), Some((1, 0)));
+        let next: Vec<u32> = (1..230).collect();
+        assert_eq!(choose_slot(free(), 7, &next), Some((0, 199)));
+        // With no empty slot, the one that throws least away.
+        let short: &[u32] = &[50, 51, 52];
+        let full = vec![(0, Some(7), &talk[..]), (1, Some(8), short)].into_iter();
+        assert_eq!(choose_slot(full, 7, &[1, 2, 3, 900]), Some((1, 0)));
     }
 
     #[test]
