@@ -388,15 +388,7 @@ fn native_completion_answers_in_llama_servers_shape() {
 #[test]
 fn template_switches_and_past_reasoning_reach_the_template() {
     let (m, t) = tiny();
-    let opts = mens::scheduler::SchedulerOptions {
-        slots: 1,
-        ctx: 256,
-        batch: 64,
-        queue: 4,
-        cache_reuse: 0,
-        spec: None,
-        cache: Default::default(),
-    };
+    let opts = tiny_options(1, 4);
     // Qwen3's constructs, reduced: the reasoning of an assistant turn, and the thinking switch.
     let src = "{%- for m in messages %}<|im_start|>{{ m.role }}\n\
                {%- if m.reasoning_content is string %}<think>{{ m.reasoning_content }}</think>{% endif %}\

@@ -641,15 +641,7 @@ fn idle_connections_are_closed() {
 #[test]
 fn an_opened_block_is_seen_and_budgeted_in_any_vocabulary() {
     let (m, t) = tiny();
-    let opts = SchedulerOptions {
-        slots: 1,
-        ctx: 256,
-        batch: 64,
-        queue: 4,
-        cache_reuse: 0,
-        spec: None,
-        cache: Default::default(),
-    };
+    let opts = tiny_options(1, 4);
     let opened = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + \
                   message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt \
                   %}{{ '<|im_start|>assistant\n<think>\n' }}{% endif %}";

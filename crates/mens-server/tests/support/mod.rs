@@ -95,9 +95,9 @@ pub fn tiny() -> (Arc<Model>, Tokenizer) {
     (Arc::new(model), tok)
 }
 
-pub fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
-    let (m, t) = tiny();
-    let opts = SchedulerOptions {
+/// The tiny model's server options: `slots` of 256 tokens, steps of 64.
+pub fn tiny_options(slots: usize, queue: usize) -> SchedulerOptions {
+    SchedulerOptions {
         slots,
         ctx: 256,
         batch: 64,
@@ -105,8 +105,12 @@ pub fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
         cache_reuse: 0,
         spec: None,
         cache: Default::default(),
-    };
-    start_with(m, t, opts, config)
+    }
+}
+
+pub fn start(slots: usize, queue: usize, config: ServerConfig) -> Server {
+    let (m, t) = tiny();
+    start_with(m, t, tiny_options(slots, queue), config)
 }
 
 pub struct Reply {
