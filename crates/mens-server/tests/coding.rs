@@ -874,7 +874,7 @@ fn a_reasoning_budget_closes_the_block() {
     };
     let mut b = ask("Explain how a hash map works, step by step.");
     b["temperature"] = json!(0);
-    b["max_tokens"] = json!(160);
+    b["max_tokens"] = json!(96);
     let free = post(s.addr, "/v1/chat/completions", b.clone()).json();
     let (free_n, free_r, _) = reasoning(&free);
     assert!(free_n > 12 && free_r.len() > 20, "{free}");
@@ -908,7 +908,7 @@ fn a_reasoning_budget_closes_the_block() {
     assert_eq!(r.json()["error"]["param"], "thinking_budget_tokens");
 
     // Anthropic: `thinking.budget_tokens` bounds the thinking block.
-    let a = json!({"model": "mens", "max_tokens": 160, "temperature": 0,
+    let a = json!({"model": "mens", "max_tokens": 96, "temperature": 0,
         "thinking": {"type": "enabled", "budget_tokens": 8},
         "messages": [{"role": "user", "content": "Explain how a hash map works, step by step."}]});
     let v = post(s.addr, "/v1/messages", a).json();

@@ -487,20 +487,27 @@ pub fn plan(slots: &[Option<SlotState>], budget: usize, uniform: usize, out: &mu
 /// prefix with it (the next turn of a chat) less what it would throw away, so a request that shares
 /// only a template's first tokens with a long cached conversation (an agent's side request) takes
 /// an empty slot, or the one holding least, and leaves the conversation cached; the lowest such slot
-/// on a tie. Returns the slot and how many cached tokens it keeps. `free` lists (slot, owner tenant,
-/// cached tokens).
+/// on a tie. With cache reuse (`cache_reuse` > 0: runs of at least that many tokens move), the
+/// runs a slot would give count as kept. Returns the slot and how many cached tokens its prefix
+/// keeps. `free` lists (slot, owner tenant, cached tokens).
 pub fn choose_slot<'a>(
     free: impl Iterator<Item = (usize, Option<u64>, &'a [u32])>,
     tenant: u64,
     prompt: &[u32],
+    cache_reuse: usize,
 ) -> Option<(usize, usize)> {
     free.map(|(i, owner, cached)| {
-        let keep = if owner == Some(tenant) {
-            reusable_prefix(cached, prompt)
+        let (keep, kept) = if owner == Some(tenant) {
+            let keep = reusable_prefix(cached, prompt);
+            let moved: usize = reuse_chunks(cached, prompt, keep, cache_reuse)
+                .iter()
+                .map(|c| c.len)
+                .sum();
+            (keep, keep + moved)
         } else {
-            0
+            (0, 0)
         };
-        let score = keep as i64 - (cached.len() - keep) as i64;
+        let score = kept as i64 - (cached.len() - kept) as i64;
         (i, keep, score)
     })
     .max_by_key(|&(i, _, score)| (score, std::cmp::Reverse(i)))
@@ -696,8 +703,14 @@ impl Loop<'_> {
             let free = (0..self.slots.len())
                 .filter(|&i| self.slots[i].is_none())
                 .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
+            // Moved runs count where this runner can move them.
+            let reuse = if runner.can_shift_kv() {
+                self.cache_reuse
+            } else {
+                0
+            };
             let (slot, mut keep) =
-                choose_slot(free, job.req.tenant, &job.req.prompt).expect("a slot is free");
+                choose_slot(free, job.req.tenant, &job.req.prompt, reuse).expect("a slot is free");
             let copy = if self.copy_prefix && runner.can_copy_prefix() {
                 let others = (0..self.slots.len())
                     .filter(|&i| i != slot)
@@ -1354,23 +1367,32 @@ mod tests {
         let b: &[u32] = &[1, 2, 9];
         let free = || vec![(0, Some(7), a), (1, Some(8), b), (2, None, &[][..])].into_iter();
         // Tenant 7 keeps 3 tokens of slot 0.
-        assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 4, 5]), Some((0, 4)));
+        assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 4, 5], 0), Some((0, 4)));
         // Tenant 8 cannot reuse slot 0's tokens, only its own slot 1's.
-        assert_eq!(choose_slot(free(), 8, &[1, 2, 3, 4, 5]), Some((1, 2)));
+        assert_eq!(choose_slot(free(), 8, &[1, 2, 3, 4, 5], 0), Some((1, 2)));
         // A stranger reuses nothing and takes the empty slot: the others stay cached.
-        assert_eq!(choose_slot(free(), 9, &[1, 2, 3]), Some((2, 0)));
-        assert_eq!(choose_slot(std::iter::empty(), 9, &[1]), None);
+        assert_eq!(choose_slot(free(), 9, &[1, 2, 3], 0), Some((2, 0)));
+        assert_eq!(choose_slot(std::iter::empty(), 9, &[1], 0), None);
         // A side request sharing a template's first tokens with a long conversation takes the
         // empty slot; the conversation's next turn takes its own.
         let talk: Vec<u32> = (1..200).collect();
         let free = || vec![(0, Some(7), &talk[..]), (1, Some(7), &[][..])].into_iter();
-        assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 900, 901]), Some((1, 0)));
+        assert_eq!(
+            choose_slot(free(), 7, &[1, 2, 3, 900, 901], 0),
+            Some((1, 0))
+        );
         let next: Vec<u32> = (1..230).collect();
-        assert_eq!(choose_slot(free(), 7, &next), Some((0, 199)));
+        assert_eq!(choose_slot(free(), 7, &next, 0), Some((0, 199)));
         // With no empty slot, the one that throws least away.
         let short: &[u32] = &[50, 51, 52];
         let full = vec![(0, Some(7), &talk[..]), (1, Some(8), short)].into_iter();
-        assert_eq!(choose_slot(full, 7, &[1, 2, 3, 900]), Some((1, 0)));
+        assert_eq!(choose_slot(full, 7, &[1, 2, 3, 900], 0), Some((1, 0)));
+        // An edit near the top of a cached file: a short prefix, the rest moved with cache reuse
+        // (runs of 16 or more): the file's slot, not the empty one.
+        let mut edited: Vec<u32> = vec![1, 2, 3, 900];
+        edited.extend(5..200);
+        assert_eq!(choose_slot(free(), 7, &edited, 16), Some((0, 3)));
+        assert_eq!(choose_slot(free(), 7, &edited, 0), Some((1, 0)));
     }
 
     #[test]
