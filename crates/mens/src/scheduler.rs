@@ -488,30 +488,28 @@ pub fn plan(slots: &[Option<SlotState>], budget: usize, uniform: usize, out: &mu
 /// only a template's first tokens with a long cached conversation (an agent's side request) takes
 /// an empty slot, or the one holding least, and leaves the conversation cached; the lowest such slot
 /// on a tie. With cache reuse (`cache_reuse` > 0: runs of at least that many tokens move), the
-/// runs a slot would give count as kept. Returns the slot and how many cached tokens its prefix
-/// keeps. `free` lists (slot, owner tenant, cached tokens).
+/// runs a slot would give count as kept. Returns the slot, how many cached tokens its prefix
+/// keeps, and the runs to move after it (see [`reuse_chunks`]). `free` lists (slot, owner tenant,
+/// cached tokens).
 pub fn choose_slot<'a>(
     free: impl Iterator<Item = (usize, Option<u64>, &'a [u32])>,
     tenant: u64,
     prompt: &[u32],
     cache_reuse: usize,
-) -> Option<(usize, usize)> {
+) -> Option<(usize, usize, Vec<Chunk>)> {
     free.map(|(i, owner, cached)| {
-        let (keep, kept) = if owner == Some(tenant) {
+        let (keep, chunks) = if owner == Some(tenant) {
             let keep = reusable_prefix(cached, prompt);
-            let moved: usize = reuse_chunks(cached, prompt, keep, cache_reuse)
-                .iter()
-                .map(|c| c.len)
-                .sum();
-            (keep, keep + moved)
+            (keep, reuse_chunks(cached, prompt, keep, cache_reuse))
         } else {
-            (0, 0)
+            (0, Vec::new())
         };
+        let kept = keep + chunks.iter().map(|c| c.len).sum::<usize>();
         let score = kept as i64 - (cached.len() - kept) as i64;
-        (i, keep, score)
+        (i, keep, chunks, score)
     })
-    .max_by_key(|&(i, _, score)| (score, std::cmp::Reverse(i)))
-    .map(|(i, keep, _)| (i, keep))
+    .max_by_key(|&(i, _, _, score)| (score, std::cmp::Reverse(i)))
+    .map(|(i, keep, chunks, _)| (i, keep, chunks))
 }
 
 /// Fewest tokens a copy from another slot must add to what the chosen slot keeps.
@@ -703,14 +701,15 @@ impl Loop<'_> {
             let free = (0..self.slots.len())
                 .filter(|&i| self.slots[i].is_none())
                 .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
-            // Moved runs count where this runner can move them.
-            let reuse = if runner.can_shift_kv() {
+            // Runs move (and count) where this runner can move them.
+            let min_run = if runner.can_shift_kv() {
                 self.cache_reuse
             } else {
                 0
             };
-            let (slot, mut keep) =
-                choose_slot(free, job.req.tenant, &job.req.prompt, reuse).expect("a slot is free");
+            let (slot, mut keep, chunks) =
+                choose_slot(free, job.req.tenant, &job.req.prompt, min_run)
+                    .expect("a slot is free");
             let copy = if self.copy_prefix && runner.can_copy_prefix() {
                 let others = (0..self.slots.len())
                     .filter(|&i| i != slot)
@@ -727,12 +726,8 @@ impl Loop<'_> {
                 } else {
                     0
                 };
-            } else if self.cache_reuse > 0
-                && self.owner[slot] == Some(job.req.tenant)
-                && self.runner.can_shift_kv()
-            {
-                let cached = self.runner.slot_tokens(slot);
-                let chunks = reuse_chunks(cached, &job.req.prompt, keep, self.cache_reuse);
+            } else if !chunks.is_empty() {
+                // The runs `choose_slot` found after the kept prefix (this tenant's slot).
                 let moved = move_order(&chunks)
                     .iter()
                     .all(|c| self.runner.shift_kv(slot, c.src, c.dst, c.len).is_ok());
@@ -761,7 +756,7 @@ impl Loop<'_> {
             self.order += 1;
             status.queued.fetch_sub(1, Ordering::SeqCst);
             let mut job = job;
-            let sampler = match Sampler::new(job.req.sampler.clone(), self.vocab) {
+            let mut sampler = match Sampler::new(job.req.sampler.clone(), self.vocab) {
                 Ok(mut s) => {
                     s.constraint = job.req.constraint.take();
                     s.logprobs = job.req.logprobs;
@@ -773,7 +768,6 @@ impl Loop<'_> {
                     continue;
                 }
             };
-            let mut sampler = sampler;
             let watch = job.req.think.as_ref().map(|t| {
                 let mut w = crate::think::Watch::new(t.open, t.budget);
                 if w.close_at_start() {
@@ -1187,8 +1181,9 @@ impl Loop<'_> {
         self.status.generated.fetch_add(1, Ordering::Relaxed);
         if let Some(w) = a.watch.as_mut() {
             if w.push(self.tok.token_bytes(t)) {
-                let close = a.req.think.as_ref().map_or(&[][..], |t| &t.close[..]);
-                a.sampler.force(close);
+                if let Some(think) = &a.req.think {
+                    a.sampler.force(&think.close);
+                }
             }
             a.sampler.hold = w.pending();
         }
@@ -1361,38 +1356,49 @@ mod tests {
         assert_eq!(lens(&w), vec![512]);
     }
 
+    /// `choose_slot`'s slot and kept prefix.
+    fn pick<'a>(
+        free: impl Iterator<Item = (usize, Option<u64>, &'a [u32])>,
+        tenant: u64,
+        prompt: &[u32],
+        cache_reuse: usize,
+    ) -> Option<(usize, usize)> {
+        choose_slot(free, tenant, prompt, cache_reuse).map(|(s, k, _)| (s, k))
+    }
+
     #[test]
     fn a_slot_is_chosen_by_the_longest_prefix_of_the_same_tenant() {
         let a: &[u32] = &[1, 2, 3, 4];
         let b: &[u32] = &[1, 2, 9];
         let free = || vec![(0, Some(7), a), (1, Some(8), b), (2, None, &[][..])].into_iter();
         // Tenant 7 keeps 3 tokens of slot 0.
-        assert_eq!(choose_slot(free(), 7, &[1, 2, 3, 4, 5], 0), Some((0, 4)));
+        assert_eq!(pick(free(), 7, &[1, 2, 3, 4, 5], 0), Some((0, 4)));
         // Tenant 8 cannot reuse slot 0's tokens, only its own slot 1's.
-        assert_eq!(choose_slot(free(), 8, &[1, 2, 3, 4, 5], 0), Some((1, 2)));
+        assert_eq!(pick(free(), 8, &[1, 2, 3, 4, 5], 0), Some((1, 2)));
         // A stranger reuses nothing and takes the empty slot: the others stay cached.
-        assert_eq!(choose_slot(free(), 9, &[1, 2, 3], 0), Some((2, 0)));
-        assert_eq!(choose_slot(std::iter::empty(), 9, &[1], 0), None);
+        assert_eq!(pick(free(), 9, &[1, 2, 3], 0), Some((2, 0)));
+        assert_eq!(pick(std::iter::empty(), 9, &[1], 0), None);
         // A side request sharing a template's first tokens with a long conversation takes the
         // empty slot; the conversation's next turn takes its own.
         let talk: Vec<u32> = (1..200).collect();
         let free = || vec![(0, Some(7), &talk[..]), (1, Some(7), &[][..])].into_iter();
-        assert_eq!(
-            choose_slot(free(), 7, &[1, 2, 3, 900, 901], 0),
-            Some((1, 0))
-        );
+        assert_eq!(pick(free(), 7, &[1, 2, 3, 900, 901], 0), Some((1, 0)));
         let next: Vec<u32> = (1..230).collect();
-        assert_eq!(choose_slot(free(), 7, &next, 0), Some((0, 199)));
+        assert_eq!(pick(free(), 7, &next, 0), Some((0, 199)));
         // With no empty slot, the one that throws least away.
         let short: &[u32] = &[50, 51, 52];
         let full = vec![(0, Some(7), &talk[..]), (1, Some(8), short)].into_iter();
-        assert_eq!(choose_slot(full, 7, &[1, 2, 3, 900], 0), Some((1, 0)));
+        assert_eq!(pick(full, 7, &[1, 2, 3, 900], 0), Some((1, 0)));
         // An edit near the top of a cached file: a short prefix, the rest moved with cache reuse
         // (runs of 16 or more): the file's slot, not the empty one.
         let mut edited: Vec<u32> = vec![1, 2, 3, 900];
         edited.extend(5..200);
-        assert_eq!(choose_slot(free(), 7, &edited, 16), Some((0, 3)));
-        assert_eq!(choose_slot(free(), 7, &edited, 0), Some((1, 0)));
+        assert_eq!(pick(free(), 7, &edited, 16), Some((0, 3)));
+        // ... and the runs it found are the ones admission moves.
+        let (_, _, chunks) = choose_slot(free(), 7, &edited, 16).unwrap();
+        assert_eq!(chunks, reuse_chunks(&talk, &edited, 3, 16));
+        assert!(!chunks.is_empty());
+        assert_eq!(pick(free(), 7, &edited, 0), Some((1, 0)));
     }
 
     #[test]
