@@ -573,7 +573,7 @@ fn stats(v: &mut Value, u: &Usage) {
 /// the index, the arguments as an object.
 fn call_json(m: &Meta, c: &ToolCall, i: usize) -> Value {
     let args: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
-    json!({"id": format!("call_{}_{i}", m.id),
+    json!({"id": m.call_id(i),
            "function": {"index": i, "name": c.name, "arguments": args}})
 }
 

@@ -9,7 +9,7 @@
 
 use crate::api::{chat, read_json};
 use crate::guard::Tenant;
-use crate::request::{ApiError, ApiResult};
+use crate::request::{ApiError, ApiResult, ChatRequest};
 use crate::sse::{Kind, Meta};
 use crate::AppState;
 use axum::body::{Body, Bytes};
@@ -350,6 +350,14 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
     Ok((Value::Object(out), echo))
 }
 
+/// A Responses request as a chat request, and the fields its answer echoes.
+fn chat_request(v: &Value) -> ApiResult<(ChatRequest, Value)> {
+    let (chat_body, echo) = translate(v)?;
+    let r = serde_json::from_value(chat_body)
+        .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+    Ok((r, echo))
+}
+
 pub async fn responses(
     State(s): State<Arc<AppState>>,
     Extension(tenant): Extension<Tenant>,
@@ -358,9 +366,7 @@ pub async fn responses(
 ) -> Response {
     let answer = async {
         let v: Value = read_json(&s, &headers, body).await?;
-        let (chat_body, echo) = translate(&v)?;
-        let r = serde_json::from_value(chat_body)
-            .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+        let (r, echo) = chat_request(&v)?;
         chat(s.clone(), tenant, r, Kind::Responses, echo).await
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
@@ -375,9 +381,7 @@ pub async fn input_tokens(
 ) -> Response {
     let answer = async {
         let v: Value = read_json(&s, &headers, body).await?;
-        let (chat_body, _) = translate(&v)?;
-        let r = serde_json::from_value(chat_body)
-            .map_err(|e| bad(format!("the request is not valid: {e}")))?;
+        let (r, _) = chat_request(&v)?;
         let n = crate::api::chat_tokens(&s, r).await?;
         Ok::<_, ApiError>(crate::api::input_tokens_json(n))
     };
@@ -407,11 +411,11 @@ fn call_item(m: &Meta, c: &ToolCall, i: usize, status: &str) -> Value {
             .and_then(|a| a.get("input").and_then(Value::as_str).map(str::to_string))
             .unwrap_or_default();
         json!({"type": "custom_tool_call", "id": format!("ctc_{}_{i}", m.id),
-               "call_id": format!("call_{}_{i}", m.id), "name": name,
+               "call_id": m.call_id(i), "name": name,
                "input": if done { input } else { String::new() }, "status": status})
     } else {
         json!({"type": "function_call", "id": format!("fc_{}_{i}", m.id),
-               "call_id": format!("call_{}_{i}", m.id), "name": name,
+               "call_id": m.call_id(i), "name": name,
                "arguments": if done { c.arguments.as_str() } else { "" }, "status": status})
     };
     if let Some(ns) = namespace {

@@ -57,6 +57,12 @@ impl Meta {
         json!({"token": String::from_utf8_lossy(b), "logprob": logprob, "bytes": b})
     }
 
+    /// The id of the answer's `i`th tool call (every API's: OpenAI's, Responses' `call_id`,
+    /// Ollama's).
+    pub(crate) fn call_id(&self, i: usize) -> String {
+        format!("call_{}_{i}", self.id)
+    }
+
     /// A token's entry (`{"token", "logprob", "bytes", "top_logprobs"}`) for each of these: chat's
     /// `logprobs.content`, and Ollama's `logprobs`.
     pub(crate) fn token_entries(&self, lps: &[TokenLogprobs]) -> Vec<Value> {
@@ -108,7 +114,7 @@ fn calls_json(m: &Meta, calls: &[ToolCall], first: usize, stream: bool) -> Vec<V
         .enumerate()
         .map(|(i, c)| {
             let mut v = json!({
-                "id": format!("call_{}_{}", m.id, first + i),
+                "id": m.call_id(first + i),
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments},
             });
