@@ -69,6 +69,15 @@ pub struct ServeArgs {
     /// Text forced before the closing tag when the reasoning budget is spent.
     #[arg(long, default_value = "")]
     reasoning_budget_message: String,
+    /// How an embedding request's token rows become one vector (/v1/embeddings, /embedding,
+    /// Ollama's /api/embed): mean, last (decoder embedding models such as Qwen3-Embedding), cls,
+    /// or none (every token's row, /embedding only) [default: the file's pooling_type, else mean].
+    #[arg(long, value_parser = ["none", "mean", "cls", "last"])]
+    pooling: Option<String>,
+    /// Accepted for llama-server's command lines: mens serves embeddings on the CPU backend
+    /// whether or not it is given.
+    #[arg(long, alias = "embedding")]
+    embeddings: bool,
     /// Most tokens one batched step takes (decode tokens + prompt chunks): smaller keeps decoding
     /// streams smooth while a long prompt is prefilled, larger prefills faster. Default: 128 on the
     /// CPU, 8192 on a GPU (at least --parallel).
@@ -305,6 +314,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         reasoning_budget: usize::try_from(a.reasoning_budget).ok(),
         reasoning_budget_message: a.reasoning_budget_message.clone(),
         model: mens_server::ModelCard::of(&l.model, crate::model_path(&a.model).ok().as_deref()),
+        pooling: match &a.pooling {
+            Some(p) => mens::embed::Pooling::parse(p)?,
+            None => l.model.config.pooling.unwrap_or(mens::embed::Pooling::Mean),
+        },
         ..Default::default()
     };
     let state = Arc::new(AppState::new(scheduler, tokenizer, l.template, config));

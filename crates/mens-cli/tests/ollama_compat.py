@@ -108,6 +108,25 @@ v = json.loads(r.message.content)
 jsonschema.validate(v, schema)
 print("format:", v)
 
+# Embeddings: /api/embed (unit vectors, one per input) and the older /api/embeddings (the vector
+# as the model gives it).
+try:
+    e = client.embed(model=model, input=["def add(a, b): return a + b", "The weather is nice today."])
+except ollama.ResponseError as x:
+    # A GPU server (`--any-model` runs on the device) computes no embeddings: a clear 501.
+    assert not REAL and x.status_code == 501, (x.status_code, x.error)
+    e = None
+if e is None:
+    print("embed: not on this backend (501)")
+else:
+    assert len(e.embeddings) == 2 and all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in e.embeddings)
+    assert e.prompt_eval_count > 8, e.prompt_eval_count
+    old = client.embeddings(model=model, prompt="def add(a, b): return a + b")
+    n = sum(x * x for x in old.embedding) ** 0.5
+    assert len(old.embedding) == len(e.embeddings[0]) and n > 0
+    assert max(abs(a / n - b) for a, b in zip(old.embedding, e.embeddings[0])) < 1e-4
+    print("embed: %d vectors of %d" % (len(e.embeddings), len(e.embeddings[0])))
+
 # Errors come back as the client's ResponseError with the status.
 try:
     client.chat(model="no-such-model", messages=msgs[:1])

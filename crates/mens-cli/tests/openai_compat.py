@@ -247,6 +247,22 @@ cc = [o for o in r.output if o.type == "custom_tool_call"]
 assert cc and cc[0].name == "apply_patch" and isinstance(cc[0].input, str), r.output
 print("responses: text, stream, function call, json_schema, namespace and custom tools")
 
+# Embeddings: the client asks for base64 by default and decodes it; floats on request give the
+# same vectors. Unit length (Euclidean), the model's width, texts apart from each other.
+texts = ["def add(a, b):\n    return a + b\n", "The weather is nice today.", "def add(x, y): return x + y"]
+e = client.embeddings.create(model=model, input=texts)
+vecs = [d.embedding for d in sorted(e.data, key=lambda d: d.index)]
+assert len(vecs) == 3 and len(set(map(len, vecs))) == 1 and len(vecs[0]) >= 64, [len(v) for v in vecs]
+assert all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in vecs)
+assert e.usage.prompt_tokens == e.usage.total_tokens > 10, e.usage
+f = client.embeddings.create(model=model, input=texts[0], encoding_format="float")
+assert max(abs(a - b) for a, b in zip(f.data[0].embedding, vecs[0])) < 1e-6
+cos = lambda a, b: sum(x * y for x, y in zip(a, b))
+assert cos(vecs[0], vecs[2]) > cos(vecs[0], vecs[1]), (cos(vecs[0], vecs[2]), cos(vecs[0], vecs[1]))
+short = client.embeddings.create(model=model, input=texts[0], dimensions=32).data[0].embedding
+assert len(short) == 32 and abs(sum(x * x for x in short) - 1) < 1e-3
+print("embeddings: %d vectors of %d, code pair %.3f, code/prose %.3f" % (len(vecs), len(vecs[0]), cos(vecs[0], vecs[2]), cos(vecs[0], vecs[1])))
+
 # llama-server's /tokenize and /detokenize; special-token text is text unless asked.
 import urllib.request
 from prometheus_client.parser import text_string_to_metric_families

@@ -637,21 +637,9 @@ pub(crate) async fn complete(
         logprobs: extra.logprobs,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         think,
+        embed: None,
     };
-    s.scheduler.submit(req).map_err(|e| match e {
-        SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),
-        SubmitError::QueueFull => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "the server is busy (every slot and the queue are full); retry later",
-        )
-        .with_code("queue_full"),
-        SubmitError::Stopped => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "the engine has stopped",
-        ),
-    })?;
+    s.scheduler.submit(req).map_err(submit_error)?;
     let meta = Meta {
         id: new_id(match kind {
             Kind::Chat => "chatcmpl",
@@ -699,6 +687,24 @@ pub(crate) async fn complete(
     }
 }
 
+/// Why the scheduler did not take a request, as an API error.
+pub(crate) fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Invalid(e) => ApiError::invalid(e.to_string()),
+        SubmitError::QueueFull => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is busy (every slot and the queue are full); retry later",
+        )
+        .with_code("queue_full"),
+        SubmitError::Stopped => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the engine has stopped",
+        ),
+    }
+}
+
 /// The checks and prompt building of `/v1/chat/completions` (`chat`) or `/v1/completions` on a
 /// body, without a scheduler or a connection: what the fuzz target and its regression test drive.
 /// The prompt ids, or the error the server would answer.
@@ -732,17 +738,6 @@ pub fn prepare(
     common.stops()?;
     common.max_tokens(prompt.len(), ctx, None, false)?;
     Ok(prompt)
-}
-
-/// `POST /v1/embeddings`: a generation server, not an embedding one (a clear 501, where an
-/// unknown path would get a 404; llama.vscode asks a separately configured server for these).
-pub async fn no_embeddings() -> Response {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_implemented_error",
-        "embeddings are not served by mens (a generation server): use an embedding server",
-    )
-    .into_response()
 }
 
 /// `GET /props` (llama-server's): the context a request gets, the slots, the sampling defaults,

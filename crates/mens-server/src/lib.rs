@@ -6,6 +6,7 @@
 mod anthropic;
 mod api;
 mod conn;
+mod embed;
 mod guard;
 mod metrics;
 mod ollama;
@@ -74,6 +75,9 @@ pub struct ServerConfig {
     pub reasoning_budget_message: String,
     /// What the Ollama API's `/api/tags`, `/api/ps` and `/api/show` say of the model.
     pub model: ModelCard,
+    /// How an embedding request's rows become one vector (`--pooling`; by default the file's
+    /// `pooling_type`, else mean).
+    pub pooling: mens::embed::Pooling,
 }
 
 impl Default for ServerConfig {
@@ -96,6 +100,7 @@ impl Default for ServerConfig {
             reasoning_budget: None,
             reasoning_budget_message: String::new(),
             model: ModelCard::default(),
+            pooling: mens::embed::Pooling::Mean,
         }
     }
 }
@@ -166,7 +171,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
-        .route("/v1/embeddings", post(api::no_embeddings))
+        .route("/v1/embeddings", post(embed::openai))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
@@ -175,7 +180,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/models", get(api::models))
         .route("/chat/completions", post(api::chat_completions))
         .route("/responses", post(responses::responses))
-        .route("/embeddings", post(api::no_embeddings))
+        .route("/embedding", post(embed::native))
+        .route("/embeddings", post(embed::native))
         .route(
             "/v1/chat/completions/input_tokens",
             post(api::chat_input_tokens),
@@ -195,8 +201,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
-        .route("/api/embed", post(ollama::no_embeddings))
-        .route("/api/embeddings", post(ollama::no_embeddings))
+        .route("/api/embed", post(embed::ollama_embed))
+        .route("/api/embeddings", post(embed::ollama_embeddings))
         .route("/props", get(api::props))
         .route("/apply-template", post(api::apply_template))
         .route("/tokenize", post(api::tokenize_text))

@@ -90,7 +90,7 @@ impl Default for Metrics {
 }
 
 /// The routes counted by name.
-const ROUTES: [&str; 32] = [
+const ROUTES: [&str; 35] = [
     "/health",
     "/v1/health",
     "/metrics",
@@ -105,6 +105,7 @@ const ROUTES: [&str; 32] = [
     "/responses/input_tokens",
     "/v1/embeddings",
     "/embeddings",
+    "/embedding",
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
@@ -120,6 +121,8 @@ const ROUTES: [&str; 32] = [
     "/api/show",
     "/api/ps",
     "/api/version",
+    "/api/embed",
+    "/api/embeddings",
     "/props",
     "/apply-template",
     "other",

@@ -106,7 +106,7 @@ fn file_type_name(t: u64) -> Option<&'static str> {
 }
 
 /// An error as Ollama writes it: `{"error": "…"}` with the status.
-fn error(e: ApiError) -> Response {
+pub(crate) fn error(e: ApiError) -> Response {
     let mut r = (e.status, axum::Json(json!({ "error": e.message }))).into_response();
     if e.status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut()
@@ -124,7 +124,7 @@ fn now_rfc3339() -> String {
 }
 
 /// The name `/api/tags` lists: the served name, with Ollama's default tag when it has none.
-fn listed_name(s: &AppState) -> String {
+pub(crate) fn listed_name(s: &AppState) -> String {
     let n = &s.config.model_name;
     if n.contains(':') {
         n.clone()
@@ -284,7 +284,7 @@ fn message(m: &Value) -> ApiResult<Value> {
 }
 
 /// The request's JSON object, its `model` checked.
-async fn read_object(
+pub(crate) async fn read_object(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -487,16 +487,6 @@ pub async fn ps(State(s): State<Arc<AppState>>) -> Response {
         "context_length": s.scheduler.options().ctx,
     }]}))
     .into_response()
-}
-
-/// `POST /api/embed` and `/api/embeddings`: a generation server, not an embedding one (a clear
-/// answer, where an unknown path would get a 404).
-pub async fn no_embeddings() -> Response {
-    error(ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_implemented",
-        "embeddings are not served by mens (a generation server): use an embedding server",
-    ))
 }
 
 /// `GET /api/version`.

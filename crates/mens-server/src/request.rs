@@ -386,23 +386,7 @@ impl Common {
 
     /// Refuse what the server cannot do yet, rather than ignore it.
     pub(crate) fn check_supported(&self, model_name: &str) -> ApiResult<()> {
-        if let Some(m) = &self.model {
-            // `NAME:latest` is the name Ollama's `/api/tags` lists (and Ollama's own OpenAI
-            // routes take, as `codex --oss` sends it).
-            let listed = m.strip_suffix(":latest") == Some(model_name);
-            if !m.is_empty() && m != model_name && !listed {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    format!(
-                        "the model '{m}' does not exist here: this server serves '{model_name}'"
-                    ),
-                )
-                .param("model")
-                .with_code("model_not_found"));
-            }
-        }
-        Ok(())
+        check_model(self.model.as_deref(), model_name)
     }
 
     /// The grammar the output must follow: `response_format`, `grammar` or `regex` (one of them).
@@ -596,10 +580,7 @@ impl Common {
 
     /// The tenant whose cached prompts this request may reuse: its API key and `user`.
     pub(crate) fn tenant(&self, key: Tenant) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (key.0, self.user.as_deref()).hash(&mut h);
-        h.finish()
+        tenant_of(key, self.user.as_deref())
     }
 
     /// `logit_bias` as (token, bias) pairs: OpenAI's object of token ids (as strings) to
@@ -886,4 +867,31 @@ pub(crate) struct TokenizeRequest {
 pub(crate) struct DetokenizeRequest {
     #[serde(default)]
     pub(crate) tokens: Vec<u32>,
+}
+
+/// A request's `model` must name the served model (or be empty or absent).
+pub(crate) fn check_model(model: Option<&str>, model_name: &str) -> ApiResult<()> {
+    if let Some(m) = model {
+        // `NAME:latest` is the name Ollama's `/api/tags` lists (and Ollama's own OpenAI
+        // routes take, as `codex --oss` sends it).
+        let listed = m.strip_suffix(":latest") == Some(model_name);
+        if !m.is_empty() && m != model_name && !listed {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("the model '{m}' does not exist here: this server serves '{model_name}'"),
+            )
+            .param("model")
+            .with_code("model_not_found"));
+        }
+    }
+    Ok(())
+}
+
+/// A request's tenant: its API key's, split further by OpenAI's `user` field.
+pub(crate) fn tenant_of(key: Tenant, user: Option<&str>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (key.0, user).hash(&mut h);
+    h.finish()
 }

@@ -175,6 +175,7 @@ pub(crate) async fn collect(
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Logprobs(l)) => lps.push(l),
+            Some(Event::Embedding(_)) => {}
             Some(Event::Done(u)) => {
                 meta.metrics.finished(&u);
                 return Ok((text, lps, u));
@@ -253,6 +254,7 @@ impl<S: EventSink> Pipe<S> {
     fn on(&mut self, e: Option<Event>) {
         match e {
             Some(Event::Logprobs(l)) => self.sink.logprobs(l),
+            Some(Event::Embedding(_)) => {}
             Some(Event::Text(t)) => match self.think.as_mut() {
                 Some(s) => {
                     let p = s.push(&t);

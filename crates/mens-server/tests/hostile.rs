@@ -471,6 +471,7 @@ fn a_departed_client_leaves_the_queue() {
         logprobs: None,
         ignore_eos: false,
         think: None,
+        embed: None,
     };
     let yes = Arc::new(AtomicBool::new(true));
     sched.submit(req(yes.clone(), true)).unwrap();

@@ -329,6 +329,7 @@ fn blocker(
         logprobs: None,
         ignore_eos: false,
         think: None,
+        embed: None,
     };
     (req, release, started)
 }
@@ -388,6 +389,7 @@ fn listened(prompt: Vec<u32>, tenant: u64) -> (Request, std::sync::mpsc::Receive
         logprobs: None,
         ignore_eos: true,
         think: None,
+        embed: None,
     };
     (req, rx)
 }
@@ -400,7 +402,7 @@ fn outcome(rx: std::sync::mpsc::Receiver<Event>) -> (String, mens::scheduler::Us
             Event::Text(t) => text.push_str(&t),
             Event::Done(u) => return (text, u),
             Event::Error(e) => panic!("{e}"),
-            Event::Logprobs(_) => {}
+            Event::Logprobs(_) | Event::Embedding(_) => {}
         }
     }
 }

@@ -785,6 +785,14 @@ impl Session {
                 Some(from) if from.saturating_sub(done) >= chunk.len() => {
                     self.forward_batch(chunk, None)
                 }
+                Some(from) if logits.hidden() => {
+                    // The final norm's rows (run.xb), no head.
+                    self.forward_batch(chunk, None);
+                    let d = self.model.config.dim;
+                    for i in from.saturating_sub(done)..chunk.len() {
+                        logits.give_hidden(done + i, &self.run.xb[i * d..(i + 1) * d]);
+                    }
+                }
                 Some(from) => {
                     let mut cb = |i: usize, l: &[f32]| logits.give(done + i, l);
                     self.forward_batch(chunk, Some(Some((from.saturating_sub(done), &mut cb))))
@@ -963,6 +971,14 @@ impl Batch {
         for p in parts.iter_mut() {
             let start = row;
             row += p.tokens.len();
+            if p.logits.hidden() {
+                let from = p.logits.start().unwrap_or(0);
+                for i in from..p.tokens.len() {
+                    let src = (start + i) * d;
+                    p.logits.give_hidden(i, &self.run.xb[src..src + d]);
+                }
+                continue;
+            }
             if let Some(from) = p.logits.start() {
                 let mut i = from;
                 while i < p.tokens.len() {
@@ -1016,6 +1032,9 @@ impl Batch {
 impl Runner for Session {
     fn ctx(&self) -> usize {
         self.options.ctx
+    }
+    fn hidden_states(&self) -> bool {
+        true
     }
     fn sibling(&self, ctx: usize) -> Result<Box<dyn Runner>> {
         let options = SessionOptions {
@@ -1076,6 +1095,9 @@ impl Runner for Session {
 }
 
 impl Runner for Batch {
+    fn hidden_states(&self) -> bool {
+        true
+    }
     fn slots(&self) -> usize {
         self.slots.len()
     }

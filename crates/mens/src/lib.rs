@@ -10,6 +10,7 @@ pub mod chat;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod embed;
 pub mod error;
 pub mod fim;
 pub mod generate;

@@ -332,6 +332,7 @@ impl crate::runner::Runner for MetalSession {
         &self.tokens
     }
     fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
+        crate::runner::no_hidden(parts, "metal")?;
         let p = crate::runner::single(parts)?;
         let tokens = p.tokens;
         self.check(tokens)?;

@@ -70,6 +70,8 @@ pub struct Config {
     pub logit_softcap: Option<f32>,
     /// Mixture-of-experts layers (every layer, as Qwen3-MoE); `ffn_dim` is then one expert's.
     pub experts: Option<Experts>,
+    /// The file's `{arch}.pooling_type` (an embedding model's), when it names one.
+    pub pooling: Option<crate::embed::Pooling>,
 }
 
 /// What the KV cache stores for each K or V value (llama.cpp's `-ctk` / `-ctv`): f16, or 32-value
@@ -427,7 +429,11 @@ impl Config {
         } else {
             1.0 / (head_dim as f32).sqrt()
         };
+        let pooling = g
+            .get_u64(&key("pooling_type"))?
+            .and_then(crate::embed::Pooling::from_gguf);
         Ok(Config {
+            pooling,
             experts,
             rope_scale,
             embed_scale: if def.embed_scale {

@@ -27,6 +27,13 @@ pub enum Logits<'a> {
         from: usize,
         f: &'a mut dyn FnMut(usize, u32),
     },
+    /// Every position's hidden state after the final norm (the model's width, no LM head) from
+    /// index `from` on, handed to the callback as (index, row): embeddings. Only where
+    /// [`Runner::hidden_states`] says so.
+    Hidden {
+        from: usize,
+        f: &'a mut dyn FnMut(usize, &[f32]),
+    },
 }
 
 impl Logits<'_> {
@@ -38,7 +45,9 @@ impl Logits<'_> {
     /// The first position whose logits (or pick) are wanted, for `All` and `Argmax`.
     pub fn start(&self) -> Option<usize> {
         match self {
-            Logits::All { from, .. } | Logits::Argmax { from, .. } => Some(*from),
+            Logits::All { from, .. }
+            | Logits::Argmax { from, .. }
+            | Logits::Hidden { from, .. } => Some(*from),
             Logits::None | Logits::Last => None,
         }
     }
@@ -48,7 +57,19 @@ impl Logits<'_> {
         match self {
             Logits::All { f, .. } => f(i, row),
             Logits::Argmax { f, .. } => f(i, crate::sample::argmax(row)),
-            Logits::None | Logits::Last => {}
+            Logits::None | Logits::Last | Logits::Hidden { .. } => {}
+        }
+    }
+
+    /// Whether the part wants hidden states, not logits ([`Logits::Hidden`]).
+    pub fn hidden(&self) -> bool {
+        matches!(self, Logits::Hidden { .. })
+    }
+
+    /// Hand position `i`'s final hidden state over (`Hidden`).
+    pub fn give_hidden(&mut self, i: usize, row: &[f32]) {
+        if let Logits::Hidden { f, .. } = self {
+            f(i, row)
         }
     }
 }
@@ -153,6 +174,10 @@ pub trait Runner {
     }
     /// One forward pass over `parts` (at most one per slot).
     fn step(&mut self, parts: &mut [Part]) -> Result<()>;
+    /// Whether [`Logits::Hidden`] parts are served (embeddings).
+    fn hidden_states(&self) -> bool {
+        false
+    }
     /// Pick a slot's next token from its last-position logits of the last step.
     fn sample_slot(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32>;
     fn memory(&self) -> Memory;
@@ -230,6 +255,16 @@ pub trait Runner {
 }
 
 /// The one part of a step on a single-sequence runner (slot 0).
+/// For a backend without [`Logits::Hidden`]: a clear error when a part asks for hidden states.
+pub fn no_hidden(parts: &[Part], backend: &str) -> Result<()> {
+    if parts.iter().any(|p| p.logits.hidden()) {
+        return Err(Error::InvalidArgument(format!(
+            "embeddings (hidden states) are not computed on the {backend} backend; use --backend cpu"
+        )));
+    }
+    Ok(())
+}
+
 pub fn single<'p, 'a>(parts: &'p mut [Part<'a>]) -> Result<&'p mut Part<'a>> {
     match parts {
         [p] if p.slot == 0 => Ok(p),

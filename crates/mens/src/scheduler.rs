@@ -37,6 +37,9 @@ pub enum Event {
     /// The log-probabilities of the token whose text comes next (when the request asked for them;
     /// sent before that token's text, which may be held back by stop strings or UTF-8).
     Logprobs(TokenLogprobs),
+    /// An embedding request's pooled vector (pooling none: every token's row, one after
+    /// another), not normalised; [`Event::Done`] follows.
+    Embedding(Vec<f32>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +95,10 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Watch the answer's leading `<think>` block: count it, and close it at a budget.
     pub think: Option<crate::think::Think>,
+    /// An embedding request: the prompt is prefilled from nothing (every row is pooled), nothing
+    /// is generated (`max_tokens` is ignored), and [`Event::Embedding`] comes before `Done`. It
+    /// takes the slot holding least, leaving cached conversations alone.
+    pub embed: Option<crate::embed::Pooling>,
 }
 
 #[derive(Debug, Clone)]
@@ -163,6 +170,8 @@ pub struct Scheduler {
     status: Arc<Status>,
     options: SchedulerOptions,
     vocab: usize,
+    /// The runner computes hidden states (embedding requests are served).
+    hidden: bool,
 }
 
 /// Builds the runner on the scheduler's thread (a GPU context belongs to the thread that made it).
@@ -266,7 +275,12 @@ impl Scheduler {
                 });
                 match made {
                     Ok((r, d)) => {
-                        let _ = ready_tx.send(Ok((r.slots(), r.ctx(), r.max_step_tokens())));
+                        let _ = ready_tx.send(Ok((
+                            r.slots(),
+                            r.ctx(),
+                            r.max_step_tokens(),
+                            r.hidden_states(),
+                        )));
                         run(r, d, &tokenizer, rx, &st, cache_reuse, spec)
                     }
                     Err(e) => {
@@ -277,7 +291,7 @@ impl Scheduler {
             .map_err(|e| {
                 Error::InvalidArgument(format!("cannot start the scheduler thread: {e}"))
             })?;
-        let (slots, ctx, batch) = ready
+        let (slots, ctx, batch, hidden) = ready
             .recv()
             .map_err(|_| Error::Backend("the scheduler thread ended while starting".into()))??;
         Ok(Scheduler {
@@ -285,6 +299,7 @@ impl Scheduler {
             thread: Some(thread),
             status,
             vocab,
+            hidden,
             options: SchedulerOptions {
                 slots,
                 ctx,
@@ -305,15 +320,25 @@ impl Scheduler {
         &self.status
     }
 
+    /// Whether embedding requests are served (the runner computes hidden states).
+    pub fn embeddings(&self) -> bool {
+        self.hidden
+    }
+
     /// Check a request and queue it; its output arrives through `on_event`.
-    pub fn submit(&self, req: Request) -> std::result::Result<(), SubmitError> {
+    pub fn submit(&self, mut req: Request) -> std::result::Result<(), SubmitError> {
         let ctx = self.options.ctx;
         let invalid = |m: String| Err(SubmitError::Invalid(Error::InvalidArgument(m)));
         req.sampler.validate().map_err(SubmitError::Invalid)?;
         if req.prompt.is_empty() {
             return invalid("the prompt is empty".into());
         }
-        if req.max_tokens == 0 {
+        if req.embed.is_some() {
+            if !self.hidden {
+                return invalid("embeddings are not computed on this backend".into());
+            }
+            req.max_tokens = 0;
+        } else if req.max_tokens == 0 {
             return invalid("max_tokens must be ≥ 1".into());
         }
         if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= self.vocab) {
@@ -553,6 +578,8 @@ struct Loop<'t> {
     /// greedy picks at each of them.
     feed: Vec<Vec<u32>>,
     picks: Vec<Vec<u32>>,
+    /// Per slot: an embedding request's pooled rows (set at admission).
+    pools: Vec<Option<crate::embed::Pool>>,
     /// Scratch for a slot's history (its cache and next token) while proposing.
     history: Vec<u32>,
     /// A draft model's runner (same slots), proposing instead of prompt lookup, and each slot's
@@ -566,6 +593,9 @@ struct Loop<'t> {
     /// Admissions and resumptions so far (a request's `order`).
     order: u64,
 }
+
+/// A callback taking a position's row (an embedding's hidden state).
+type RowFn<'a> = dyn FnMut(usize, &[f32]) + 'a;
 
 /// Draft tokens a slot starts with.
 const DRAFT_K0: usize = 4;
@@ -589,6 +619,7 @@ fn run(
         spec,
         feed: vec![Vec::new(); n],
         picks: vec![Vec::new(); n],
+        pools: vec![None; n],
         history: Vec::new(),
         draft,
         draft_k: vec![DRAFT_K0; n],
@@ -707,10 +738,12 @@ impl Loop<'_> {
             } else {
                 0
             };
+            // An embedding pools every row: nothing is reused, and it takes the slot holding least.
+            let embed = job.req.embed.is_some();
+            let wanted: &[u32] = if embed { &[] } else { &job.req.prompt };
             let (slot, mut keep, chunks) =
-                choose_slot(free, job.req.tenant, &job.req.prompt, min_run)
-                    .expect("a slot is free");
-            let copy = if self.copy_prefix && runner.can_copy_prefix() {
+                choose_slot(free, job.req.tenant, wanted, min_run).expect("a slot is free");
+            let copy = if self.copy_prefix && runner.can_copy_prefix() && !embed {
                 let others = (0..self.slots.len())
                     .filter(|&i| i != slot)
                     .map(|i| (i, self.owner[i], runner.slot_tokens(i)));
@@ -777,6 +810,7 @@ impl Loop<'_> {
                 w
             });
             self.draft_k[slot] = DRAFT_K0;
+            self.pools[slot] = job.req.embed.map(crate::embed::Pool::new);
             if let Some(d) = self.draft.as_mut() {
                 // The draft keeps no more of the old request than the target does (the same
                 // tenant's prefix): proposals' speed must not tell one tenant another's text.
@@ -828,7 +862,14 @@ impl Loop<'_> {
         for (_, slot) in paused {
             let a = self.slots[slot].as_ref().expect("paused slot");
             let claim = claim(a.source().len(), a.most());
-            let keep = reusable_prefix(self.runner.slot_tokens(slot), a.source());
+            let keep = match self.pools[slot].as_mut() {
+                // Its rows are pooled as they are computed: all of them again.
+                Some(pool) => {
+                    pool.clear();
+                    0
+                }
+                None => reusable_prefix(self.runner.slot_tokens(slot), a.source()),
+            };
             self.runner.truncate_slot(slot, keep);
             if !self.runner.admit(slot, claim) {
                 return false;
@@ -1068,6 +1109,18 @@ impl Loop<'_> {
                 }
             }
         }
+        // One callback per embedding slot's prompt chunk, pooling its rows.
+        let mut pool_refs: Vec<Option<&mut crate::embed::Pool>> =
+            self.pools.iter_mut().map(|p| p.as_mut()).collect();
+        let mut hs: Vec<Box<RowFn<'_>>> = Vec::new();
+        for w in work {
+            if let Work::Prefill { slot, start, .. } = *w {
+                if let Some(pool) = pool_refs[slot].take() {
+                    hs.push(Box::new(move |i, row| pool.add(start + i, row)));
+                }
+            }
+        }
+        let mut hs_iter = hs.iter_mut();
         let mut fs_iter = fs.iter_mut();
         let mut parts: Vec<Part> = Vec::with_capacity(work.len());
         for w in work {
@@ -1093,13 +1146,23 @@ impl Loop<'_> {
                 } => Part {
                     slot,
                     tokens: &a.source()[start..start + len],
-                    logits: if last { Logits::Last } else { Logits::None },
+                    logits: if a.req.embed.is_some() {
+                        Logits::Hidden {
+                            from: 0,
+                            f: &mut **hs_iter.next().expect("a callback per embedding slot"),
+                        }
+                    } else if last {
+                        Logits::Last
+                    } else {
+                        Logits::None
+                    },
                 },
             });
         }
         let result = self.runner.step(&mut parts);
         drop(parts);
         drop(fs);
+        drop(hs);
         self.status.steps.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = result {
             for w in work {
@@ -1121,6 +1184,10 @@ impl Loop<'_> {
                     }
                     // A resumed request's text is in again: it decodes on.
                     a.source = None;
+                    if a.req.embed.is_some() {
+                        self.finish_embedding(slot);
+                        continue;
+                    }
                 }
                 Work::Decode { len, .. } if len > 1 => {
                     self.verify(slot, len);
@@ -1155,6 +1222,29 @@ impl Loop<'_> {
             if !self.take(slot, t) {
                 break;
             }
+        }
+    }
+
+    /// An embedding request's prompt is in: send its pooled vector and end it.
+    fn finish_embedding(&mut self, slot: usize) {
+        let mut a = self.slots[slot].take().expect("planned slot");
+        let v = self.pools[slot]
+            .take()
+            .map(|mut p| p.finish())
+            .unwrap_or_default();
+        self.status.active.fetch_sub(1, Ordering::SeqCst);
+        let usage = Usage {
+            prompt_tokens: a.req.prompt.len(),
+            cached_tokens: a.cached,
+            completion_tokens: 0,
+            reasoning_tokens: 0,
+            finish: Finish::Stop,
+            time_to_first_token: a.admitted.elapsed(),
+            total: a.submitted.elapsed(),
+            stop_sequence: None,
+        };
+        if (a.req.on_event)(Event::Embedding(v)) {
+            (a.req.on_event)(Event::Done(usage));
         }
     }
 

@@ -47,6 +47,9 @@ pub struct Tokenizer {
     pub bos: Option<u32>,
     pub eos: u32,
     pub add_bos: bool,
+    /// The file's `tokenizer.ggml.add_eos_token`: an embedding input ends with EOS (Qwen3-Embedding's
+    /// last-token pooling reads it), as llama.cpp's tokenizer adds it with `add_special`.
+    pub add_eos: bool,
     /// Tokens that end generation: eos and the end-of-turn tokens the vocabulary has.
     pub stop_tokens: Vec<u32>,
     vocab: HashMap<String, u32>,
@@ -157,6 +160,10 @@ impl Tokenizer {
             .get("tokenizer.ggml.add_bos_token")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
+        let add_eos = g
+            .get("tokenizer.ggml.add_eos_token")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
 
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
         for (i, t) in tokens.iter().enumerate() {
@@ -219,6 +226,7 @@ impl Tokenizer {
             bos,
             eos,
             add_bos,
+            add_eos,
             stop_tokens,
             vocab,
             specials,
@@ -265,6 +273,21 @@ impl Tokenizer {
     pub fn encode_text(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
         let mut ids = self.start();
         self.encode_into(text, false, &mut ids, limit)?;
+        Ok(ids)
+    }
+
+    /// An embedding input's ids: as [`Self::encode_text`], then the EOS where the model adds one
+    /// (`add_eos`). At most `limit` tokens.
+    pub fn encode_embedding(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
+        let mut ids = self.encode_text(text, limit)?;
+        if self.add_eos {
+            if ids.len() >= limit {
+                return Err(Error::Context(format!(
+                    "the input has more than {limit} tokens"
+                )));
+            }
+            ids.push(self.eos);
+        }
         Ok(ids)
     }
 

@@ -183,6 +183,7 @@ fn request(
         logprobs: None,
         ignore_eos: true,
         think: None,
+        embed: None,
     };
     (req, rx)
 }
@@ -195,7 +196,7 @@ fn finish(rx: &mpsc::Receiver<Event>) -> (String, usize) {
             Event::Text(t) => text.push_str(&t),
             Event::Done(u) => return (text, u.cached_tokens),
             Event::Error(e) => panic!("request failed: {e}"),
-            Event::Logprobs(_) => {}
+            Event::Logprobs(_) | Event::Embedding(_) => {}
         }
     }
 }

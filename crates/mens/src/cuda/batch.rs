@@ -1484,6 +1484,7 @@ impl Runner for CudaBatch {
         Ok(())
     }
     fn step(&mut self, parts: &mut [Part]) -> Result<()> {
+        crate::runner::no_hidden(parts, "cuda")?;
         let vocab = self.model.config.vocab_size;
         let mut seen = vec![false; self.slots];
         for p in parts.iter() {
@@ -1579,7 +1580,7 @@ impl Runner for CudaBatch {
                         f(j, t as u32);
                     }
                 }
-                Logits::None | Logits::Last => {}
+                Logits::None | Logits::Last | Logits::Hidden { .. } => {}
             }
         }
         let dev = &self.model.dev;

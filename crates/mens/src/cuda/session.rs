@@ -440,6 +440,11 @@ impl CudaSession {
     /// the rest decoded one by one).
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.check(tokens)?;
+        if logits.hidden() {
+            return Err(crate::Error::InvalidArgument(
+                "embeddings (hidden states) are not computed on the cuda backend".into(),
+            ));
+        }
         self.model.dev.bind()?;
         if let Some((slot, t)) = self.ahead {
             if tokens == [t] && matches!(logits, Logits::Last | Logits::None) {
@@ -1402,6 +1407,7 @@ impl crate::runner::Runner for CudaSession {
         CudaSession::truncate(self, n)
     }
     fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
+        crate::runner::no_hidden(parts, "cuda")?;
         let p = crate::runner::single(parts)?;
         let logits = std::mem::replace(&mut p.logits, Logits::None);
         CudaSession::forward(self, p.tokens, logits)
