@@ -41,7 +41,7 @@ pub(crate) struct SynthArgs {
     /// 0.5b, 1.5b or 7b.
     #[arg(long, required_unless_present = "tiny", conflicts_with = "tiny")]
     pub(crate) shape: Option<String>,
-    /// Instead: the tiny test model of an architecture (qwen2, qwen3, qwen3moe, llama, llama3, gemma3), as the tests
+    /// Instead: the tiny test model of an architecture (qwen2, qwen3, qwen3moe, llama, llama3, gemma3, qwen3-embed), as the tests
     /// build it (for checking an architecture against llama.cpp on the same file).
     #[arg(long)]
     pub(crate) tiny: Option<String>,

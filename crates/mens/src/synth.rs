@@ -32,6 +32,10 @@ pub struct SynthSpec {
     pub softcap: Option<f32>,
     /// Qwen3-MoE: (experts, experts used per token); `ffn_dim` is then one expert's.
     pub experts: Option<(usize, usize)>,
+    /// An embedding model's `pooling_type` (1 mean, 2 cls, 3 last) and `add_eos_token`, as
+    /// Qwen3-Embedding's file sets them.
+    pub pooling: Option<u32>,
+    pub add_eos: bool,
     pub seed: u64,
 }
 
@@ -63,6 +67,8 @@ impl SynthSpec {
             rope_base_swa: None,
             softcap: None,
             experts: None,
+            pooling: None,
+            add_eos: false,
             seed: 1,
         }
     }
@@ -158,6 +164,17 @@ impl SynthSpec {
         }
     }
 
+    /// A tiny Qwen3-Embedding-style model: Qwen3 with `pooling_type` last and an EOS appended to
+    /// each input (`add_eos_token`), as the real embedding files set them.
+    pub fn tiny_qwen3_embed() -> Self {
+        SynthSpec {
+            pooling: Some(3),
+            add_eos: true,
+            seed: 7,
+            ..Self::tiny_qwen3()
+        }
+    }
+
     /// The same architecture at the smallest shape (one layer, d = 64, mixed types): the fuzzers'
     /// seeds and the malformed-file cases start from it.
     pub fn micro(self) -> Self {
@@ -181,7 +198,8 @@ impl SynthSpec {
         }
     }
 
-    /// The tiny model of an architecture, by name: qwen2, qwen3, qwen3moe, llama, llama3, gemma3.
+    /// The tiny model of an architecture, by name: qwen2, qwen3, qwen3moe, llama, llama3, gemma3, and
+    /// qwen3-embed (Qwen3 as an embedding model).
     pub fn tiny(arch: &str) -> Option<Self> {
         match arch {
             "qwen2" => Some(Self::tiny_qwen2()),
@@ -190,6 +208,7 @@ impl SynthSpec {
             "llama3" => Some(Self::tiny_llama3()),
             "gemma3" => Some(Self::tiny_gemma3()),
             "qwen3moe" => Some(Self::tiny_qwen3moe()),
+            "qwen3-embed" => Some(Self::tiny_qwen3_embed()),
             _ => None,
         }
     }
@@ -318,6 +337,12 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
     }
     if let Some(c) = spec.softcap {
         w.kv(&format!("{a}.final_logit_softcapping"), Value::F32(c));
+    }
+    if let Some(p) = spec.pooling {
+        w.kv(&format!("{a}.pooling_type"), Value::U32(p));
+    }
+    if spec.add_eos {
+        w.kv("tokenizer.ggml.add_eos_token", Value::Bool(true));
     }
     if spec.head_dim.is_some() {
         w.kv(&format!("{a}.attention.key_length"), Value::U32(hd as u32))

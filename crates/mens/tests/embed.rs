@@ -184,3 +184,63 @@ fn an_embedding_leaves_a_cached_conversation_alone() {
         chat.len()
     );
 }
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// A Qwen3-Embedding-style file (the tiny random-weight one: `pooling_type` last, `add_eos_token`)
+/// against llama-server on the same file (`tests/data/arch/qwen3-embed.json`): the pooling comes from
+/// the file, each input ends with EOS (the token counts agree), and the vectors (not normalised)
+/// agree to cosine ≥ 0.9999. Mean pooling, or the input without its EOS, misses by far.
+#[test]
+fn a_qwen3_embedding_file_pools_its_last_token_as_llama_cpp() {
+    let bytes = mens::synth::synth_model(&mens::synth::SynthSpec::tiny_qwen3_embed());
+    let reference = common::json("arch/qwen3-embed.json");
+    assert_eq!(
+        reference["gguf_fnv1a64"].as_str().unwrap(),
+        format!("{:016x}", fnv1a64(&bytes)),
+        "the tiny qwen3-embed model is not the file llama.cpp saw: run scripts/embed-reference.sh"
+    );
+    let g = mens::gguf::Gguf::from_bytes(bytes).unwrap();
+    let (model, tok, _) = mens::load::from_gguf(g).unwrap();
+    assert_eq!(model.config.pooling, Some(Pooling::Last));
+    assert!(tok.add_eos);
+    let model = Arc::new(model);
+    let embed = |ids: &[u32], pooling: Pooling| {
+        let mut s = Session::new(
+            model.clone(),
+            SessionOptions {
+                ctx: 256,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut pool = mens::embed::Pool::new(pooling);
+        let mut f = |i: usize, row: &[f32]| pool.add(i, row);
+        s.forward(ids, Logits::Hidden { from: 0, f: &mut f })
+            .unwrap();
+        pool.finish()
+    };
+    let inputs: Vec<String> = serde_json::from_value(reference["inputs"].clone()).unwrap();
+    let counts: Vec<usize> = serde_json::from_value(reference["prompt_tokens"].clone()).unwrap();
+    let want: Vec<Vec<f32>> = serde_json::from_value(reference["vectors"].clone()).unwrap();
+    for (i, text) in inputs.iter().enumerate() {
+        let ids = tok.encode_embedding(text, 256).unwrap();
+        assert_eq!(ids.len(), counts[i], "input {i}");
+        assert_eq!(ids.last(), Some(&tok.eos));
+        let v = embed(&ids, Pooling::Last);
+        let c = cosine(&v, &want[i]);
+        assert!(c >= 0.9999, "input {i}: cosine {c}");
+        if ids.len() > 2 {
+            let mean = cosine(&embed(&ids, Pooling::Mean), &want[i]);
+            let no_eos = cosine(&embed(&ids[..ids.len() - 1], Pooling::Last), &want[i]);
+            assert!(
+                mean < 0.99 && no_eos < 0.99,
+                "input {i}: mean {mean}, without EOS {no_eos}"
+            );
+        }
+    }
+}
