@@ -880,6 +880,107 @@ fn tiny_qwen3_batch_matches_cpu() {
     }
 }
 
+/// Embeddings on the GPU: each position's hidden state after the final norm (`Logits::Hidden`),
+/// from a session (a prompt in two prefill passes) and from a batch's step beside a decoding slot,
+/// against the CPU session's rows.
+#[test]
+fn hidden_states_match_the_cpu() {
+    let Some(dev) = device() else { return };
+    let model = tiny(SynthSpec::tiny_qwen3());
+    let v = model.config.vocab_size as u32;
+    let gm = Arc::new(GpuModel::upload(dev, &model, |_| {}).unwrap());
+    let mut r = rand::rngs::StdRng::seed_from_u64(21);
+    let prompt: Vec<u32> = (0..90).map(|_| r.gen_range(0..v)).collect();
+    let rows = |run: &mut dyn Runner, slot: usize, from: usize| {
+        let mut out: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut f = |i: usize, row: &[f32]| out.push((i, row.to_vec()));
+        let mut parts = [Part {
+            slot,
+            tokens: &prompt,
+            logits: Logits::Hidden { from, f: &mut f },
+        }];
+        run.step(&mut parts).unwrap();
+        drop(parts);
+        out
+    };
+    let mut cpu = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let want = rows(&mut cpu, 0, 0);
+    assert_eq!(want.len(), prompt.len());
+    let mut s = CudaSession::new(gm.clone(), 256, 64).unwrap();
+    assert!(s.hidden_states());
+    let got = rows(&mut s, 0, 5);
+    assert_eq!(got.len(), prompt.len() - 5);
+    let mut worst = 0f64;
+    for (i, g) in &got {
+        assert_eq!(g.len(), model.config.dim);
+        worst = worst.max(rel_l2(g, &want[*i].1));
+    }
+    eprintln!("hidden states, session: worst rel L2 against the CPU {worst:.2e}");
+    assert!(worst < 2e-2, "{worst}");
+    // The session goes on from there: the next token's logits as the CPU's.
+    let next = [r.gen_range(0..v)];
+    s.forward(&next, Logits::Last).unwrap();
+    cpu.forward(&next, Logits::Last).unwrap();
+    let l = rel_l2(s.logits().unwrap(), cpu.logits());
+    assert!(l < 2e-2, "logits after the hidden pass: {l}");
+
+    // A batch: slot 1's prompt for its hidden states in the step where slot 0 decodes.
+    let mut b = CudaBatch::new(gm, 2, 256, 64, 512).unwrap();
+    assert!(b.hidden_states());
+    let warm: Vec<u32> = (0..12).map(|_| r.gen_range(0..v)).collect();
+    b.step(&mut [Part {
+        slot: 0,
+        tokens: &warm,
+        logits: Logits::Last,
+    }])
+    .unwrap();
+    let mut out: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut f = |i: usize, row: &[f32]| out.push((i, row.to_vec()));
+    let one = [r.gen_range(0..v)];
+    let mut parts = [
+        Part {
+            slot: 0,
+            tokens: &one,
+            logits: Logits::Last,
+        },
+        Part {
+            slot: 1,
+            tokens: &prompt,
+            logits: Logits::Hidden { from: 0, f: &mut f },
+        },
+    ];
+    b.step(&mut parts).unwrap();
+    drop(parts);
+    assert_eq!(out.len(), prompt.len());
+    let worst = out
+        .iter()
+        .map(|(i, g)| rel_l2(g, &want[*i].1))
+        .fold(0f64, f64::max);
+    eprintln!("hidden states, batch: worst rel L2 against the CPU {worst:.2e}");
+    assert!(worst < 2e-2, "{worst}");
+    assert_eq!(b.slot_tokens(1).len(), prompt.len());
+    // Slot 0 decoded beside it as alone.
+    let mut cpu0 = Session::new(
+        model.clone(),
+        SessionOptions {
+            ctx: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    cpu0.forward(&warm, Logits::None).unwrap();
+    cpu0.forward(&one, Logits::Last).unwrap();
+    let l = rel_l2(&b.slot_logits(0).unwrap(), cpu0.logits());
+    assert!(l < 2e-2, "slot 0's logits beside the hidden pass: {l}");
+}
+
 /// What the GPU backends cannot run yet is refused when the model is uploaded, by name.
 #[test]
 fn cpu_only_architectures_are_a_clear_error_on_the_gpu() {
