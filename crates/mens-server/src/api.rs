@@ -83,22 +83,30 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}")))
 }
 
-/// Tokenize off the async workers, at most `tokenize_parallel` prompts at a time.
-pub(crate) async fn tokenize(
+/// Run `f` (tokenizing: CPU work) off the async workers, at most `tokenize_parallel` at a time.
+pub(crate) async fn off_workers<T: Send + 'static>(
     s: &Arc<AppState>,
-    f: impl FnOnce(&AppState, usize) -> ApiResult<Vec<u32>> + Send + 'static,
-) -> ApiResult<Vec<u32>> {
+    f: impl FnOnce(&AppState) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
     let _permit = s
         .tokenizing
         .acquire()
         .await
         .map_err(|_| engine_error("the server is stopping".into()))?;
     let st = s.clone();
+    tokio::task::spawn_blocking(move || f(&st))
+        .await
+        .map_err(|_| engine_error("tokenizing failed".into()))?
+}
+
+/// Tokenize a prompt off the async workers ([`off_workers`]).
+pub(crate) async fn tokenize(
+    s: &Arc<AppState>,
+    f: impl FnOnce(&AppState, usize) -> ApiResult<Vec<u32>> + Send + 'static,
+) -> ApiResult<Vec<u32>> {
     // The prompt must leave room for one generated token: longer is refused without tokenizing it all.
     let limit = s.scheduler.options().ctx - 1;
-    tokio::task::spawn_blocking(move || f(&st, limit))
-        .await
-        .map_err(|_| engine_error("tokenizing the prompt failed".into()))?
+    off_workers(s, move |st| f(st, limit)).await
 }
 
 fn too_long(e: mens::Error) -> ApiError {

@@ -3,7 +3,7 @@
 //! (`Request::embed`): its tokens prefilled in a slot, the final hidden states pooled (`--pooling`),
 //! then normalised here as each API does (llama-server's `embd_normalize`, default Euclidean).
 
-use crate::api::{read_json, submit_error};
+use crate::api::{off_workers, read_json, submit_error};
 use crate::guard::Tenant;
 use crate::request::{check_model, engine_error, tenant_of, ApiError, ApiResult};
 use crate::AppState;
@@ -76,14 +76,8 @@ async fn tokenize(
     inputs: Vec<Input>,
     truncate: bool,
 ) -> ApiResult<Vec<Vec<u32>>> {
-    let _permit = s
-        .tokenizing
-        .acquire()
-        .await
-        .map_err(|_| engine_error("the server is stopping".into()))?;
-    let st = s.clone();
     let ctx = s.scheduler.options().ctx;
-    tokio::task::spawn_blocking(move || {
+    off_workers(s, move |st| {
         let too_long = |i: usize| {
             ApiError::invalid(format!(
                 "input {i} has more than {ctx} tokens, the context of this server's slots: shorten it"
@@ -119,7 +113,6 @@ async fn tokenize(
             .collect()
     })
     .await
-    .map_err(|_| engine_error("tokenizing the input failed".into()))?
 }
 
 /// Each input's pooled vector (not normalised) and its token count, computed a wave of slots at a
@@ -241,19 +234,22 @@ fn served(s: &AppState) -> ApiResult<()> {
     ))
 }
 
-fn body_object(v: Value) -> ApiResult<Map<String, Value>> {
-    match v {
-        Value::Object(o) => Ok(o),
-        _ => Err(bad("the request body must be a JSON object")),
-    }
-}
-
-fn model_of(o: &Map<String, Value>) -> ApiResult<Option<&str>> {
+/// An OpenAI-shaped route's body: a JSON object naming the served model (or none).
+async fn openai_body(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Map<String, Value>> {
+    served(s)?;
+    let Value::Object(o) = read_json(s, headers, body).await? else {
+        return Err(bad("the request body must be a JSON object"));
+    };
     match o.get("model") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(m)) => Ok(Some(m)),
-        Some(_) => Err(bad("model must be a string").param("model")),
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) => check_model(Some(m), &s.config.model_name)?,
+        Some(_) => return Err(bad("model must be a string").param("model")),
     }
+    Ok(o)
 }
 
 fn user_of(o: &Map<String, Value>) -> Option<&str> {
@@ -268,9 +264,7 @@ pub async fn openai(
     body: Body,
 ) -> Response {
     let answer = async {
-        served(&s)?;
-        let o = body_object(read_json(&s, &headers, body).await?)?;
-        check_model(model_of(&o)?, &s.config.model_name)?;
+        let o = openai_body(&s, &headers, body).await?;
         if s.config.pooling == Pooling::None {
             return Err(no_pooling("OpenAI"));
         }
@@ -324,9 +318,7 @@ pub async fn native(
     body: Body,
 ) -> Response {
     let answer = async {
-        served(&s)?;
-        let o = body_object(read_json(&s, &headers, body).await?)?;
-        check_model(model_of(&o)?, &s.config.model_name)?;
+        let o = openai_body(&s, &headers, body).await?;
         let input = o
             .get("input")
             .or_else(|| o.get("content"))

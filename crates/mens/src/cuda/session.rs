@@ -1107,12 +1107,7 @@ impl CudaSession {
         for (i, ch) in chunks.iter().enumerate() {
             self.prefill_chunk(ch, i + 1 == chunks.len())?;
         }
-        self.dev_tok = None;
-        self.logits_valid = false;
-        self.pos_synced = true;
-        // The prompt's head reported to slot 0, with no event after it.
-        self.last_slot = 0;
-        self.evented[0] = false;
+        self.prompt_done();
         Ok(())
     }
 
@@ -1138,12 +1133,18 @@ impl CudaSession {
             }
             done += ch.len();
         }
+        self.prompt_done();
+        Ok(())
+    }
+
+    /// After a prompt's passes: no token or logits of a step on the device, the position written,
+    /// the prompt's head reported to slot 0 with no event after it.
+    fn prompt_done(&mut self) {
         self.dev_tok = None;
         self.logits_valid = false;
         self.pos_synced = true;
         self.last_slot = 0;
         self.evented[0] = false;
-        Ok(())
     }
 
     fn prefill_chunk(&mut self, toks: &[u32], last: bool) -> Result<()> {
