@@ -167,9 +167,15 @@ mod tests {
         let mut v = vec![3.0f32, -4.0];
         normalize(&mut v, 2);
         assert_eq!(v, vec![0.6, -0.8]);
+        // Taxicab: each value times 1/7 (llama.cpp multiplies by the norm's inverse).
         let mut v = vec![3.0f32, -4.0];
         normalize(&mut v, 1);
-        assert_eq!(v, vec![3.0 / 7.0, -4.0 / 7.0]);
+        assert_eq!(v, vec![3.0 * (1.0f64 / 7.0) as f32, -4.0 * (1.0f64 / 7.0) as f32]);
+        assert!((v[0] - 3.0 / 7.0).abs() < 1e-7);
+        let mut v = vec![3.0f32, -4.0];
+        normalize(&mut v, 3);
+        let p3 = (27.0f64 + 64.0).powf(1.0 / 3.0);
+        assert_eq!(v, vec![3.0 * (1.0 / p3) as f32, -4.0 * (1.0 / p3) as f32]);
         let mut v = vec![3.0f32, -4.0];
         normalize(&mut v, 0);
         assert_eq!(v, vec![3.0 * 8190.0, -32760.0]);

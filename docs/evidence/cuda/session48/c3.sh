@@ -1,7 +1,8 @@
 set -u
 # Session 48, call 3: embeddings on the GPU (`Logits::Hidden` in CudaSession and CudaBatch). The
 # CUDA suite (hidden_states_match_the_cpu is new), then `mens serve --backend cuda` and `--backend
-# cpu` on the synthetic 0.5B answering the same /v1/embeddings request: the vectors' cosines.
+# cpu` on the synthetic 0.5B answering the same /v1/embeddings request: the vectors' cosines; then
+# scripts/embed-bench.py against both (64 chunks, two rounds; the CPU server on the host's 16 cores).
 O=$OUT; B=/tmp/mens-bin; mkdir -p $B /tmp/mens-models
 for f in mens cuda-test; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .device/$f.xz $B/$f; chmod +x $B/$f; done
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64 MENS_CUDA_CACHE=/tmp/mens-cuda-cache CUDA_CACHE_PATH=/tmp/jit-47
@@ -29,4 +30,6 @@ cos = [sum(x * y for x, y in zip(a["embedding"], b["embedding"])) for a, b in zi
 print("embeddings cuda vs cpu server: tokens", g["usage"]["prompt_tokens"], c["usage"]["prompt_tokens"],
       "cosines", [round(x, 5) for x in cos], "norms", [round(math.sqrt(sum(x * x for x in d["embedding"])), 4) for d in g["data"]])
 PY
+python3 scripts/embed-bench.py --chunks 64 --rounds 2 cuda=http://127.0.0.1:8311 cpu16=http://127.0.0.1:8312 > $O/embed-bench.txt 2>&1
+tail -3 $O/embed-bench.txt | tee -a $O/summary.txt
 kill %1 %2 2>/dev/null; wait 2>/dev/null
