@@ -279,13 +279,17 @@ fn bad_ollama_requests_get_an_ollama_error() {
         let r = post(s.addr, path, body);
         assert_ollama_error(&r, status, needle);
     }
-    // No embeddings here: a clear 501, not a bare 404 (OpenAI's route too, in its shape).
-    let r = post(s.addr, "/api/embed", json!({"input": "a"}));
-    assert_ollama_error(&r, 501, "embeddings");
+    // Embeddings' errors in Ollama's shape (its routes), OpenAI's on OpenAI's route.
+    let r = post(s.addr, "/api/embed", json!({"input": "a", "truncate": "yes"}));
+    assert_ollama_error(&r, 400, "truncate");
+    let r = post(s.addr, "/api/embed", json!({"input": 5}));
+    assert_ollama_error(&r, 400, "input must be");
+    let r = post(s.addr, "/api/embeddings", json!({"prompt": 5}));
+    assert_ollama_error(&r, 400, "prompt must be");
     assert_error(
-        &post(s.addr, "/v1/embeddings", json!({"input": "a"})),
-        501,
-        "embeddings",
+        &post(s.addr, "/v1/embeddings", json!({"input": 5})),
+        400,
+        "input must be",
     );
     // Not JSON: 415, in Ollama's shape.
     let r = read_reply(send(s.addr, "POST", "/api/chat", &[], b"{}"));
