@@ -1483,10 +1483,8 @@ impl Runner for CudaBatch {
         self.tokens[dst] = to;
         Ok(())
     }
-    fn hidden_states(&self) -> bool {
-        true
-    }
     fn step(&mut self, parts: &mut [Part]) -> Result<()> {
+        crate::runner::no_hidden(parts, "cuda")?;
         let vocab = self.model.config.vocab_size;
         let mut seen = vec![false; self.slots];
         for p in parts.iter() {
@@ -1528,9 +1526,7 @@ impl Runner for CudaBatch {
                 rows.push((p.slot, p.tokens[0], p.slot));
                 continue;
             }
-            // (Hidden states go through the prefill engine, alone: `run_prompts`.)
             if p.logits.every()
-                && !p.logits.hidden()
                 && self.kv == KvType::F16
                 && p.tokens.len() <= VERIFY_ROWS
                 && rows.len() + p.tokens.len() <= self.rows

@@ -440,6 +440,11 @@ impl CudaSession {
     /// the rest decoded one by one).
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.check(tokens)?;
+        if logits.hidden() {
+            return Err(crate::Error::InvalidArgument(
+                "embeddings (hidden states) are not computed on the cuda backend".into(),
+            ));
+        }
         self.model.dev.bind()?;
         if let Some((slot, t)) = self.ahead {
             if tokens == [t] && matches!(logits, Logits::Last | Logits::None) {
@@ -452,9 +457,6 @@ impl CudaSession {
             }
         }
         self.settle()?;
-        if logits.hidden() {
-            return self.prefill_hidden(tokens, logits);
-        }
         let Some(from) = logits.start() else {
             // The head runs anyway (a prefill chunk without logits costs one more matvec).
             return if tokens.len() == 1 {
@@ -1107,44 +1109,13 @@ impl CudaSession {
         for (i, ch) in chunks.iter().enumerate() {
             self.prefill_chunk(ch, i + 1 == chunks.len())?;
         }
-        self.prompt_done();
-        Ok(())
-    }
-
-    /// A prompt's hidden states after the final norm (embeddings): each pass's residual rows are
-    /// read back and normalised on the host with the CPU reference's RMSNorm (a few rows of the
-    /// model's width a request: no kernel of its own), handed over from `logits`' index on.
-    fn prefill_hidden(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
-        let m = self.model.clone();
-        let (d, eps) = (m.config.dim, m.config.rms_eps);
-        let from = logits.start().unwrap_or(0);
-        let mut w = vec![0f32; d];
-        m.dev.read(&m.output_norm, 0, &mut w)?;
-        let mut x = Vec::new();
-        let mut done = 0;
-        for ch in tokens.chunks(self.ubatch) {
-            self.prefill_chunk(ch, false)?;
-            x.resize(ch.len() * d, 0f32);
-            m.dev.read(&self.x, 0, &mut x)?;
-            for (i, row) in x.chunks(d).enumerate() {
-                if done + i >= from {
-                    logits.give_hidden(done + i, &super::reference::rmsnorm(row, &w, eps));
-                }
-            }
-            done += ch.len();
-        }
-        self.prompt_done();
-        Ok(())
-    }
-
-    /// After a prompt's passes: no token or logits of a step on the device, the position written,
-    /// the prompt's head reported to slot 0 with no event after it.
-    fn prompt_done(&mut self) {
         self.dev_tok = None;
         self.logits_valid = false;
         self.pos_synced = true;
+        // The prompt's head reported to slot 0, with no event after it.
         self.last_slot = 0;
         self.evented[0] = false;
+        Ok(())
     }
 
     fn prefill_chunk(&mut self, toks: &[u32], last: bool) -> Result<()> {
@@ -1435,10 +1406,8 @@ impl crate::runner::Runner for CudaSession {
     fn truncate_slot(&mut self, _slot: usize, n: usize) {
         CudaSession::truncate(self, n)
     }
-    fn hidden_states(&self) -> bool {
-        true
-    }
     fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
+        crate::runner::no_hidden(parts, "cuda")?;
         let p = crate::runner::single(parts)?;
         let logits = std::mem::replace(&mut p.logits, Logits::None);
         CudaSession::forward(self, p.tokens, logits)

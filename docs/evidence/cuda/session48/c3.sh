@@ -1,5 +1,6 @@
 set -u
-# Session 48, call 3: embeddings on the GPU (`Logits::Hidden` in CudaSession and CudaBatch). The
+# Session 48, call 3 (never ran: no device could be started again): embeddings on the GPU, with
+# cuda-hidden-untested.patch applied (`Logits::Hidden` in CudaSession and CudaBatch). The
 # CUDA suite (hidden_states_match_the_cpu is new), then `mens serve --backend cuda` and `--backend
 # cpu` on the synthetic 0.5B answering the same /v1/embeddings request: the vectors' cosines; then
 # scripts/embed-bench.py against both (64 chunks, two rounds; the CPU server on the host's 16 cores).
