@@ -280,7 +280,11 @@ fn bad_ollama_requests_get_an_ollama_error() {
         assert_ollama_error(&r, status, needle);
     }
     // Embeddings' errors in Ollama's shape (its routes), OpenAI's on OpenAI's route.
-    let r = post(s.addr, "/api/embed", json!({"input": "a", "truncate": "yes"}));
+    let r = post(
+        s.addr,
+        "/api/embed",
+        json!({"input": "a", "truncate": "yes"}),
+    );
     assert_ollama_error(&r, 400, "truncate");
     let r = post(s.addr, "/api/embed", json!({"input": 5}));
     assert_ollama_error(&r, 400, "input must be");

@@ -170,7 +170,10 @@ mod tests {
         // Taxicab: each value times 1/7 (llama.cpp multiplies by the norm's inverse).
         let mut v = vec![3.0f32, -4.0];
         normalize(&mut v, 1);
-        assert_eq!(v, vec![3.0 * (1.0f64 / 7.0) as f32, -4.0 * (1.0f64 / 7.0) as f32]);
+        assert_eq!(
+            v,
+            vec![3.0 * (1.0f64 / 7.0) as f32, -4.0 * (1.0f64 / 7.0) as f32]
+        );
         assert!((v[0] - 3.0 / 7.0).abs() < 1e-7);
         let mut v = vec![3.0f32, -4.0];
         normalize(&mut v, 3);

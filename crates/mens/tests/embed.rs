@@ -56,6 +56,20 @@ fn outcome(rx: &mpsc::Receiver<Event>) -> (Option<Vec<f32>>, Usage) {
     }
 }
 
+/// `ids` through one CPU session (one pass), pooled.
+fn pooled_alone(model: &Arc<mens::model::Model>, ids: &[u32], pooling: Pooling) -> Vec<f32> {
+    let options = SessionOptions {
+        ctx: 1024,
+        ..Default::default()
+    };
+    let mut s = Session::new(model.clone(), options).unwrap();
+    let mut pool = mens::embed::Pool::new(pooling);
+    let mut f = |i: usize, row: &[f32]| pool.add(i, row);
+    s.forward(ids, Logits::Hidden { from: 0, f: &mut f })
+        .unwrap();
+    pool.finish()
+}
+
 fn scheduler(l: &common::Loaded, slots: usize, batch: usize) -> Scheduler {
     let tok = Arc::new(mens::tokenizer::Tokenizer::from_gguf(&l.model.gguf).unwrap());
     let options = SchedulerOptions {
@@ -120,20 +134,7 @@ fn pooled_embeddings_match_llama_server() {
         );
 
         // One sequence, one pass: the same rows.
-        let mut session = Session::new(
-            l.model.clone(),
-            SessionOptions {
-                ctx: 1024,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut pool = mens::embed::Pool::new(pooling);
-        let mut f = |i: usize, row: &[f32]| pool.add(i, row);
-        session
-            .forward(&ids[3], Logits::Hidden { from: 0, f: &mut f })
-            .unwrap();
-        let mut alone = pool.finish();
+        let mut alone = pooled_alone(&l.model, &ids[3], pooling);
         normalize(&mut alone, 2);
         let c = cosine(&alone, &got[3]);
         assert!(
@@ -209,21 +210,7 @@ fn a_qwen3_embedding_file_pools_its_last_token_as_llama_cpp() {
     assert_eq!(model.config.pooling, Some(Pooling::Last));
     assert!(tok.add_eos);
     let model = Arc::new(model);
-    let embed = |ids: &[u32], pooling: Pooling| {
-        let mut s = Session::new(
-            model.clone(),
-            SessionOptions {
-                ctx: 256,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut pool = mens::embed::Pool::new(pooling);
-        let mut f = |i: usize, row: &[f32]| pool.add(i, row);
-        s.forward(ids, Logits::Hidden { from: 0, f: &mut f })
-            .unwrap();
-        pool.finish()
-    };
+    let embed = |ids: &[u32], pooling: Pooling| pooled_alone(&model, ids, pooling);
     let inputs: Vec<String> = serde_json::from_value(reference["inputs"].clone()).unwrap();
     let counts: Vec<usize> = serde_json::from_value(reference["prompt_tokens"].clone()).unwrap();
     let want: Vec<Vec<f32>> = serde_json::from_value(reference["vectors"].clone()).unwrap();
