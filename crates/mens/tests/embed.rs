@@ -6,7 +6,6 @@ mod common;
 use mens::cpu::{Session, SessionOptions};
 use mens::embed::{normalize, Pooling};
 use mens::runner::Logits;
-use mens::sample::SamplerConfig;
 use mens::scheduler::{Event, Request, Scheduler, SchedulerOptions, Usage};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -23,23 +22,8 @@ fn request(
     embed: Option<Pooling>,
     tenant: u64,
 ) -> (Request, mpsc::Receiver<Event>) {
-    let (tx, rx) = mpsc::channel();
-    let req = Request {
-        prompt,
-        max_tokens: 8,
-        sampler: SamplerConfig::greedy(),
-        stop: Vec::new(),
-        min_indent: 0,
-        on_event: Box::new(move |e| tx.send(e).is_ok()),
-        alive: Box::new(|| true),
-        tenant,
-        deadline: None,
-        constraint: None,
-        logprobs: None,
-        ignore_eos: true,
-        think: None,
-        embed,
-    };
+    let (mut req, rx) = common::greedy_request(prompt, 8, tenant);
+    req.embed = embed;
     (req, rx)
 }
 

@@ -3,12 +3,14 @@
 //! finish and on disconnect are checked in CI without a GPU. The wrapper fails a step that would
 //! need more pages than the pool has, so a scheduler that admitted too much fails these tests.
 
+mod common;
+
 use mens::cpu::Batch;
 use mens::gguf::Gguf;
 use mens::model::Model;
 use mens::pages::PagePool;
 use mens::runner::{Memory, Part, Runner};
-use mens::sample::{Sampler, SamplerConfig};
+use mens::sample::Sampler;
 use mens::scheduler::{Event, Request, Scheduler, SchedulerOptions, SubmitError};
 use mens::synth::{synth_model, SynthSpec};
 use mens::tokenizer::Tokenizer;
@@ -168,23 +170,8 @@ fn request(
     tenant: u64,
     alive: Arc<AtomicBool>,
 ) -> (Request, mpsc::Receiver<Event>) {
-    let (tx, rx) = mpsc::channel();
-    let req = Request {
-        prompt,
-        max_tokens,
-        sampler: SamplerConfig::greedy(),
-        stop: Vec::new(),
-        min_indent: 0,
-        on_event: Box::new(move |e| tx.send(e).is_ok()),
-        alive: Box::new(move || alive.load(Ordering::SeqCst)),
-        tenant,
-        deadline: None,
-        constraint: None,
-        logprobs: None,
-        ignore_eos: true,
-        think: None,
-        embed: None,
-    };
+    let (mut req, rx) = common::greedy_request(prompt, max_tokens, tenant);
+    req.alive = Box::new(move || alive.load(Ordering::SeqCst));
     (req, rx)
 }
 

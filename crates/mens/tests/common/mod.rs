@@ -53,3 +53,33 @@ pub fn load(name: &str) -> Loaded {
 pub fn json(name: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(data(name)).unwrap()).unwrap()
 }
+
+/// A greedy scheduler request that runs to `max_tokens` (EOS ignored), its client always there;
+/// its events arrive on the returned channel. Tests change the fields they need.
+pub fn greedy_request(
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    tenant: u64,
+) -> (
+    mens::scheduler::Request,
+    std::sync::mpsc::Receiver<mens::scheduler::Event>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let req = mens::scheduler::Request {
+        prompt,
+        max_tokens,
+        sampler: mens::sample::SamplerConfig::greedy(),
+        stop: Vec::new(),
+        min_indent: 0,
+        on_event: Box::new(move |e| tx.send(e).is_ok()),
+        alive: Box::new(|| true),
+        tenant,
+        deadline: None,
+        constraint: None,
+        logprobs: None,
+        ignore_eos: true,
+        think: None,
+        embed: None,
+    };
+    (req, rx)
+}
