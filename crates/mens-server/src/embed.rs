@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// Most inputs one request may carry (OpenAI's limit).
-pub(crate) const MAX_INPUTS: usize = 2048;
+const MAX_INPUTS: usize = 2048;
 
 /// One input: text (tokenized as text: control-token text stays text) or token ids.
 enum Input {
@@ -141,10 +141,9 @@ async fn run(
                     on_event: Box::new(move |e| tx.send(e).is_ok()),
                     alive: Box::new(move || !alive.is_closed()),
                     tenant,
-                    deadline: s
-                        .config
-                        .request_timeout
-                        .map(|t| std::time::Instant::now() + t),
+                    // A deadline cuts generation; an embedding generates nothing (its work is
+                    // one prefill, bounded by the context).
+                    deadline: None,
                     constraint: None,
                     logprobs: None,
                     ignore_eos: false,
@@ -252,10 +251,6 @@ async fn openai_body(
     Ok(o)
 }
 
-fn user_of(o: &Map<String, Value>) -> Option<&str> {
-    o.get("user").and_then(Value::as_str)
-}
-
 /// `POST /v1/embeddings`: OpenAI's shape (`encoding_format` float or base64, `dimensions`).
 pub async fn openai(
     State(s): State<Arc<AppState>>,
@@ -282,7 +277,7 @@ pub async fn openai(
         };
         let (p, dims) = (norm_field(&o)?, dims_field(&o)?);
         let ids = tokenize(&s, inputs, false).await?;
-        let tenant = tenant_of(tenant, user_of(&o));
+        let tenant = tenant_of(tenant, o.get("user").and_then(Value::as_str));
         let out = run(&s, ids, tenant).await?;
         let tokens: usize = out.iter().map(|e| e.1).sum();
         let data: Vec<Value> = finish(out, dims, p)?
@@ -363,14 +358,11 @@ pub async fn ollama_embed(
         if s.config.pooling == Pooling::None {
             return Err(no_pooling("Ollama"));
         }
+        // No input (or an empty list): no embeddings, as Ollama answers.
         let inputs = match o.get("input") {
             None | Some(Value::Null) => Vec::new(),
-            Some(v @ Value::String(_)) | Some(v @ Value::Array(_)) => {
-                match v.as_array().map(Vec::is_empty) {
-                    Some(true) => Vec::new(),
-                    _ => inputs(v, "input")?,
-                }
-            }
+            Some(Value::Array(a)) if a.is_empty() => Vec::new(),
+            Some(v @ (Value::String(_) | Value::Array(_))) => inputs(v, "input")?,
             Some(_) => return Err(bad("input must be a string or a list of strings")),
         };
         let truncate = match o.get("truncate") {
