@@ -163,7 +163,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
     }
     let name = a.shape.as_deref().unwrap_or_default();
     let shape = QwenShape::by_name(name).ok_or_else(|| {
-        anyhow::anyhow!("invalid argument: unknown shape {name:?} (0.5b, 1.5b or 7b)")
+        anyhow::anyhow!("invalid argument: unknown shape {name:?} (0.5b, 1.5b, 7b or 30b-a3b)")
     })?;
     let w = synth_q4_k_m(&shape, a.seed.unwrap_or(1));
     let file = std::fs::File::create(&a.output)
@@ -174,7 +174,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
         .with_context(|| format!("cannot write {}", a.output.display()))?;
     let bytes: usize = w.tensors().map(|t| t.3).sum();
     eprintln!(
-        "mens: wrote {} (Qwen2.5 {} shape, Q4_K_M layout, {:.0} MiB of random weights)",
+        "mens: wrote {} ({} shape, Q4_K_M layout, {:.0} MiB of random weights)",
         a.output.display(),
         shape.name,
         bytes as f64 / 1048576.0

@@ -477,7 +477,8 @@ pub fn synth_model(spec: &SynthSpec) -> Vec<u8> {
     w.to_bytes()
 }
 
-/// A Qwen2.5 shape, for random-weight models of real sizes in llama.cpp's Q4_K_M layout.
+/// A Qwen2.5 shape (or Qwen3-Coder-30B-A3B's, a Qwen3-MoE), for random-weight models of real
+/// sizes in llama.cpp's Q4_K_M layout.
 #[derive(Debug, Clone)]
 pub struct QwenShape {
     pub name: &'static str,
@@ -485,12 +486,15 @@ pub struct QwenShape {
     pub dim: usize,
     pub n_head: usize,
     pub n_kv_head: usize,
+    /// One expert's width in a mixture-of-experts shape.
     pub ffn_dim: usize,
     pub vocab: usize,
+    /// Qwen3-MoE: (experts, experts used per token) and the head size; a dense Qwen2 when None.
+    pub moe: Option<(usize, usize, usize)>,
 }
 
 impl QwenShape {
-    pub const ALL: [QwenShape; 3] = [
+    pub const ALL: [QwenShape; 4] = [
         QwenShape {
             name: "0.5b",
             n_layer: 24,
@@ -499,6 +503,7 @@ impl QwenShape {
             n_kv_head: 2,
             ffn_dim: 4864,
             vocab: 151936,
+            moe: None,
         },
         QwenShape {
             name: "1.5b",
@@ -508,6 +513,7 @@ impl QwenShape {
             n_kv_head: 2,
             ffn_dim: 8960,
             vocab: 151936,
+            moe: None,
         },
         QwenShape {
             name: "7b",
@@ -517,6 +523,18 @@ impl QwenShape {
             n_kv_head: 4,
             ffn_dim: 18944,
             vocab: 152064,
+            moe: None,
+        },
+        // Qwen3-Coder-30B-A3B: 128 experts of 768, 8 a token, head size 128.
+        QwenShape {
+            name: "30b-a3b",
+            n_layer: 48,
+            dim: 2048,
+            n_head: 32,
+            n_kv_head: 4,
+            ffn_dim: 768,
+            vocab: 151936,
+            moe: Some((128, 8, 128)),
         },
     ];
 
@@ -607,41 +625,58 @@ pub fn synth_q4_k_m(shape: &QwenShape, seed: u64) -> Writer {
         tokens.push(s.to_string());
         types.push(3);
     }
-    let (d, hd) = (shape.dim, shape.dim / shape.n_head);
+    let d = shape.dim;
+    let hd = shape.moe.map_or(d / shape.n_head, |m| m.2);
     let (qd, kd) = (shape.n_head * hd, shape.n_kv_head * hd);
+    let (a, title) = match shape.moe {
+        None => ("qwen2", "Qwen2.5"),
+        Some(_) => ("qwen3moe", "Qwen3-MoE"),
+    };
+    let k = |s: &str| format!("{a}.{s}");
     let mut w = Writer::new();
-    w.kv("general.architecture", Value::String("qwen2".into()))
+    w.kv("general.architecture", Value::String(a.into()))
         .kv(
             "general.name",
-            Value::String(format!("synthetic Qwen2.5 {} Q4_K_M", shape.name)),
+            Value::String(format!("synthetic {title} {} Q4_K_M", shape.name)),
         )
         .kv("general.file_type", Value::U32(15))
-        .kv("qwen2.block_count", Value::U32(shape.n_layer as u32))
-        .kv("qwen2.context_length", Value::U32(32768))
-        .kv("qwen2.embedding_length", Value::U32(d as u32))
+        .kv(&k("block_count"), Value::U32(shape.n_layer as u32))
+        .kv(&k("context_length"), Value::U32(32768))
+        .kv(&k("embedding_length"), Value::U32(d as u32))
+        .kv(&k("feed_forward_length"), Value::U32(shape.ffn_dim as u32))
+        .kv(&k("attention.head_count"), Value::U32(shape.n_head as u32))
         .kv(
-            "qwen2.feed_forward_length",
-            Value::U32(shape.ffn_dim as u32),
-        )
-        .kv(
-            "qwen2.attention.head_count",
-            Value::U32(shape.n_head as u32),
-        )
-        .kv(
-            "qwen2.attention.head_count_kv",
+            &k("attention.head_count_kv"),
             Value::U32(shape.n_kv_head as u32),
         )
-        .kv("qwen2.rope.freq_base", Value::F32(1e6))
-        .kv("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
-        .kv("tokenizer.ggml.padding_token_id", Value::U32(v as u32 - 3))
+        .kv(&k("rope.freq_base"), Value::F32(1e6))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
+    if let Some((experts, used, _)) = shape.moe {
+        w.kv(&k("attention.key_length"), Value::U32(hd as u32))
+            .kv(&k("attention.value_length"), Value::U32(hd as u32))
+            .kv(&k("expert_count"), Value::U32(experts as u32))
+            .kv(&k("expert_used_count"), Value::U32(used as u32))
+            .kv(
+                &k("expert_feed_forward_length"),
+                Value::U32(shape.ffn_dim as u32),
+            );
+    }
+    w.kv("tokenizer.ggml.padding_token_id", Value::U32(v as u32 - 3))
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
     byte_level_vocab(&mut w, tokens, vec![], types);
+    // A matrix, or `n` of them stacked (an expert tensor: dims [cols, rows, n]).
+    let stacked =
+        |w: &mut Writer, rng: &mut rand::rngs::StdRng, name: &str, rows, cols, wide, n| {
+            let t = q4_k_m_type(wide, cols);
+            let data = random_blocks(t, n * rows, cols, rng);
+            let dims = [cols as u64, rows as u64, n as u64];
+            w.tensor(name, &dims[..if n > 1 { 3 } else { 2 }], t, data);
+        };
     let mut mat = |w: &mut Writer, name: &str, rows: usize, cols: usize, wide: bool| {
-        let t = q4_k_m_type(wide, cols);
-        let data = random_blocks(t, rows, cols, &mut rng);
-        w.tensor(name, &[cols as u64, rows as u64], t, data);
+        stacked(w, &mut rng, name, rows, cols, wide, 1)
     };
     let f32s = |x: f32, n: usize| quantize(TensorType::F32, &vec![x; n]);
+    let mut router_rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x9e37);
     mat(&mut w, "token_embd.weight", v, d, false);
     for i in 0..shape.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -655,12 +690,18 @@ pub fn synth_q4_k_m(shape: &QwenShape, seed: u64) -> Writer {
         mat(&mut w, &n("attn_q.weight"), qd, d, false);
         mat(&mut w, &n("attn_k.weight"), kd, d, false);
         mat(&mut w, &n("attn_v.weight"), kd, d, wide);
-        for (b, len) in [
-            ("attn_q.bias", qd),
-            ("attn_k.bias", kd),
-            ("attn_v.bias", kd),
-        ] {
-            w.tensor(&n(b), &[len as u64], TensorType::F32, f32s(0.0, len));
+        if shape.moe.is_none() {
+            for (b, len) in [
+                ("attn_q.bias", qd),
+                ("attn_k.bias", kd),
+                ("attn_v.bias", kd),
+            ] {
+                w.tensor(&n(b), &[len as u64], TensorType::F32, f32s(0.0, len));
+            }
+        } else {
+            for b in ["attn_q_norm.weight", "attn_k_norm.weight"] {
+                w.tensor(&n(b), &[hd as u64], TensorType::F32, f32s(1.0, hd));
+            }
         }
         mat(&mut w, &n("attn_output.weight"), d, qd, false);
         w.tensor(
@@ -669,9 +710,31 @@ pub fn synth_q4_k_m(shape: &QwenShape, seed: u64) -> Writer {
             TensorType::F32,
             f32s(1.0, d),
         );
-        mat(&mut w, &n("ffn_gate.weight"), shape.ffn_dim, d, false);
-        mat(&mut w, &n("ffn_up.weight"), shape.ffn_dim, d, false);
-        mat(&mut w, &n("ffn_down.weight"), d, shape.ffn_dim, wide);
+        let f = shape.ffn_dim;
+        match shape.moe {
+            None => {
+                mat(&mut w, &n("ffn_gate.weight"), f, d, false);
+                mat(&mut w, &n("ffn_up.weight"), f, d, false);
+                mat(&mut w, &n("ffn_down.weight"), d, f, wide);
+            }
+            Some((e, _, _)) => {
+                // An F32 router (as the real files keep it) whose logits spread by about 1 on a
+                // normed input, so that tokens pick different experts.
+                let router: Vec<f32> = (0..e * d)
+                    .map(|_| router_rng.gen_range(-0.035..0.035))
+                    .collect();
+                w.tensor(
+                    &n("ffn_gate_inp.weight"),
+                    &[d as u64, e as u64],
+                    TensorType::F32,
+                    quantize(TensorType::F32, &router),
+                );
+                let r = &mut router_rng;
+                stacked(&mut w, r, &n("ffn_gate_exps.weight"), f, d, false, e);
+                stacked(&mut w, r, &n("ffn_up_exps.weight"), f, d, false, e);
+                stacked(&mut w, r, &n("ffn_down_exps.weight"), d, f, wide, e);
+            }
+        }
     }
     w.tensor(
         "output_norm.weight",
@@ -689,6 +752,41 @@ mod tests {
     use crate::gguf::Storage;
     use crate::weights::QTensor;
     use std::sync::Arc;
+
+    /// The Qwen3-MoE layout of `synth_q4_k_m` (the `30b-a3b` shape's, at a small size) loads as
+    /// a Qwen3-MoE with its experts, and its tokens are routed to different experts: a prompt's
+    /// logits are finite and differ between two prompts.
+    #[test]
+    fn moe_shape_loads_and_runs() {
+        let shape = QwenShape {
+            name: "tiny-moe",
+            n_layer: 2,
+            dim: 256,
+            n_head: 4,
+            n_kv_head: 2,
+            ffn_dim: 256,
+            vocab: 512,
+            moe: Some((8, 2, 64)),
+        };
+        let mut bytes = Vec::new();
+        synth_q4_k_m(&shape, 3).write_to(&mut bytes).unwrap();
+        let g = crate::gguf::Gguf::from_bytes(bytes).unwrap();
+        let m = Arc::new(crate::model::Model::from_gguf(g).unwrap());
+        let c = &m.config;
+        assert_eq!(c.arch, crate::model::Arch::Qwen3Moe);
+        assert_eq!(c.experts.map(|x| (x.n_expert, x.n_used)), Some((8, 2)));
+        assert_eq!((c.head_dim, c.ffn_dim), (64, 256));
+        let mut s = crate::cpu::Session::new(m, Default::default()).unwrap();
+        let mut last = Vec::new();
+        for prompt in [[1u32, 2, 3], [300, 301, 302]] {
+            s.reset();
+            s.forward(&prompt, crate::runner::Logits::Last).unwrap();
+            let l = s.logits().to_vec();
+            assert!(l.iter().all(|v| v.is_finite()));
+            assert_ne!(l, last);
+            last = l;
+        }
+    }
 
     /// The random weights of the real-shape files have no mean worth the name: for every type the
     /// generator writes, the mean of a tensor's values is under 2% of their spread (random
