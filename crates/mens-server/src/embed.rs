@@ -221,7 +221,7 @@ fn no_pooling(api: &str) -> ApiError {
     ))
 }
 
-/// Embeddings need a backend that computes hidden states (the CPU's).
+/// Embeddings need a backend that computes hidden states (the CPU's and the CUDA one's).
 fn served(s: &AppState) -> ApiResult<()> {
     if s.scheduler.embeddings() {
         return Ok(());
@@ -229,7 +229,7 @@ fn served(s: &AppState) -> ApiResult<()> {
     Err(ApiError::new(
         axum::http::StatusCode::NOT_IMPLEMENTED,
         "not_implemented",
-        "embeddings are computed on the CPU backend only: start mens serve with --backend cpu",
+        "this backend does not compute embeddings: start mens serve with --backend cpu or --backend cuda",
     ))
 }
 

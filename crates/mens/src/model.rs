@@ -133,11 +133,18 @@ impl Config {
             _ => usize::MAX,
         }
     }
-    /// Whether the model uses a feature only the CPU backend has so far, and which.
+    /// Whether the model uses a feature only the CPU backend has so far, and which (the Metal
+    /// backend's test).
     pub fn cpu_only_feature(&self) -> Option<&'static str> {
         if self.experts.is_some() {
             Some("mixture-of-experts layers")
-        } else if self.sliding.is_some() {
+        } else {
+            self.cuda_missing_feature()
+        }
+    }
+    /// Whether the model uses a feature the CUDA backend lacks so far (it runs experts), and which.
+    pub fn cuda_missing_feature(&self) -> Option<&'static str> {
+        if self.sliding.is_some() {
             Some("sliding-window attention")
         } else if self.activation != Activation::Silu {
             Some("a GELU feed-forward")

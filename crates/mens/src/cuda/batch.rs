@@ -120,6 +120,7 @@ pub fn batch_bytes(
         + engine
         + table
         + decode_bytes(c, rows, ctx)
+        + super::moe::moe_bytes(c, rows)
         + logits
         + penalties
         + shift) as u64
@@ -261,6 +262,8 @@ pub struct CudaBatch {
     slots: usize,
     /// Rows a decode step holds (`step_rows`).
     rows: usize,
+    /// A mixture-of-experts model's FFN scratch, for a step's rows.
+    moe: Option<super::moe::MoeBufs>,
     ctx: usize,
     /// Rows of each layer of the prefill engine's cache (`ctx`, or more where a pass packs
     /// several slots' prompt chunks: [`engine_shape`]).
@@ -513,6 +516,7 @@ impl CudaBatch {
             aq: zeros(s * wide)?,
             ad: zeros(8 * s * wide / 32)?,
             hq: zeros(s * f)?,
+            moe: super::moe::MoeBufs::new(&dev, &c, s)?,
             hd: zeros(8 * s * f / 32)?,
             ns: zeros(4 * s)?,
             q: zeros(4 * s * q)?,
@@ -807,6 +811,8 @@ impl CudaBatch {
         // as alone: the same greedy tokens as plain decoding).
         let bf = self.blas_from;
         let fam = match self.kernels {
+            // An expert FFN runs its own kernels on q8 rows.
+            _ if self.moe.is_some() => Family::Dp4a,
             BatchKernels::Auto if bp >= bf && self.slots >= bf => Family::Blas,
             BatchKernels::Auto if bp >= MMA_FROM && self.slots >= MMA_FROM => Family::Mma,
             BatchKernels::Auto | BatchKernels::Dp4a => Family::Dp4a,
@@ -1008,6 +1014,14 @@ impl CudaBatch {
                 launch!(dev, (k) as "matmul_q8 (attn_output + residual)", grid, block;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, b, self.x.ptr, d,
                     0u64, 0u64, MODE_ADD)?;
+                if let Some(moe) = &self.moe {
+                    // Experts (norms never deferred): the norm, routing and the routes' FFNs,
+                    // added to the residual.
+                    n += moe.run(dev, c, l, bp, self.x.ptr, self.x.ptr, true)?;
+                    norm(rest.ptr, false)?;
+                    n += 4;
+                    continue;
+                }
                 norm(l.ffn_norm.ptr, defer)?;
                 launch!(dev, (dev.glu_q8_b(bp, &l.gate.seg, &l.up.seg)?) as "glu_q8_b", ((f / 32) as u32, 1), 256;
                     l.gate.seg, l.up.seg, d, self.aq.ptr, self.ad.ptr, b, self.hq.ptr, self.hd.ptr, ns)?;
@@ -1483,8 +1497,10 @@ impl Runner for CudaBatch {
         self.tokens[dst] = to;
         Ok(())
     }
+    fn hidden_states(&self) -> bool {
+        true
+    }
     fn step(&mut self, parts: &mut [Part]) -> Result<()> {
-        crate::runner::no_hidden(parts, "cuda")?;
         let vocab = self.model.config.vocab_size;
         let mut seen = vec![false; self.slots];
         for p in parts.iter() {
@@ -1526,7 +1542,9 @@ impl Runner for CudaBatch {
                 rows.push((p.slot, p.tokens[0], p.slot));
                 continue;
             }
+            // (Hidden states go through the prefill engine, alone: `run_prompts`.)
             if p.logits.every()
+                && !p.logits.hidden()
                 && self.kv == KvType::F16
                 && p.tokens.len() <= VERIFY_ROWS
                 && rows.len() + p.tokens.len() <= self.rows

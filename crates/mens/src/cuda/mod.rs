@@ -38,6 +38,7 @@ const SRC: &str = concat!(
     include_str!("kernels/prefill.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/sample.cu"),
+    include_str!("kernels/moe.cu"),
 );
 /// The batched steps' kernels (several sequences a step: the server, speculation's verify pass):
 /// compiled with `-DMENS_BATCH_MODULE` (the shared files then give their device functions, not
@@ -190,6 +191,15 @@ kernels!(Funcs:
     kv_to_f16_q8,
     kv_to_f16_q4,
     shift_k,
+    moe_norm,
+    moe_router,
+    moe_topk,
+    moe_sort,
+    moe_glu,
+    moe_down,
+    moe_glu_tiles,
+    moe_down_tiles,
+    moe_combine,
 );
 kernels!(BatchFuncs:
     matmul_q8_1,
@@ -1350,7 +1360,10 @@ const NP_MAX: usize = 128;
 pub(crate) fn norms_deferred(m: &GpuModel) -> bool {
     norms_deferred_with(
         m.config.dim,
-        m.layers.iter().any(|l| l.qk_norm.is_some()),
+        // (The deferred kernels have no Q/K norm, nor experts: `qk_norm` covers both.)
+        m.layers
+            .iter()
+            .any(|l| l.qk_norm.is_some() || l.router.is_some()),
         std::env::var("MENS_CUDA_NORM_DEFER").ok().as_deref(),
         std::env::var("MENS_CUDA_SPLIT").ok().as_deref(),
     )
@@ -1624,6 +1637,7 @@ impl Mat {
 
 mod batch;
 mod model;
+mod moe;
 mod session;
 #[doc(hidden)]
 pub mod testing;

@@ -17,6 +17,9 @@ pub(super) struct GpuLayer {
     pub(super) gate: Mat,
     pub(super) up: Mat,
     pub(super) down: Mat,
+    /// Mixture of experts (Qwen3-MoE): the router, in the file's layout; `gate`, `up` and `down`
+    /// then hold every expert's rows stacked (expert e's from row e · ffn_dim, or e · dim).
+    pub(super) router: Option<Mat>,
 }
 
 /// The model's weights on one GPU.
@@ -45,14 +48,14 @@ struct F16Copy {
     bytes: usize,
 }
 
-/// A layer's matrices as the GEMMs stack them.
-fn gemm_groups(l: &GpuLayer) -> [Vec<&Mat>; 4] {
-    [
-        vec![&l.q, &l.k, &l.v],
-        vec![&l.o],
-        vec![&l.gate, &l.up],
-        vec![&l.down],
-    ]
+/// A layer's matrices as the GEMMs stack them (an expert layer's FFN runs its own kernels:
+/// attention's only).
+fn gemm_groups(l: &GpuLayer) -> Vec<Vec<&Mat>> {
+    let mut g = vec![vec![&l.q, &l.k, &l.v], vec![&l.o]];
+    if l.router.is_none() {
+        g.extend([vec![&l.gate, &l.up], vec![&l.down]]);
+    }
+    g
 }
 
 fn group_bytes(g: &[&Mat]) -> usize {
@@ -64,7 +67,7 @@ impl GpuModel {
     pub fn upload(dev: Arc<Device>, m: &Model, mut progress: impl FnMut(usize)) -> Result<Self> {
         let c = &m.config;
         let g = c.n_head / c.n_kv_head;
-        if let Some(f) = c.cpu_only_feature() {
+        if let Some(f) = c.cuda_missing_feature() {
             return Err(Error::Model(format!(
                 "{:?} ({f}) runs on the CPU backend only so far: use --backend cpu",
                 c.arch
@@ -127,6 +130,11 @@ impl GpuModel {
                 gate: Mat::upload(&dev, &l.gate)?,
                 up: Mat::upload(&dev, &l.up)?,
                 down: Mat::upload(&dev, &l.down)?,
+                // The file's layout (the router kernel reads every type but the repacked ones).
+                router: match &l.moe {
+                    Some(moe) => Some(Mat::upload_as(&dev, &moe.router, false)?),
+                    None => None,
+                },
             });
             progress(i + 1);
         }
@@ -150,7 +158,9 @@ impl GpuModel {
     /// Bytes an f16 copy of the layers' matrices takes.
     pub fn f16_copy_bytes(&self) -> usize {
         let groups = self.layers.iter().map(gemm_groups);
-        groups.flat_map(|g| g.map(|m| group_bytes(&m))).sum()
+        groups
+            .flat_map(|g| g.into_iter().map(|m| group_bytes(&m)))
+            .sum()
     }
 
     /// Make the f16 copy of the layers' matrices, if it fits with `keep_free` bytes of device

@@ -82,6 +82,8 @@ pub struct CudaSession {
     aq: Buf,
     ad: Buf,
     hq: Buf,
+    /// A mixture-of-experts model's FFN scratch, for a prompt pass's rows.
+    moe: Option<super::moe::MoeBufs>,
     hd: Buf,
     /// A deferred norm's input: q8 of x · w, and each group's sum of squares of x.
     nq: Buf,
@@ -187,7 +189,8 @@ pub fn session_bytes(c: &Config, ctx: usize, ubatch: usize, kv: KvType) -> u64 {
         + c.n_head * att_queries(c, ctx, b) * ctx * 6
         + 4 * b * q
         + 20 * b;
-    (kvc + f16_rows + rope + dec + pre + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
+    let moe = super::moe::moe_bytes(c, b);
+    (kvc + f16_rows + rope + dec + pre + moe + TOPK_BLOCKS * TOPK_MAX * 8 + 4096) as u64
 }
 
 /// Rows the LM head of a packed prompt pass takes at once (the batched kernel's widest tile).
@@ -285,6 +288,7 @@ impl CudaSession {
             aq: a(HEAD_ROWS * d.max(q))?,
             ad: a(HEAD_ROWS * 8 * d.max(q) / 32)?,
             hq: a(f)?,
+            moe: super::moe::MoeBufs::new(&dev, &c, b)?,
             hd: a(8 * f / 32)?,
             nq: a(d)?,
             nd: a(8 * d / 32)?,
@@ -440,11 +444,6 @@ impl CudaSession {
     /// the rest decoded one by one).
     pub fn forward(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
         self.check(tokens)?;
-        if logits.hidden() {
-            return Err(crate::Error::InvalidArgument(
-                "embeddings (hidden states) are not computed on the cuda backend".into(),
-            ));
-        }
         self.model.dev.bind()?;
         if let Some((slot, t)) = self.ahead {
             if tokens == [t] && matches!(logits, Logits::Last | Logits::None) {
@@ -457,6 +456,9 @@ impl CudaSession {
             }
         }
         self.settle()?;
+        if logits.hidden() {
+            return self.prefill_hidden(tokens, logits);
+        }
         let Some(from) = logits.start() else {
             // The head runs anyway (a prefill chunk without logits costs one more matvec).
             return if tokens.len() == 1 {
@@ -635,7 +637,10 @@ impl CudaSession {
             2 * (self.tokens.len() as u64 + 1) * kv_row_bytes(self.kv, kv) as u64 + 4 * qu;
         // The Q/K/V and gate/up kernels normalise x themselves where they can (norm_q8_block in
         // kernels/matvec.cu: rmsnorm_q8's bits), so the norms between the layers' matvecs go.
-        let fuse = fused_norm(c.dim) && m.layers.iter().all(|l| l.qk_norm.is_none());
+        let fuse = fused_norm(c.dim)
+            && m.layers
+                .iter()
+                .all(|l| l.qk_norm.is_none() && l.router.is_none());
         let (nx, fused_bytes) = if fuse { (self.x.ptr, 8 * du) } else { (0, 0) };
         // Deferred norms (kernels/common.cuh, parts_lane): O and down leave the next norm's
         // input (nq, nd, np), Q/K/V and gate/up scale their rows; no norm kernels but the first
@@ -723,6 +728,14 @@ impl CudaSession {
                 launch!(dev, (dev.matvec_k(&[&l.o.seg])) as "matvec (attn_output + residual)", ((c.dim).div_ceil(4) as u32, 1), 128;
                     l.o.seg, Seg::NONE, Seg::NONE, q as i32, self.aq.ptr, self.ad.ptr, self.x.ptr, 0u64, 1i32)?;
             }
+            let next = m.layers.get(li + 1);
+            if let Some(moe) = &self.moe {
+                // Experts (never fused nor deferred): the norm, routing and the routes' FFNs,
+                // added to the residual.
+                n += moe.run(dev, c, l, 1, self.x.ptr, self.x.ptr, true)? - 2;
+                n += norm(next.map_or(&m.output_norm, |n| &n.attn_norm))?;
+                continue;
+            }
             if !fuse && !defer {
                 n += norm(&l.ffn_norm)?;
             }
@@ -740,7 +753,6 @@ impl CudaSession {
                 l.gate.seg, l.up.seg, d, nq, nd, self.hq.ptr, self.hd.ptr, nx,
                 l.ffn_norm.ptr, eps, np)?;
             dev.moves(l.down.seg.bytes() + q8_bytes(c.ffn_dim) + 8 * du);
-            let next = m.layers.get(li + 1);
             if let (true, Some(nl)) = (defer, next) {
                 launch!(dev, (dev.matvec_add_nq_k(&l.down.seg, false)) as "matvec (ffn_down + residual)", ((c.dim / 4) as u32, 1), 128;
                     l.down.seg, f, self.hq.ptr, self.hd.ptr, self.x.ptr, nl.attn_norm.ptr, nq, nd, np)?;
@@ -1109,13 +1121,46 @@ impl CudaSession {
         for (i, ch) in chunks.iter().enumerate() {
             self.prefill_chunk(ch, i + 1 == chunks.len())?;
         }
+        self.prompt_done();
+        Ok(())
+    }
+
+    /// A prompt's hidden states after the final norm (embeddings): each pass's residual rows are
+    /// read back and normalised on the host with the CPU reference's RMSNorm (a few rows of the
+    /// model's width a request: no kernel of its own), handed over from `logits`' index on.
+    fn prefill_hidden(&mut self, tokens: &[u32], mut logits: Logits) -> Result<()> {
+        let m = self.model.clone();
+        let (d, eps) = (m.config.dim, m.config.rms_eps);
+        let from = logits.start().unwrap_or(0);
+        let mut w = vec![0f32; d];
+        m.dev.read(&m.output_norm, 0, &mut w)?;
+        let mut x = Vec::new();
+        let mut done = 0;
+        for ch in tokens.chunks(self.ubatch) {
+            self.prefill_chunk(ch, false)?;
+            x.resize(ch.len() * d, 0f32);
+            m.dev.read(&self.x, 0, &mut x)?;
+            for (i, row) in x.chunks(d).enumerate() {
+                if done + i >= from {
+                    logits.give_hidden(done + i, &super::reference::rmsnorm(row, &w, eps));
+                }
+            }
+            done += ch.len();
+        }
+        self.prompt_done();
+        // No pass ran the head, which advances the device's position: the next step writes it.
+        self.pos_synced = false;
+        Ok(())
+    }
+
+    /// After a prompt's passes: no token or logits of a step on the device, the position written,
+    /// the prompt's head reported to slot 0 with no event after it.
+    fn prompt_done(&mut self) {
         self.dev_tok = None;
         self.logits_valid = false;
         self.pos_synced = true;
-        // The prompt's head reported to slot 0, with no event after it.
         self.last_slot = 0;
         self.evented[0] = false;
-        Ok(())
     }
 
     fn prefill_chunk(&mut self, toks: &[u32], last: bool) -> Result<()> {
@@ -1202,8 +1247,15 @@ impl CudaSession {
             self.linear(&[&l.o], self.xb16.ptr, t, self.tmp.ptr, d, false, false)?;
             launch!(dev, add_rmsnorm_f16, (t as u32, 1), 256;
                 self.x.ptr, self.tmp.ptr, l.ffn_norm.ptr, eps, d as i32, self.xb16.ptr)?;
-            self.gate_up(l, t)?;
-            self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false, false)?;
+            match &self.moe {
+                Some(moe) => {
+                    moe.run(dev, c, l, t, self.x.ptr, self.tmp.ptr, false)?;
+                }
+                None => {
+                    self.gate_up(l, t)?;
+                    self.linear(&[&l.down], self.h16.ptr, t, self.tmp.ptr, d, false, false)?;
+                }
+            }
             let norm = m
                 .layers
                 .get(li + 1)
@@ -1406,8 +1458,10 @@ impl crate::runner::Runner for CudaSession {
     fn truncate_slot(&mut self, _slot: usize, n: usize) {
         CudaSession::truncate(self, n)
     }
+    fn hidden_states(&self) -> bool {
+        true
+    }
     fn step(&mut self, parts: &mut [crate::runner::Part]) -> Result<()> {
-        crate::runner::no_hidden(parts, "cuda")?;
         let p = crate::runner::single(parts)?;
         let logits = std::mem::replace(&mut p.logits, Logits::None);
         CudaSession::forward(self, p.tokens, logits)

@@ -73,6 +73,34 @@ impl Device {
         self.test_matmul_q8(w, q, ds, rows, mma, false)
     }
 
+    /// y[b] = [W0; W1; W2] · a[b] for `rows` activation rows with the batched dp4a kernel over the
+    /// three matrices stacked (Qwen3's Q/K/V in the batch; the types may differ), in tiles of
+    /// `rows.min(4)` as the batch launches it; y is [rows][all the matrices' rows].
+    pub fn test_matmul_stacked(
+        &self,
+        ws: [&QTensor; 3],
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let mats = ws
+            .iter()
+            .map(|w| Mat::upload_as(self, w, repack_on()))
+            .collect::<Result<Vec<_>>>()?;
+        let n: usize = ws.iter().map(|w| w.rows).sum();
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let out = self.upload(&vec![f32::NAN; rows * n])?;
+        let segs = [&mats[0].seg, &mats[1].seg, &mats[2].seg];
+        let (k, grid, block) = self.matmul_q8(rows.min(4), rows, &segs)?;
+        launch!(self, (k) as "matmul_q8 (stacked)", grid, block;
+            mats[0].seg, mats[1].seg, mats[2].seg, ws[0].cols as i32, aq.ptr, ad.ptr, rows as i32,
+            out.ptr, n as i32, 0u64, 0u64, 0i32)?;
+        let mut y = vec![0f32; rows * n];
+        self.read(&out, 0, &mut y)?;
+        Ok(y)
+    }
+
     /// The same through the int8 tensor-core kernels (kernels/mmq.cu) where `w`'s type has
     /// them (Q4_K, Q6_K), else dp4a.
     pub fn test_matmul_mq(
@@ -803,5 +831,27 @@ impl Device {
         launch!(self, [k], ((f / 32) as u32, 1), threads;
             g.seg, u.seg, dim as i32, nq.ptr, nd.ptr, hq.ptr, hd.ptr, 0u64, nwb.ptr, eps, np.ptr)?;
         self.dequant_q8(&hq, &hd, f).map(Some)
+    }
+}
+
+impl GpuModel {
+    /// Layer `li`'s expert FFN (kernels/moe.cu) over the rows of `x` (rows × dim, the residual
+    /// before the FFN's norm): its output rows, and each row's experts and their weights.
+    pub fn test_moe(&self, li: usize, x: &[f32]) -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
+        let (dev, c) = (&self.dev, &self.config);
+        dev.bind()?;
+        let (d, t) = (c.dim, x.len() / c.dim);
+        let k = c
+            .experts
+            .ok_or_else(|| Error::Model("not a mixture-of-experts model".into()))?
+            .n_used;
+        let bufs = super::moe::MoeBufs::new(dev, c, t)?.expect("experts");
+        let (xb, out) = (dev.upload(x)?, dev.upload(&vec![f32::NAN; t * d])?);
+        bufs.run(dev, c, &self.layers[li], t, xb.ptr, out.ptr, false)?;
+        dev.sync()?;
+        let mut y = vec![0f32; t * d];
+        dev.read(&out, 0, &mut y)?;
+        let (ids, wts) = bufs.routes(dev, t, k)?;
+        Ok((y, ids, wts))
     }
 }
