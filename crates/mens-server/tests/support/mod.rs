@@ -148,7 +148,9 @@ pub fn send(
     body: &[u8],
 ) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    // A hung server's bound, not a speed bound: on two AVX2 cores with two tests' servers sharing
+    // them, one 96-token reply of the reasoning-budget test took over 120 s (session 50).
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
