@@ -244,7 +244,8 @@ fn the_gpu_layout_gives_the_gguf_layouts_bits() {
 }
 
 /// Three matrices of different types stacked in one batched matmul (Qwen3's Q/K/V): each row of
-/// a batch gets the bits it gets alone, for 1 to 8 rows.
+/// a batch gets the bits it gets alone, for 1 to 8 rows, and the bits the decode step's matvec
+/// gives it (a slot decoding alone runs the session's graph, not a batch of one).
 #[test]
 fn stacked_matmul_rows_equal_rows_alone() {
     let Some(dev) = device() else { return };
@@ -252,6 +253,7 @@ fn stacked_matmul_rows_equal_rows_alone() {
     let mut bad = Vec::new();
     for (types, k) in [
         ([Q8_0, Q8_0, Q6K], 256usize),
+        ([Q8_0, Q8_0, Q4K], 256),
         ([Q4K, Q4K, F16], 256),
         ([Q4K, Q4K, Q6K], 512),
         ([Q8_0, Q8_0, Q6K], 2048),
@@ -279,6 +281,14 @@ fn stacked_matmul_rows_equal_rows_alone() {
                     .unwrap();
                 if !same_bits(&y[b * n..(b + 1) * n], &one) {
                     bad.push(format!("{types:?} ({k} columns): row {b} of {rows}"));
+                }
+                let mv = dev
+                    .test_matvec_stacked(ws, &q[b * k..(b + 1) * k], &ds[b * nc..(b + 1) * nc])
+                    .unwrap();
+                if !same_bits(&y[b * n..(b + 1) * n], &mv) {
+                    bad.push(format!(
+                        "{types:?} ({k} columns): row {b} of {rows} against the matvec"
+                    ));
                 }
             }
         }
@@ -955,13 +965,46 @@ fn batch_rows_equal_rows_alone() {
     eprintln!("qwen2, 3 slots: 24 steps together, each row's logits as alone bit for bit");
 }
 
+/// Qwen3's RoPE and cache writes (after the Q/K norm): the batch's `rope_store_b` gives each row
+/// the Q, K and V bits the session's `rope_store` gives it alone (a slot decoding alone runs the
+/// session's graph).
+#[test]
+fn rope_store_b_gives_rope_stores_bits() {
+    let Some(dev) = device() else { return };
+    use mens::rope::RopeTable;
+    let (nh, nkv, hd) = (4, 2, 128);
+    let row = (nh + 2 * nkv) * hd;
+    let rope = RopeTable::new(256, hd, 1e6, None);
+    let pos = [5usize, 37, 64, 100, 201];
+    let x: Vec<f32> = random(pos.len() * row, 77)
+        .iter()
+        .map(|v| v * 3.0)
+        .collect();
+    for neox in [true, false] {
+        let (alone, together) = dev
+            .test_rope_stores(&x, (nh, nkv, hd), neox, &rope, &pos)
+            .unwrap();
+        let differ: Vec<(usize, usize)> = (0..pos.len() * row)
+            .filter(|&i| alone[i].to_bits() != together[i].to_bits())
+            .map(|i| (i / row, i % row))
+            .collect();
+        eprintln!(
+            "neox {neox}: {} of {} values differ (row, index): {:?}",
+            differ.len(),
+            alone.len(),
+            &differ[..differ.len().min(8)]
+        );
+        assert!(alone.iter().all(|v| v.is_finite()));
+        assert!(differ.is_empty(), "rope_store_b parts from rope_store");
+    }
+}
+
 /// The same for qwen3 and qwen3moe, with 3 slots (a padding row in the bucket of 4), 4 (none), 2,
 /// and 3 slots with one prompt and one token each step (rows alike but for their slots).
-/// Known to fail (session 50, H100): with 3 slots qwen3 parted at step 17 (rel L2 5.4e-8),
-/// qwen3moe at step 1 (1.2e-2, a router choice flipped); attention's head groups fixed at 1 did
-/// not change it. The other configurations never ran: they are here to find the cause.
+/// Failed in sessions 49-51 (qwen3 3 slots at step 17, rel L2 5.4e-8; qwen3moe at step 1, 1.2e-2,
+/// a router choice flipped) until RoPE's products were rounded apart (`rope_rot`): rope_store
+/// and rope_store_b had fused them differently (docs/benchmarks.md, session 51).
 #[test]
-#[ignore = "known failure: qwen3 / qwen3moe batch rows part from alone (session 50)"]
 fn qwen3_batch_rows_equal_rows_alone() {
     let Some(dev) = device() else { return };
     let mut failed = Vec::new();
@@ -983,7 +1026,8 @@ fn qwen3_batch_rows_equal_rows_alone() {
 
 /// The first (step, slot, rel L2) where `n` slots decoding together give a slot other logits
 /// than decoding alone, teacher-forced over 24 steps; `alike`: every slot the same prompt and
-/// tokens.
+/// tokens. A slot decoding alone runs the session's single-sequence graph (`CudaBatch::step`), so
+/// this compares the batch's kernels with the decode step's.
 fn rows_against_alone(
     dev: &Arc<Device>,
     spec: SynthSpec,
@@ -1053,11 +1097,9 @@ fn rows_against_alone(
 }
 
 /// Tiny qwen3moe in the batch with packing off (each prompt in a pass of its own): every
-/// request's greedy tokens are those it gets alone, in batches of 1, 3 and 6. Known to fail
-/// (sessions 49 and 50, H100: in the batch of 3, request 1 parts from alone at token 19; see
-/// `qwen3_batch_rows_equal_rows_alone`).
+/// request's greedy tokens are those it gets alone, in batches of 1, 3 and 6 (failed in
+/// sessions 49-51 until `rope_rot`; see `qwen3_batch_rows_equal_rows_alone`).
 #[test]
-#[ignore = "known failure: qwen3moe batch rows part from alone (session 50)"]
 fn moe_batch_decodes_like_each_request_alone() {
     let Some(dev) = device() else { return };
     let model = tiny(SynthSpec::tiny_qwen3moe());

@@ -101,6 +101,105 @@ impl Device {
         Ok(y)
     }
 
+    /// Up to three stacked matrices by the decode step's matvec (`matvec_k`, a warp a row, as
+    /// Qwen3's Q/K/V in a session): W · a for one activation row, [rows of all three].
+    pub fn test_matvec_stacked(
+        &self,
+        ws: [&QTensor; 3],
+        q: &[i8],
+        ds: &[[f32; 2]],
+    ) -> Result<Vec<f32>> {
+        self.bind()?;
+        let mats = ws
+            .iter()
+            .map(|w| Mat::upload_as(self, w, repack_on()))
+            .collect::<Result<Vec<_>>>()?;
+        let n: usize = ws.iter().map(|w| w.rows).sum();
+        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
+        let out = self.upload(&vec![f32::NAN; n])?;
+        let segs = [&mats[0].seg, &mats[1].seg, &mats[2].seg];
+        launch!(self, (self.matvec_k(&segs)) as "matvec (stacked)", (n.div_ceil(4) as u32, 1), 128;
+            mats[0].seg, mats[1].seg, mats[2].seg, ws[0].cols as i32, aq.ptr, ad.ptr, out.ptr, 0u64, 0i32)?;
+        let mut y = vec![0f32; n];
+        self.read(&out, 0, &mut y)?;
+        Ok(y)
+    }
+
+    /// RoPE and the f16 cache writes after Qwen3's Q/K norm, for rows `x` ([rows][Q | K | V]) at
+    /// positions `pos`: each row alone by the session's `rope_store` and all at once by the
+    /// batch's `rope_store_b` (each row its own slot of a paged cache). Per row, [Q | K | V] as
+    /// the attention then reads them (Q rounded to f16, K and V from the cache): (session, batch).
+    #[allow(clippy::type_complexity)]
+    pub fn test_rope_stores(
+        &self,
+        x: &[f32],
+        (n_head, n_kv_head, hd): (usize, usize, usize),
+        neox: bool,
+        rope: &RopeTable,
+        pos: &[usize],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.bind()?;
+        let (qd, kvd) = (n_head * hd, n_kv_head * hd);
+        let (row, b) = (qd + 2 * kvd, pos.len());
+        let ctx = pos.iter().max().map_or(1, |p| p + 1);
+        let (cos, sin) = (self.upload(&rope.cos)?, self.upload(&rope.sin)?);
+        let f16s = |c: &Buf, at: usize| -> Result<Vec<f32>> {
+            let mut h = vec![0u16; kvd];
+            self.read(c, at, &mut h)?;
+            Ok(h.iter()
+                .map(|&v| half::f16::from_bits(v).to_f32())
+                .collect())
+        };
+        let mut alone = Vec::with_capacity(b * row);
+        for (i, &p) in pos.iter().enumerate() {
+            let qkv = self.upload(&x[i * row..(i + 1) * row])?;
+            let (kc, vc) = (
+                self.upload(&vec![0xFFFFu16; ctx * kvd])?,
+                self.upload(&vec![0xFFFFu16; ctx * kvd])?,
+            );
+            let pp = self.upload(&[p as i32])?;
+            launch!(self, rope_store, (1, 1), 256;
+                qkv.ptr, 0u64, cos.ptr, sin.ptr, pp.ptr, n_head as i32, n_kv_head as i32, hd as i32,
+                neox as i32, kc.ptr, vc.ptr, 0u64, 1i32, 0u64)?;
+            let mut q = vec![0f32; qd];
+            self.read(&qkv, 0, &mut q)?;
+            alone.extend(q);
+            alone.extend(f16s(&kc, 2 * p * kvd)?);
+            alone.extend(f16s(&vc, 2 * p * kvd)?);
+        }
+        // Slot i's pages are i * max_pages ..; a page holds SPLIT rows.
+        let max_pages = ctx.div_ceil(SPLIT);
+        let page_bytes = (SPLIT * 2 * kvd) as u64;
+        let table: Vec<i32> = (0..(b * max_pages) as i32).collect();
+        let slots: Vec<i32> = (0..b as i32).collect();
+        let ps: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let (pages, slot, pp) = (
+            self.upload(&table)?,
+            self.upload(&slots)?,
+            self.upload(&ps)?,
+        );
+        let qkv = self.upload(x)?;
+        let q = self.upload(&vec![f32::NAN; b * qd])?;
+        let pool = b * max_pages * SPLIT * kvd;
+        let (kc, vc) = (
+            self.upload(&vec![0xFFFFu16; pool])?,
+            self.upload(&vec![0xFFFFu16; pool])?,
+        );
+        launch!(self, (self.fb()?.rope_store_b) as "rope_store_b", (b as u32, 1), 256;
+            qkv.ptr, 0u64, cos.ptr, sin.ptr, pp.ptr, slot.ptr, pages.ptr, max_pages as i32, page_bytes,
+            n_head as i32, n_kv_head as i32, hd as i32, neox as i32, q.ptr, kc.ptr, vc.ptr)?;
+        let mut qs = vec![0f32; b * qd];
+        self.read(&q, 0, &mut qs)?;
+        let mut together = Vec::with_capacity(b * row);
+        for (i, &p) in pos.iter().enumerate() {
+            together.extend_from_slice(&qs[i * qd..(i + 1) * qd]);
+            let at = (i * max_pages + p / SPLIT) * page_bytes as usize + (p % SPLIT) * 2 * kvd;
+            together.extend(f16s(&kc, at)?);
+            together.extend(f16s(&vc, at)?);
+        }
+        Ok((alone, together))
+    }
+
     /// The same through the int8 tensor-core kernels (kernels/mmq.cu) where `w`'s type has
     /// them (Q4_K, Q6_K), else dp4a.
     pub fn test_matmul_mq(
