@@ -1,4 +1,6 @@
 set -u
+# NEVER RAN: the session's device time was spent on failed starts before it (call 3 found the
+# cause; the fix is rope-rot-untested.patch beside this, not in the tree).
 # Session 51, call 4: RoPE's products rounded apart in every RoPE kernel (rope_rot in
 # kernels/common.cuh): rope_store_b against rope_store, Qwen3 and Qwen3-MoE batch rows against
 # rows alone (no longer ignored), then the whole CUDA suite on the synthetic 0.5B.
@@ -13,9 +15,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader > $L
 m=$M/synth-0.5b.gguf
 $B/mens synth --shape 0.5b -o $m > /dev/null 2>&1
 echo "== the fix's tests ($SECONDS s)" >> $L
-timeout 200 $B/cuda-test --test-threads=1 --nocapture rope_store_b batch_rows_equal moe_batch_decodes stacked_matmul > $O/t.txt 2>&1
+timeout 100 $B/cuda-test --test-threads=1 --nocapture rope_store_b batch_rows_equal moe_batch_decodes > $O/t.txt 2>&1
 grep -E "^test |test result|panicked|differ|as alone|equal its" $O/t.txt | cut -c1-400 | head -30 >> $L
 echo "== suite ($SECONDS s)" >> $L
-MENS_CUDA_MODEL=$m timeout 200 $B/cuda-test --test-threads=1 --skip rope_store_b --skip batch_rows_equal --skip moe_batch_decodes --skip stacked_matmul > $O/suite.txt 2>&1
+MENS_CUDA_MODEL=$m timeout 75 $B/cuda-test --test-threads=1 --skip rope_store_b --skip batch_rows_equal --skip moe_batch_decodes --skip stacked_matmul > $O/suite.txt 2>&1
 grep -E "^test .*(ok|FAILED|ignored)$|test result|panicked" $O/suite.txt | cut -c1-200 | tail -70 >> $L
 echo "== done ($SECONDS s)" >> $L
