@@ -83,6 +83,25 @@ impl Device {
         ds: &[[f32; 2]],
         rows: usize,
     ) -> Result<Vec<f32>> {
+        self.with_stacked(ws, q, ds, rows, |segs, n, aq, ad, out| {
+            let (k, grid, block) =
+                self.matmul_q8(rows.min(4), rows, &[&segs[0], &segs[1], &segs[2]])?;
+            launch!(self, (k) as "matmul_q8 (stacked)", grid, block;
+                segs[0], segs[1], segs[2], ws[0].cols as i32, aq, ad, rows as i32, out, n as i32,
+                0u64, 0u64, 0i32)
+        })
+    }
+
+    /// `ws` uploaded (stacked: `n` rows in all), the q8 activations and an output of `rows` × n
+    /// NaNs; `run` launches with (segments, n, aq, ad, out); the output read back.
+    fn with_stacked(
+        &self,
+        ws: [&QTensor; 3],
+        q: &[i8],
+        ds: &[[f32; 2]],
+        rows: usize,
+        run: impl FnOnce([Seg; 3], usize, u64, u64, u64) -> Result<()>,
+    ) -> Result<Vec<f32>> {
         self.bind()?;
         let mats = ws
             .iter()
@@ -91,11 +110,13 @@ impl Device {
         let n: usize = ws.iter().map(|w| w.rows).sum();
         let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
         let out = self.upload(&vec![f32::NAN; rows * n])?;
-        let segs = [&mats[0].seg, &mats[1].seg, &mats[2].seg];
-        let (k, grid, block) = self.matmul_q8(rows.min(4), rows, &segs)?;
-        launch!(self, (k) as "matmul_q8 (stacked)", grid, block;
-            mats[0].seg, mats[1].seg, mats[2].seg, ws[0].cols as i32, aq.ptr, ad.ptr, rows as i32,
-            out.ptr, n as i32, 0u64, 0u64, 0i32)?;
+        run(
+            [mats[0].seg, mats[1].seg, mats[2].seg],
+            n,
+            aq.ptr,
+            ad.ptr,
+            out.ptr,
+        )?;
         let mut y = vec![0f32; rows * n];
         self.read(&out, 0, &mut y)?;
         Ok(y)
@@ -109,20 +130,10 @@ impl Device {
         q: &[i8],
         ds: &[[f32; 2]],
     ) -> Result<Vec<f32>> {
-        self.bind()?;
-        let mats = ws
-            .iter()
-            .map(|w| Mat::upload_as(self, w, repack_on()))
-            .collect::<Result<Vec<_>>>()?;
-        let n: usize = ws.iter().map(|w| w.rows).sum();
-        let (aq, ad) = (self.upload(q)?, self.upload(ds)?);
-        let out = self.upload(&vec![f32::NAN; n])?;
-        let segs = [&mats[0].seg, &mats[1].seg, &mats[2].seg];
-        launch!(self, (self.matvec_k(&segs)) as "matvec (stacked)", (n.div_ceil(4) as u32, 1), 128;
-            mats[0].seg, mats[1].seg, mats[2].seg, ws[0].cols as i32, aq.ptr, ad.ptr, out.ptr, 0u64, 0i32)?;
-        let mut y = vec![0f32; n];
-        self.read(&out, 0, &mut y)?;
-        Ok(y)
+        self.with_stacked(ws, q, ds, 1, |segs, n, aq, ad, out| {
+            launch!(self, (self.matvec_k(&[&segs[0], &segs[1], &segs[2]])) as "matvec (stacked)", (n.div_ceil(4) as u32, 1), 128;
+                segs[0], segs[1], segs[2], ws[0].cols as i32, aq, ad, out, 0u64, 0i32)
+        })
     }
 
     /// RoPE and the f16 cache writes after Qwen3's Q/K norm, for rows `x` ([rows][Q | K | V]) at
