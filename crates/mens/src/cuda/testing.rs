@@ -5,6 +5,15 @@ use super::*;
 
 /// Single-kernel entry points for the kernel tests (each against cuda::reference).
 impl Device {
+    /// `n` f16 values of `buf` from byte `at`, widened to f32.
+    fn read_f16(&self, buf: &Buf, at: usize, n: usize) -> Result<Vec<f32>> {
+        let mut h = vec![0u16; n];
+        self.read(buf, at, &mut h)?;
+        Ok(h.iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect())
+    }
+
     /// y = W · a with the decode matvec kernel; `a` is q8 (see reference::quantize_q8).
     pub fn test_matvec(&self, w: &QTensor, q: &[i8], ds: &[[f32; 2]]) -> Result<Vec<f32>> {
         self.test_matvec_as(w, q, ds, repack_on())
@@ -140,7 +149,6 @@ impl Device {
     /// positions `pos`: each row alone by the session's `rope_store` and all at once by the
     /// batch's `rope_store_b` (each row its own slot of a paged cache). Per row, [Q | K | V] as
     /// the attention then reads them (Q rounded to f16, K and V from the cache): (session, batch).
-    #[allow(clippy::type_complexity)]
     pub fn test_rope_stores(
         &self,
         x: &[f32],
@@ -154,13 +162,6 @@ impl Device {
         let (row, b) = (qd + 2 * kvd, pos.len());
         let ctx = pos.iter().max().map_or(1, |p| p + 1);
         let (cos, sin) = (self.upload(&rope.cos)?, self.upload(&rope.sin)?);
-        let f16s = |c: &Buf, at: usize| -> Result<Vec<f32>> {
-            let mut h = vec![0u16; kvd];
-            self.read(c, at, &mut h)?;
-            Ok(h.iter()
-                .map(|&v| half::f16::from_bits(v).to_f32())
-                .collect())
-        };
         let mut alone = Vec::with_capacity(b * row);
         for (i, &p) in pos.iter().enumerate() {
             let qkv = self.upload(&x[i * row..(i + 1) * row])?;
@@ -175,8 +176,8 @@ impl Device {
             let mut q = vec![0f32; qd];
             self.read(&qkv, 0, &mut q)?;
             alone.extend(q);
-            alone.extend(f16s(&kc, 2 * p * kvd)?);
-            alone.extend(f16s(&vc, 2 * p * kvd)?);
+            alone.extend(self.read_f16(&kc, 2 * p * kvd, kvd)?);
+            alone.extend(self.read_f16(&vc, 2 * p * kvd, kvd)?);
         }
         // Slot i's pages are i * max_pages ..; a page holds SPLIT rows.
         let max_pages = ctx.div_ceil(SPLIT);
@@ -205,8 +206,8 @@ impl Device {
         for (i, &p) in pos.iter().enumerate() {
             together.extend_from_slice(&qs[i * qd..(i + 1) * qd]);
             let at = (i * max_pages + p / SPLIT) * page_bytes as usize + (p % SPLIT) * 2 * kvd;
-            together.extend(f16s(&kc, at)?);
-            together.extend(f16s(&vc, at)?);
+            together.extend(self.read_f16(&kc, at, kvd)?);
+            together.extend(self.read_f16(&vc, at, kvd)?);
         }
         Ok((alone, together))
     }
@@ -348,11 +349,7 @@ impl Device {
         let out = self.upload(&vec![0xFFFFu16; n])?;
         launch!(self, dequant_f16, ((n / 32).div_ceil(256) as u32, 1), 256;
             m.seg, w.cols as i32, out.ptr)?;
-        let mut h = vec![0u16; n];
-        self.read(&out, 0, &mut h)?;
-        Ok(h.iter()
-            .map(|&b| half::f16::from_bits(b).to_f32())
-            .collect())
+        self.read_f16(&out, 0, n)
     }
 
     /// rmsnorm(x) * w quantized to q8 by the decode kernel, dequantized back.
@@ -617,13 +614,7 @@ impl Device {
             qkv.ptr, kc.ptr, vc.ptr, 0u64, 0u64, 0f32, 0u64)?;
         let mut q = vec![0f32; qd];
         self.read(&qkv, 0, &mut q)?;
-        let row = |c: &Buf| -> Result<Vec<f32>> {
-            let mut h = vec![0u16; kvd];
-            self.read(c, 2 * pos * kvd, &mut h)?;
-            Ok(h.iter()
-                .map(|&x| half::f16::from_bits(x).to_f32())
-                .collect())
-        };
+        let row = |c: &Buf| self.read_f16(c, 2 * pos * kvd, kvd);
         Ok((q, row(&kc)?, row(&vc)?))
     }
 
@@ -636,12 +627,7 @@ impl Device {
         let h = self.upload(&vec![0xFFFFu16; ntok * f])?;
         launch!(self, swiglu_h16, ((ntok * f / 8).div_ceil(256) as u32, 1), 256;
             x.ptr, f as i32, ntok as i32, h.ptr)?;
-        let mut out = vec![0u16; ntok * f];
-        self.read(&h, 0, &mut out)?;
-        Ok(out
-            .iter()
-            .map(|&b| half::f16::from_bits(b).to_f32())
-            .collect())
+        self.read_f16(&h, 0, ntok * f)
     }
 
     /// `rows` rows of K and V values (f32, [rows][kv_dim] each) stored as cache rows of type `t`
@@ -801,11 +787,7 @@ impl Device {
         );
         launch!(self, [self.flash_prefill(head_dim, kt)], grid, 256;
             args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8)?;
-        let mut h = vec![0u16; t * qd];
-        self.read(&out, 0, &mut h)?;
-        Ok(h.iter()
-            .map(|&x| half::f16::from_bits(x).to_f32())
-            .collect())
+        self.read_f16(&out, 0, t * qd)
     }
 }
 
