@@ -732,8 +732,7 @@ fn chat_reads_multi_line_turns_and_commands() {
     // A reloaded conversation is prefilled again with the next turn (nothing reused after /reset).
     let last = err
         .lines()
-        .filter(|l| l.contains("new prompt tokens"))
-        .last()
+        .rfind(|l| l.contains("new prompt tokens"))
         .unwrap();
     assert!(last.contains("(0 reused)"), "{last}");
     // A file that is not a conversation is refused, the conversation unchanged.

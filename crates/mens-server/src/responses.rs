@@ -209,7 +209,9 @@ fn translate(v: &Value) -> ApiResult<(Value, Value)> {
                             Some(m)
                                 if m["role"] == "assistant" && m.get("tool_calls").is_some() =>
                             {
-                                m["tool_calls"].as_array_mut().map(|a| a.push(call));
+                                if let Some(a) = m["tool_calls"].as_array_mut() {
+                                    a.push(call)
+                                }
                             }
                             _ => msgs.push(with_reasoning(
                                 json!({"role": "assistant", "content": "", "tool_calls": [call]}),

@@ -187,13 +187,10 @@ fn tool_calls_forced_parsed_and_streamed() {
     )
     .json();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
-    assert!(
-        v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .len()
-            > 0
-    );
+    assert!(!v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .is_empty());
 }
 
 /// Greedy log-probabilities: one entry per generated token, the chosen token is the most likely,

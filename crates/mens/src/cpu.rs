@@ -318,7 +318,7 @@ pub fn session_bytes(m: &Model, o: &SessionOptions) -> u64 {
 fn check_cache(m: &Model, o: &SessionOptions) -> Result<()> {
     let hd = m.config.head_dim;
     for t in [o.cache_k, o.cache_v] {
-        if t != KvType::F16 && hd % 32 != 0 {
+        if t != KvType::F16 && !hd.is_multiple_of(32) {
             return Err(Error::InvalidArgument(format!(
                 "a {} KV cache needs a head dimension that is a multiple of 32 (this model: {hd})",
                 t.name()

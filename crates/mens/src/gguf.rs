@@ -117,7 +117,7 @@ impl TensorType {
     }
     /// Bytes for `elements` values, or None when the count is not whole blocks or overflows.
     pub fn bytes_for(self, elements: u64) -> Option<u64> {
-        if elements % self.block_size() != 0 {
+        if !elements.is_multiple_of(self.block_size()) {
             return None;
         }
         (elements / self.block_size()).checked_mul(self.block_bytes())

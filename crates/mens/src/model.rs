@@ -322,7 +322,11 @@ impl Config {
                 "embedding_length {dim} or feed_forward_length {ffn_dim} is out of range"
             ));
         }
-        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 || dim % n_head != 0 {
+        if n_head == 0
+            || n_kv_head == 0
+            || !n_head.is_multiple_of(n_kv_head)
+            || !dim.is_multiple_of(n_head)
+        {
             return bad(format!(
                 "head_count {n_head} and head_count_kv {n_kv_head} do not divide embedding_length {dim}"
             ));

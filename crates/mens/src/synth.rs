@@ -550,7 +550,7 @@ impl QwenShape {
 /// attn_v / ffn_down in the layers the rule picks), else Q4_K; rows (`cols` values) that are not a
 /// multiple of 256 fall back to Q8_0 and Q5_0.
 pub fn q4_k_m_type(wide: bool, cols: usize) -> TensorType {
-    match (wide, cols % 256 == 0) {
+    match (wide, cols.is_multiple_of(256)) {
         (true, true) => TensorType::Q6K,
         (true, false) => TensorType::Q8_0,
         (false, true) => TensorType::Q4K,

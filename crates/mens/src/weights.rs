@@ -71,7 +71,7 @@ impl QTensor {
             | TensorType::Q6K => 4,
             _ => 2,
         };
-        if (storage.as_ptr() as usize + offset) % align != 0 {
+        if !(storage.as_ptr() as usize + offset).is_multiple_of(align) {
             return Err(Error::Model(format!(
                 "tensor data at offset {offset} is not {align}-byte aligned"
             )));

@@ -114,10 +114,8 @@ fn docs_reference_what_exists() {
                 .find(|p| p.exists());
             match (full, item) {
                 (None, _) => problems.push(format!("{doc}: file {file} does not exist")),
-                (Some(p), Some(item)) => {
-                    if !defines(&std::fs::read_to_string(&p).unwrap(), &item) {
-                        problems.push(format!("{doc}: {file} defines no item {item}"));
-                    }
+                (Some(p), Some(item)) if !defines(&std::fs::read_to_string(&p).unwrap(), &item) => {
+                    problems.push(format!("{doc}: {file} defines no item {item}"));
                 }
                 _ => {}
             }

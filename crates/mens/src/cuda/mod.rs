@@ -301,7 +301,7 @@ pub fn check_cache(c: &Config, cache: (KvType, KvType)) -> Result<KvType> {
             cache.1.name()
         )));
     }
-    if cache.0 != KvType::F16 && c.head_dim % 32 != 0 {
+    if cache.0 != KvType::F16 && !c.head_dim.is_multiple_of(32) {
         return Err(Error::InvalidArgument(format!(
             "a {} KV cache needs a head size that is a multiple of 32 (this model: {})",
             cache.0.name(),
@@ -841,7 +841,7 @@ impl Device {
         head_dim: usize,
         on: Option<bool>,
     ) -> Option<(&'static str, sys::CUfunction)> {
-        let fits = head_dim % 4 == 0
+        let fits = head_dim.is_multiple_of(4)
             && segs
                 .iter()
                 .all(|s| matches!(kind(s.ty as u32), Kind::Q4KR | Kind::Q6KR));
@@ -1377,7 +1377,7 @@ fn norms_deferred_with(
     setting != Some("0")
         && split != Some("1")
         && !fused_norm(dim)
-        && dim % 32 == 0
+        && dim.is_multiple_of(32)
         && dim / 32 <= NP_MAX
         && !qk_norm
 }
@@ -1405,7 +1405,7 @@ fn fused_norm_with(dim: usize, setting: Option<&str>) -> bool {
         Some("1") => NORM_MAXD,
         _ => NORM_FUSE_DEFAULT_MAX,
     };
-    dim <= max && dim % 128 == 0
+    dim <= max && dim.is_multiple_of(128)
 }
 
 /// Whether decode's LM head runs two rows a warp (`matvec_pair`: the same bits as `matvec`);
@@ -1611,7 +1611,7 @@ impl Mat {
                 t.ttype.name()
             )));
         }
-        if t.cols % 32 != 0 {
+        if !t.cols.is_multiple_of(32) {
             return Err(Error::Model(format!(
                 "the CUDA backend needs rows of a multiple of 32 values, got {}",
                 t.cols

@@ -84,7 +84,7 @@ impl GpuModel {
                 "the CUDA backend supports at most 64 KV heads".into(),
             ));
         }
-        if c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
+        if !c.dim.is_multiple_of(32) || !c.ffn_dim.is_multiple_of(32) {
             return Err(Error::Model(
                 "the CUDA backend needs dimensions that are multiples of 32".into(),
             ));

@@ -879,7 +879,7 @@ impl CudaSession {
     fn gate_up(&self, l: &super::model::GpuLayer, t: usize) -> Result<()> {
         let dev = &self.model.dev;
         let f = self.model.config.ffn_dim;
-        let half = f % 8 == 0;
+        let half = f.is_multiple_of(8);
         self.linear(
             &[&l.gate, &l.up],
             self.xb16.ptr,
