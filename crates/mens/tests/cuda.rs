@@ -85,7 +85,7 @@ fn matvec_pair_gives_the_matvec_bits_for_every_type() {
     let Some(dev) = device() else { return };
     for (i, &t) in TYPES.iter().enumerate() {
         for cols in [896usize, 1536, 3584] {
-            if cols as u64 % t.block_size() != 0 {
+            if !(cols as u64).is_multiple_of(t.block_size()) {
                 continue;
             }
             let w = qtensor(t, 67, cols, 300 + i as u64);
@@ -967,12 +967,10 @@ fn batch_rows_equal_rows_alone() {
 
 /// Qwen3's RoPE and cache writes (after the Q/K norm): the batch's `rope_store_b` gives each row
 /// the Q, K and V bits the session's `rope_store` gives it alone (a slot decoding alone runs the
-/// session's graph). Known to fail (session 51, call 3, H100: 1 of 5120 values, a K value, parts
-/// with NeoX pairs): both write `x0 * c - x1 * s`, which the compiler fused into an FMA differently
-/// in the two kernels; rounding each product apart in every RoPE kernel
-/// (docs/evidence/cuda/session51/rope-rot-untested.patch) is the fix, not yet run on a GPU.
+/// session's graph). Before `rope_rot` (session 51, call 3, H100) 1 of 5120 values, a K value,
+/// parted with NeoX pairs: both wrote `x0 * c - x1 * s`, which the compiler fused into an FMA
+/// differently in the two kernels.
 #[test]
-#[ignore = "known failure: rope_store_b parts from rope_store (session 51); the fix never ran"]
 fn rope_store_b_gives_rope_stores_bits() {
     let Some(dev) = device() else { return };
     use mens::rope::RopeTable;
@@ -1005,12 +1003,10 @@ fn rope_store_b_gives_rope_stores_bits() {
 
 /// The same for qwen3 and qwen3moe, with 3 slots (a padding row in the bucket of 4), 4 (none), 2,
 /// and 3 slots with one prompt and one token each step (rows alike but for their slots).
-/// Known to fail (sessions 49-51, H100): every shape parts at some step but qwen3moe's alike rows
-/// (qwen3 3 slots at step 17, rel L2 5.4e-8; qwen3moe 3 slots at step 1, 1.2e-2, a router choice
-/// flipped). The cause found: `rope_store_b_gives_rope_stores_bits` (docs/benchmarks.md, session
-/// 51); its fix has not run on a GPU.
+/// Failed in sessions 49-51 (qwen3 3 slots at step 17, rel L2 5.4e-8; qwen3moe 3 slots at step 1,
+/// 1.2e-2, a router choice flipped) until RoPE's products were rounded apart (`rope_rot`; see
+/// `rope_store_b_gives_rope_stores_bits`).
 #[test]
-#[ignore = "known failure: qwen3 / qwen3moe batch rows part from alone (rope_store_b, session 51)"]
 fn qwen3_batch_rows_equal_rows_alone() {
     let Some(dev) = device() else { return };
     let mut failed = Vec::new();
@@ -1103,10 +1099,9 @@ fn rows_against_alone(
 }
 
 /// Tiny qwen3moe in the batch with packing off (each prompt in a pass of its own): every
-/// request's greedy tokens are those it gets alone, in batches of 1, 3 and 6. Known to fail
-/// (sessions 49-51; see `qwen3_batch_rows_equal_rows_alone`).
+/// request's greedy tokens are those it gets alone, in batches of 1, 3 and 6 (failed in sessions
+/// 49-51; see `qwen3_batch_rows_equal_rows_alone`).
 #[test]
-#[ignore = "known failure: qwen3moe batch rows part from alone (rope_store_b, session 51)"]
 fn moe_batch_decodes_like_each_request_alone() {
     let Some(dev) = device() else { return };
     let model = tiny(SynthSpec::tiny_qwen3moe());

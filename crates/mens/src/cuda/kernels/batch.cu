@@ -354,7 +354,8 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
     float* st = qkv + (u64)b * (qd + 2 * kvd);
     if (h < n_head + n_kv_head) {
       float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
-      float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+      float2 y = rope_rot(x0, x1, c, sn);
+      float y0 = y.x, y1 = y.y;
       if (h < n_head) {
         q[(u64)b * qd + ra] = h2f(f2h(y0));
         q[(u64)b * qd + rb] = h2f(f2h(y1));
@@ -832,7 +833,8 @@ extern "C" __global__ void rope_store_b(float* qkv, const float* bias, const flo
     }
     if (h < n_head + n_kv_head) {
       float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
-      float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+      float2 y = rope_rot(x0, x1, c, sn);
+      float y0 = y.x, y1 = y.y;
       if (h < n_head) {
         q[(u64)b * qd + ra] = h2f(f2h(y0));
         q[(u64)b * qd + rb] = h2f(f2h(y1));

@@ -225,6 +225,14 @@ __device__ __forceinline__ int kv_row_bytes(int t, int kvd) {
 // Row `pos` of a cache whose rows are rb bytes: contiguous from `base` (pt null), or in a paged
 // pool (pt: the sequence's page table; page pt[pos / SPLIT] holds rows pos - pos % SPLIT.., its
 // layer's rows at `base` within each page, pages page_bytes apart).
+// RoPE's rotation of the pair (x0, x1) by the angle of cosine c and sine s, each product rounded
+// before the sum. Written `x0 * c - x1 * s`, the compiler fused a product into the sum one way in
+// the session's rope_store and another in the batch's rope_store_b, so about 1 in 5000 of Qwen3's
+// K values parted in the f16 cache between a slot decoding alone and in a batch (session 51,
+// rope_store_b_gives_rope_stores_bits). Every RoPE kernel rotates through it.
+__device__ __forceinline__ float2 rope_rot(float x0, float x1, float c, float s) {
+  return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+}
 __device__ __forceinline__ const u8* kv_at(const u8* base, const int* pt, u64 page_bytes, int pos, int rb) {
   if (!pt) return base + (u64)pos * rb;
   return base + (u64)pt[pos / SPLIT] * page_bytes + (u64)(pos % SPLIT) * rb;

@@ -1169,7 +1169,8 @@ __device__ __forceinline__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, con
   int ps = *pos, kvd = n_kv_head * hd;
   if (h < n_head + n_kv_head) {
     float c = cosv[(u64)ps * half + k], sn = sinv[(u64)ps * half + k];
-    float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+    float2 y = rope_rot(x0, x1, c, sn);
+    float y0 = y.x, y1 = y.y;
     if (h < n_head) {
       qkv[ra] = h2f(f2h(y0));
       qkv[rb] = h2f(f2h(y1));

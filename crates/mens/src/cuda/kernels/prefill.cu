@@ -205,7 +205,8 @@ extern "C" __global__ void rope_store(float* qkv, const float* bias, const float
     float* v = r + h * hd;  // K heads follow the Q heads
     int a = neox ? k : 2 * k, b = neox ? k + half : 2 * k + 1;
     float x0 = v[a], x1 = v[b];
-    float y0 = x0 * cs[k] - x1 * sn[k], y1 = x0 * sn[k] + x1 * cs[k];
+    float2 y = rope_rot(x0, x1, cs[k], sn[k]);
+    float y0 = y.x, y1 = y.y;
     if (h < n_head) {
       u16 h0 = f2h(y0), h1 = f2h(y1);
       v[a] = h2f(h0);
@@ -293,7 +294,8 @@ extern "C" __global__ void shift_k(const u16* src, u16* dst, int kvd, int hd, in
     int h = i / half, k = i % half;
     int a = h * hd + (neox ? k : 2 * k), b = h * hd + (neox ? k + half : 2 * k + 1);
     float x0 = h2f(r[a]), x1 = h2f(r[b]), si = sign * sn[k];
-    o[a] = f2h(x0 * cs[k] - x1 * si);
-    o[b] = f2h(x0 * si + x1 * cs[k]);
+    float2 y = rope_rot(x0, x1, cs[k], si);
+    o[a] = f2h(y.x);
+    o[b] = f2h(y.y);
   }
 }
