@@ -596,7 +596,7 @@ unsafe fn dot<const Q6: bool>(
             finish(tt - 1);
         }
     }
-    if (n - 1) % 2 == 0 {
+    if (n - 1).is_multiple_of(2) {
         store2!("tmm4", "tmm5");
     } else {
         store2!("tmm6", "tmm7");

@@ -319,7 +319,7 @@ impl Path {
         #[cfg(target_arch = "x86_64")]
         {
             use super::simd::{level, Level};
-            if hd % 64 == 0 && hd <= MAX_HEAD_DIM && level() != Level::None {
+            if hd.is_multiple_of(64) && hd <= MAX_HEAD_DIM && level() != Level::None {
                 return Path::Avx2;
             }
         }

@@ -79,7 +79,9 @@ fn nibble(qs: &[u8], v: usize) -> u8 {
 /// Repack a Q4_K matrix (`rows` a multiple of 8, `nb` blocks per row) into groups, into `out`.
 pub fn repack_q4k(src: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
     assert!(
-        rows % 8 == 0 && src.len() == rows * nb * 144 && out.len() == rows / 8 * nb * GROUP_BYTES
+        rows.is_multiple_of(8)
+            && src.len() == rows * nb * 144
+            && out.len() == rows / 8 * nb * GROUP_BYTES
     );
     out.fill(0);
     for g in 0..rows / 8 {
@@ -269,7 +271,9 @@ fn q6k_value(b: &[u8], v: usize) -> u8 {
 /// Repack a Q6_K matrix (`rows` a multiple of 8, `nb` blocks per row) into groups, into `out`.
 pub fn repack_q6k(src: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
     const GB: usize = Q6K_GROUP_BYTES;
-    assert!(rows % 8 == 0 && src.len() == rows * nb * 210 && out.len() == rows / 8 * nb * GB);
+    assert!(
+        rows.is_multiple_of(8) && src.len() == rows * nb * 210 && out.len() == rows / 8 * nb * GB
+    );
     out.fill(0);
     for g in 0..rows / 8 {
         for i in 0..nb {

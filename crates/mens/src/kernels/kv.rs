@@ -26,13 +26,13 @@ pub struct KvRowsMut<'a> {
 
 /// `data` as f16 values (the backing store is u16-aligned).
 fn f16s(data: &[u8]) -> &[f16] {
-    assert!(data.as_ptr() as usize % 2 == 0 && data.len() % 2 == 0);
+    assert!((data.as_ptr() as usize).is_multiple_of(2) && data.len().is_multiple_of(2));
     // SAFETY: aligned and sized as asserted; every bit pattern is an f16.
     unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f16, data.len() / 2) }
 }
 
 fn f16s_mut(data: &mut [u8]) -> &mut [f16] {
-    assert!(data.as_ptr() as usize % 2 == 0 && data.len() % 2 == 0);
+    assert!((data.as_ptr() as usize).is_multiple_of(2) && data.len().is_multiple_of(2));
     // SAFETY: as `f16s`, and the borrow is unique.
     unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut f16, data.len() / 2) }
 }
@@ -122,7 +122,7 @@ impl KvRowsMut<'_> {
 /// rotated; attention rotates Q the same way and its output back.
 #[inline(always)]
 pub fn hadamard32(x: &mut [f32]) {
-    const NORM: f32 = 0.176_776_695_296_636_9; // 1/sqrt(32)
+    const NORM: f32 = 0.176_776_69; // 1/sqrt(32)
     for b in x.chunks_exact_mut(32) {
         let mut h = 1;
         while h < 32 {
@@ -246,7 +246,7 @@ mod tests {
             for i in 0..32 {
                 let want: f64 = (0..32)
                     .map(|j| {
-                        let sign = if (i & j as usize).count_ones() % 2 == 0 {
+                        let sign = if (i & j).count_ones().is_multiple_of(2) {
                             1.0
                         } else {
                             -1.0

@@ -193,7 +193,7 @@ impl QuantizedInput {
             let a = *a;
             // The tiles' copy of the Q8_K rows, written beside them.
             let tiles = (a == ActType::Q8K && !self.tiles.is_empty())
-                .then(|| OutPtr(self.tiles.as_mut_ptr() as *mut f32));
+                .then_some(OutPtr(self.tiles.as_mut_ptr() as *mut f32));
             let (groups, nb) = (self.tile_groups, cols / 256);
             let pack = |r: usize, row: &[u8]| {
                 #[cfg(target_arch = "x86_64")]
@@ -270,7 +270,7 @@ impl QuantizedInput {
     /// there is one.
     #[cfg(target_arch = "x86_64")]
     fn tiles(&self) -> Option<(*const u8, usize)> {
-        (!self.tiles.is_empty()).then(|| (self.tiles.as_ptr() as *const u8, self.tile_groups))
+        (!self.tiles.is_empty()).then_some((self.tiles.as_ptr() as *const u8, self.tile_groups))
     }
 
     fn get(&self, a: ActType) -> (&[u8], usize) {
@@ -443,7 +443,7 @@ fn rows_simd(
     let (acts, arb, d, s) = input.act_rows(act_type(w.ttype));
     let nb = w.cols / 32;
     #[cfg(target_arch = "x86_64")]
-    if r0 % 8 == 0 && r1 % 8 == 0 {
+    if r0.is_multiple_of(8) && r1.is_multiple_of(8) {
         if let Some((g, p)) = repacked(level, w) {
             return rows_x8(g, p, input, nb, out, stride, off, r0, r1);
         }
@@ -544,7 +544,7 @@ fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
         }
         x8::Packed::Q8_0 => level == simd::Level::Vnni,
     };
-    if !wanted || w.rows % 8 != 0 {
+    if !wanted || !w.rows.is_multiple_of(8) {
         return None;
     }
     let g = w.repacked(|w| {
@@ -647,7 +647,7 @@ fn rows_x8(
         x8::Packed::Q5_0 if !avx2 => Some(amx::Format::Q5_0),
         _ => None,
     }
-    .filter(|_| nb % 4 == 0);
+    .filter(|_| nb.is_multiple_of(4));
     let dys = d.as_ptr();
     with_tiles(
         f,
@@ -683,7 +683,7 @@ fn rows_kquant(
     let (acts, arb) = input.get(ActType::Q8K);
     let nb = w.cols / 256;
     #[cfg(target_arch = "x86_64")]
-    if r0 % 8 == 0 && r1 % 8 == 0 {
+    if r0.is_multiple_of(8) && r1.is_multiple_of(8) {
         // Some for Q4_K and Q6_K only.
         if let Some((g, p)) = repacked(simd::level(), w) {
             let packed = input.tiles();

@@ -79,7 +79,7 @@ fn worker(shared: Arc<Shared>) {
                 break;
             }
             spins += 1;
-            if spins % 64 == 0 && t0.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && t0.elapsed() > SPIN {
                 let guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
                 shared.sleepers.fetch_add(1, SeqCst);
                 let _g = if shared.state.load(SeqCst) >> 32 == seen {

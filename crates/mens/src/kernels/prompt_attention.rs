@@ -64,8 +64,8 @@ pub fn attention(
     assert!(kf.len() >= n_kv_head * cap * hd && vf.len() >= n_kv_head * cap * hd);
     let base = super::OutPtr(out.as_mut_ptr());
     // The AVX2 row kernel takes the accumulator 8 values at a time, the AVX-512 one 64.
-    let simd = wide() && hd % 8 == 0;
-    let simd512 = wide512() && hd % 64 == 0;
+    let simd = wide() && hd.is_multiple_of(8);
+    let simd512 = wide512() && hd.is_multiple_of(64);
     let sl = RUN_HEADER + hd;
     let work = |kvh: usize, t0: usize, t1: usize| {
         let end = |ti: usize| pos0 + ti + 1;
@@ -271,7 +271,9 @@ unsafe fn row_tile_avx2(
     use std::arch::x86_64::*;
     let hd = q.len();
     let (st, acc) = st.split_at_mut(RUN_HEADER);
-    debug_assert!(hd % 8 == 0 && kt.len() >= hd * KEYS && vt.len() >= KEYS * hd && p.len() >= KEYS);
+    debug_assert!(
+        hd.is_multiple_of(8) && kt.len() >= hd * KEYS && vt.len() >= KEYS * hd && p.len() >= KEYS
+    );
     // Scores of the tile's 64 keys (vectors past `b` are not needed).
     let nv = b.div_ceil(8);
     let mut s = [_mm256_setzero_ps(); KEYS / 8];
@@ -366,7 +368,7 @@ unsafe fn rows_tile_avx512<const R: usize>(
     use std::arch::x86_64::*;
     let hd = q.len() / R;
     let sl = RUN_HEADER + hd;
-    debug_assert!(hd % 64 == 0 && a < b && b <= KEYS);
+    debug_assert!(hd.is_multiple_of(64) && a < b && b <= KEYS);
     debug_assert!(kt.len() >= hd * KEYS && vt.len() >= b * hd && runs.len() >= R * sl);
     debug_assert!(p.len() >= R * KEYS);
     let (ktp, qp) = (kt.as_ptr(), q.as_ptr());

@@ -130,7 +130,9 @@ fn repack(
     place: impl Fn(&mut [u8], usize, &[u8]),
 ) {
     let (gb, bb) = (p.group_bytes(), p.group_bytes() / 8);
-    assert!(rows % 8 == 0 && src.len() == rows * nb * bb && out.len() == rows / 8 * nb * gb);
+    assert!(
+        rows.is_multiple_of(8) && src.len() == rows * nb * bb && out.len() == rows / 8 * nb * gb
+    );
     for g in 0..rows / 8 {
         for i in 0..nb {
             let o = &mut out[(g * nb + i) * gb..][..gb];
