@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CUDA-enabled `mens` binary and CUDA test binary here (no toolkit needed: kernels are
 # compiled at run time by NVRTC) and packs them, stripped and xz-compressed, into .device/ for a GPU
-# machine without Rust (scripts/cuda-device.sh unpacks and runs them). .device/ is ignored by git:
+# machine without Rust (scripts/device-setup.sh unpacks them there). .device/ is ignored by git:
 # name it in the device call's carry list.
 # The kernels' PTX for sm_90 is compiled here too, into .device/ptx (NVRTC's cache, keyed by source
 # and defines): one set for each ';'-separated entry of PTX_DEFS (default: the default build),
-# which scripts/cuda-device.sh puts in the device's cache, sparing each call a compile there.
+# which scripts/device-setup.sh puts in the device's cache, sparing each call a compile there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p mens-cli --features cuda

@@ -31,26 +31,11 @@ MODE=${1:-all}
 SHAPES=${2:-0.5b,1.5b,7b}
 OUT=${OUT:-$PWD/cuda-out}
 mkdir -p "$OUT"
-# CUDA libraries (cuBLAS, NVRTC) where the machine has them: a pip CUDA install, or the toolkit.
-for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/cuda/lib64; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-BIN=/tmp/mens-bin
-mkdir -p "$BIN" /tmp/mens-models
-for f in .device/*.xz; do
-  python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$BIN/$(basename "$f" .xz)"
-  chmod +x "$BIN/$(basename "$f" .xz)"
-done
-export MENS_CUDA_CACHE=/tmp/mens-cuda-cache
-# PTX compiled where the binaries were built (scripts/cuda-build.sh): no NVRTC compile here.
-mkdir -p "$MENS_CUDA_CACHE"
-for f in .device/ptx/*.ptx.xz; do
-  [ -f "$f" ] && python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "$MENS_CUDA_CACHE/$(basename "$f" .xz)"
-done
+. scripts/device-setup.sh  # $BIN, $M, LD_LIBRARY_PATH, the PTX cache
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 synth() {
-  local m=/tmp/mens-models/synth-$1.gguf
+  local m=$M/synth-$1.gguf
   [ -f "$m" ] || "$BIN/mens" synth --shape "$1" -o "$m" >&2
   echo "$m"
 }
