@@ -243,7 +243,7 @@ mod tests {
         let mut y = x.clone();
         hadamard32(&mut y);
         for blk in 0..2 {
-            for i in 0..32 {
+            for i in 0..32usize {
                 let want: f64 = (0..32)
                     .map(|j| {
                         let sign = if (i & j).count_ones().is_multiple_of(2) {
