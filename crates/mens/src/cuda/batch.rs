@@ -795,8 +795,40 @@ impl CudaBatch {
         want.clamp(1, self.ctx.div_ceil(SPLIT))
     }
 
-    /// Every kernel of a decode step over `bp` rows (what a bucket's graph holds).
+    /// The kernel family of a step over `bp` rows. Auto: tensor cores from MMA_FROM rows
+    /// (cuBLAS from blas_from) when that many slots decode together; a batch of fewer slots
+    /// keeps dp4a for its verify rows (a row's bits as alone: the same greedy tokens as plain
+    /// decoding).
+    fn family(&self, bp: usize) -> Family {
+        let bf = self.blas_from;
+        match self.kernels {
+            // An expert FFN runs its own kernels on q8 rows.
+            _ if self.moe.is_some() => Family::Dp4a,
+            BatchKernels::Auto if bp >= bf && self.slots >= bf => Family::Blas,
+            BatchKernels::Auto if bp >= MMA_FROM && self.slots >= MMA_FROM => Family::Mma,
+            BatchKernels::Auto | BatchKernels::Dp4a => Family::Dp4a,
+            BatchKernels::TensorCores => Family::Mma,
+            BatchKernels::Cublas => Family::Blas,
+        }
+    }
+
+    /// Every kernel of a decode step over `bp` rows (what a bucket's graph holds). The dp4a
+    /// family's kernels after the embedding (batch.cu's and the norms, each waiting for the one
+    /// before it at `pdl_wait()`) use programmatic dependent launch, as the single-sequence
+    /// step's do (`Device::decode_graph`); the tensor-core, cuBLAS and expert kernels do not.
     fn decode_kernels(&self, bp: usize) -> Result<usize> {
+        let m = &self.model;
+        let fam = self.family(bp);
+        launch!(m.dev, embed, (bp as u32, 1), 128; m.embedding.seg, m.config.dim as i32, self.meta.ptr, self.x.ptr)?;
+        if fam == Family::Dp4a && self.moe.is_none() {
+            m.dev.decode_graph(|| self.decode_layers(bp, fam))
+        } else {
+            self.decode_layers(bp, fam)
+        }
+    }
+
+    /// A decode step over `bp` rows after the embedding: the layers, the head and argmax.
+    fn decode_layers(&self, bp: usize, fam: Family) -> Result<usize> {
         let m = &self.model;
         let dev = &m.dev;
         let c = &m.config;
@@ -806,19 +838,6 @@ impl CudaBatch {
         let neox = (c.rope_style == RopeStyle::Neox) as i32;
         let s = self.rows;
         let (part, counters) = (self.part.ptr, self.part.ptr + self.part_counters as u64);
-        // Auto: tensor cores from MMA_FROM rows (cuBLAS from blas_from) when that many slots
-        // decode together; a batch of fewer slots keeps dp4a for its verify rows (a row's bits
-        // as alone: the same greedy tokens as plain decoding).
-        let bf = self.blas_from;
-        let fam = match self.kernels {
-            // An expert FFN runs its own kernels on q8 rows.
-            _ if self.moe.is_some() => Family::Dp4a,
-            BatchKernels::Auto if bp >= bf && self.slots >= bf => Family::Blas,
-            BatchKernels::Auto if bp >= MMA_FROM && self.slots >= MMA_FROM => Family::Mma,
-            BatchKernels::Auto | BatchKernels::Dp4a => Family::Dp4a,
-            BatchKernels::TensorCores => Family::Mma,
-            BatchKernels::Cublas => Family::Blas,
-        };
         let mma = fam != Family::Dp4a; // f16 activations
 
         // dp4a tiles: 8 activation rows for the gate/up and LM-head matrices (many weight rows),
@@ -826,8 +845,8 @@ impl CudaBatch {
         // of 4 at 8 and 16 rows (H200, synth 7B: ffn_down 1559 µs against 2144 at 8 rows, while
         // gate/up took 2195 against 2676; docs/benchmarks.md, session 21).
         let narrow = bp.min(4);
-        let (tok, pos, slot, orow) = (
-            self.meta.ptr,
+        // meta: tokens (read by the embedding), then these.
+        let (pos, slot, orow) = (
             self.meta.at(4 * s),
             self.meta.at(8 * s),
             self.meta.at(12 * s),
@@ -871,7 +890,6 @@ impl CudaBatch {
                 args.9, args.10, args.11, args.12, args.13, args.14, args.15, args.16, args.17,
                 self.qkv.ptr, hgs as i32)
         };
-        launch!(dev, embed, (bp as u32, 1), 128; m.embedding.seg, d, tok, self.x.ptr)?;
         // Deferred norms (norms_deferred): each row's q8 of x · w and its scale for Q/K/V and
         // gate/up, the decode step's bits; the head's norm as before.
         let defer = !mma && norms_deferred(m);

@@ -5,6 +5,9 @@
 // about one pass over the weights whatever B is, until the dp4a arithmetic is the limit.
 // Rows of a batch: per-row arrays pos[b] (tokens before this one; -1 marks padding, which writes no
 // cache and whose outputs are ignored) and slot[b] (cache slot; slot_stride values apart).
+// The dp4a step's graph uses programmatic dependent launch (cuda/batch.rs): every kernel here
+// calls pdl_wait() before it reads anything, and the matrix kernels pdl_trigger() once their last
+// tile's dots are done, so the next kernel's blocks are placed during their tail.
 
 // A tile: R weight rows of one type against N activation rows b0 .. b0 + N - 1. Rows past B load
 // row B - 1 again (their sums are never written), so the loads need no branch and the compiler
@@ -215,6 +218,7 @@ template <int N, int TT>
 __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out,
                             int ldo, const int* orow, const float* bias, int mode) {
   __shared__ float part[2][2][N][32];
+  pdl_wait();
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   bool split = mode & 2;
   int h = split ? w & 1 : 0, p = split ? w >> 1 : 0;
@@ -230,6 +234,7 @@ __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
     float acc[2][N];
     if (split) {
       pair_dots<N, TT>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc, 32 * h, 64);
+      if (b0 + N >= B) pdl_trigger();
       // Streams l and l + 32 (warp 1's lane l), then warp_sum's tree: matvec2's sum.
       if (h)
 #pragma unroll
@@ -246,6 +251,7 @@ __device__ void matmul_q8_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, cons
       if (h || !live) continue;
     } else {
       pair_dots<N, TT>(ta, ra, tb, rb, two, cols, aq, ad, b0, B, acc);
+      if (b0 + N >= B) pdl_trigger();
     }
     // Lane i * N + j writes weight row r + i, activation row b0 + j.
     int i = lane / N, b = b0 + lane % N;
@@ -272,6 +278,7 @@ template <int N, int TT>
 __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd,
                          const float* ns) {
   __shared__ float h[N][32];
+  pdl_wait();
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int f = gate.rows;
   for (int b0 = 0; b0 < B; b0 += N) {
@@ -311,6 +318,7 @@ __device__ void glu_q8_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
         }
       }
     __syncthreads();
+    if (b0 + N >= B) pdl_trigger();
     if (w < N && b0 + w < B) quant_lane(h[w][lane], hq + (u64)(b0 + w) * f + blockIdx.x * 32, hd + (u64)(b0 + w) * (f / 32) + blockIdx.x);
     __syncthreads();
   }
@@ -327,6 +335,7 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
                            const int* slot, const int* pages, int max_pages, u64 page_bytes, int n_head,
                            int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8, float* qkv,
                            const float* ns) {
+  pdl_wait();
   int half = hd / 2;
   int p = blockIdx.x * 4 + (threadIdx.x >> 5);
   int heads = n_head + 2 * n_kv_head;
@@ -342,6 +351,7 @@ __device__ void qkv_rope_t(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const
   for (int b0 = 0; b0 < B; b0 += N) {
     float x[2][N];
     tile_dots<N, 2, -1>(type, rows, cols, aq, ad, b0, B, x);
+    if (b0 + N >= B) pdl_trigger();
     int b = b0 + lane;
     if (lane >= N || b >= B) continue;
     float sc = ns ? ns[b] : 1.f;  // a deferred norm's scale (no FMA with the bias: decode's bits)
@@ -459,6 +469,7 @@ __device__ void attn_decode_b(const float* q, u8* kc, u8* vc, const int* pos, co
                               const int* pages, int max_pages, u64 page_bytes, int n_head, int n_kv_head,
                               float scale, int splits, float* part_o, float2* part_ml, u32* counters, i8* aq,
                               float2* ad, u16* o16, const float* qkv, int hgs) {
+  pdl_wait();
   int hg = blockIdx.x % hgs, bk = blockIdx.x / hgs;
   int b = bk / n_kv_head, kvh = bk % n_kv_head;
   int p = pos[b];
@@ -492,6 +503,7 @@ extern "C" __global__ void argmax_b(const float* x, int n, const int* orow, floa
   __shared__ float bv[32];
   __shared__ int bi[32];
   __shared__ bool last;
+  pdl_wait();
   int b = blockIdx.y, o = orow[b];
   float v;
   int idx;
@@ -816,6 +828,7 @@ MATMUL_H16(8)
 extern "C" __global__ void rope_store_b(float* qkv, const float* bias, const float* cosv, const float* sinv, const int* pos,
                                         const int* slot, const int* pages, int max_pages, u64 page_bytes,
                                         int n_head, int n_kv_head, int hd, int neox, float* q, u8* kc8, u8* vc8) {
+  pdl_wait();
   int b = blockIdx.x, ps = pos[b];
   if (ps < 0) return;  // padding
   int half = hd / 2, kvd = n_kv_head * hd, qd = n_head * hd, row = qd + 2 * kvd;

@@ -42,6 +42,7 @@ extern "C" __global__ void rmsnorm_q8d(const float* x, const float* w, int dim, 
 extern "C" __global__ void rmsnorm_q8s(const float* x, const float* w, float eps, int dim, i8* aq, float2* ad,
                                        float* ns) {
   __shared__ float parts[NP_MAX];
+  pdl_wait();
   int lane = threadIdx.x & 31, nw = blockDim.x >> 5, groups = dim / 32;
   u64 row = blockIdx.x;
   for (int g = threadIdx.x >> 5; g < groups; g += nw) {

@@ -301,11 +301,13 @@ __device__ void glu_mq_t(Seg gate, Seg up, int cols, const i8* aq, const float2*
   extern "C" __global__ void __launch_bounds__(256, MQ_MINB)                                                 \
       matmul_mq_##SUF(Seg s0, Seg s1, Seg s2, int cols, const i8* aq, const float2* ad, int B, float* out,    \
                       int ldo, const int* orow, const float* bias, int mode) {                                \
+    pdl_wait();  /* the dp4a step's graph launches with PDL */                                                \
     matmul_mq_t<T>(s0, s1, s2, cols, aq, ad, B, out, ldo, orow, bias, mode);                                  \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256, MQ_MINB)                                                 \
       glu_mq_##SUF(Seg gate, Seg up, int cols, const i8* aq, const float2* ad, int B, i8* hq, float2* hd,     \
                    const float* ns) {                                                                        \
+    pdl_wait();  /* the dp4a step's graph launches with PDL */                                                \
     glu_mq_t<T>(gate, up, cols, aq, ad, B, hq, hd, ns);                                                       \
   }
 MQ_KERNELS(q4k, T_Q4_K)
