@@ -200,6 +200,29 @@ __device__ __forceinline__ void q8k_zero(Q8kSb<T_Q6_K>& r) {
   r.d = 0;
 }
 
+// Chunk j's MMA sums d (rows x, y against activation rows 2t, 2t + 1) into a Q4_K superblock's
+// integer sums: sc_j times the dots, m_j times the activations' chunk sums s0, s1.
+__device__ __forceinline__ void q4k_mma_acc(int4 hx, int4 hy, int j, const int (&d)[4], int s0, int s1,
+                                            int (&is)[4], int (&ms)[4]) {
+  int scx, mx, scy, my;
+  q4k_scale_min(hx, j, &scx, &mx);
+  q4k_scale_min(hy, j, &scy, &my);
+  is[0] += scx * d[0];
+  is[1] += scx * d[1];
+  is[2] += scy * d[2];
+  is[3] += scy * d[3];
+  ms[0] += mx * s0;
+  ms[1] += mx * s1;
+  ms[2] += my * s0;
+  ms[3] += my * s1;
+}
+__device__ __forceinline__ void q4k_mma_scales(int4 hx, int4 hy, float (&dw)[2], float (&dm)[2]) {
+  dw[0] = h2f((u16)(hx.x & 0xffff));
+  dm[0] = h2f((u16)((u32)hx.x >> 16));
+  dw[1] = h2f((u16)(hy.x & 0xffff));
+  dm[1] = h2f((u16)((u32)hy.x >> 16));
+}
+
 // One superblock's integer sums of rows x = g, y = g + 8 against activation rows 2t (e = 0, 2)
 // and 2t + 1 (e = 1, 3); `a`: activation row g at the superblock's first value; `v0`, `v1`: the
 // chunk sums of rows 2t and 2t + 1 from the superblock's first chunk. Also the scales.
@@ -213,23 +236,9 @@ __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q4_K>& x, const Q8kSb<T_Q4_
     uint2 b = *(const uint2*)(a + j * 32 + 8 * t);
     int d[4];
     mma_s8_k32(d, (x.q[p].x >> sh) & M, (y.q[p].x >> sh) & M, (x.q[p].y >> sh) & M, (y.q[p].y >> sh) & M, b.x, b.y);
-    int scx, mx, scy, my;
-    q4k_scale_min(x.h, j, &scx, &mx);
-    q4k_scale_min(y.h, j, &scy, &my);
-    int s0 = v0[j], s1 = v1[j];
-    is[0] += scx * d[0];
-    is[1] += scx * d[1];
-    is[2] += scy * d[2];
-    is[3] += scy * d[3];
-    ms[0] += mx * s0;
-    ms[1] += mx * s1;
-    ms[2] += my * s0;
-    ms[3] += my * s1;
+    q4k_mma_acc(x.h, y.h, j, d, v0[j], v1[j], is, ms);
   }
-  dw[0] = h2f((u16)(x.h.x & 0xffff));
-  dm[0] = h2f((u16)((u32)x.h.x >> 16));
-  dw[1] = h2f((u16)(y.h.x & 0xffff));
-  dm[1] = h2f((u16)((u32)y.h.x >> 16));
+  q4k_mma_scales(x.h, y.h, dw, dm);
 }
 __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q6_K>& x, const Q8kSb<T_Q6_K>& y, const i8* a, const int* v0,
                                        const int* v1, int t, int (&is)[4], int (&ms)[4], float (&dw)[2],
@@ -264,23 +273,9 @@ __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q4_KR>& x, const Q8kSb<T_Q4
     u32 b0 = *(const u32*)(a + j * 32 + 4 * t), b1 = *(const u32*)(a + j * 32 + 16 + 4 * t);
     int d[4];
     mma_s8_k32(d, x.q[j] & M, y.q[j] & M, (x.q[j] >> 4) & M, (y.q[j] >> 4) & M, b0, b1);
-    int scx, mx, scy, my;
-    q4k_scale_min(x.h, j, &scx, &mx);
-    q4k_scale_min(y.h, j, &scy, &my);
-    int s0 = v0[j], s1 = v1[j];
-    is[0] += scx * d[0];
-    is[1] += scx * d[1];
-    is[2] += scy * d[2];
-    is[3] += scy * d[3];
-    ms[0] += mx * s0;
-    ms[1] += mx * s1;
-    ms[2] += my * s0;
-    ms[3] += my * s1;
+    q4k_mma_acc(x.h, y.h, j, d, v0[j], v1[j], is, ms);
   }
-  dw[0] = h2f((u16)(x.h.x & 0xffff));
-  dm[0] = h2f((u16)((u32)x.h.x >> 16));
-  dw[1] = h2f((u16)(y.h.x & 0xffff));
-  dm[1] = h2f((u16)((u32)y.h.x >> 16));
+  q4k_mma_scales(x.h, y.h, dw, dm);
 }
 __device__ __forceinline__ u32 r6_bytes(u32 l, u32 h, int lsh, int hsh) {
   return (u32)sub32((int)(((l >> lsh) & 0x0F0F0F0Fu) | (((h >> hsh) & 0x03030303u) << 4)));

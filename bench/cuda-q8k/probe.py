@@ -98,23 +98,17 @@ def dequant_row(ty, wb, r, row_bytes, cols):
     """A weight row's values (the GGUF block formats, as llama.cpp dequantizes them)."""
     v = []
     for sb in range(cols // 256):
-        if ty == "q4k":
+        if ty in ("q4k", "q4kr"):
             o = r * row_bytes + sb * 144
             dw, dm = struct.unpack("<ee", wb[o : o + 4])
             sc = wb[o + 4 : o + 16]
             for j in range(8):
                 scj, mj = scale_min(sc, j)
                 for i in range(32):
-                    nib = (wb[o + 16 + (j // 2) * 32 + i] >> (4 * (j & 1))) & 15
-                    v.append(dw * scj * nib - dm * mj)
-        elif ty == "q4kr":
-            o = r * row_bytes + sb * 144
-            dw, dm = struct.unpack("<ee", wb[o : o + 4])
-            sc = wb[o + 4 : o + 16]
-            for j in range(8):
-                scj, mj = scale_min(sc, j)
-                for i in range(32):
-                    nib = (wb[o + 16 + 16 * j + i % 16] >> (4 * (i // 16))) & 15
+                    if ty == "q4k":  # chunks 2p and 2p + 1: the low and high nibbles of 32 bytes
+                        nib = (wb[o + 16 + (j // 2) * 32 + i] >> (4 * (j & 1))) & 15
+                    else:  # 16 bytes a chunk: values i and 16 + i in byte i's two nibbles
+                        nib = (wb[o + 16 + 16 * j + i % 16] >> (4 * (i // 16))) & 15
                     v.append(dw * scj * nib - dm * mj)
         elif ty == "q6kr":
             n = cols // 32
