@@ -223,6 +223,22 @@ __device__ __forceinline__ void q4k_mma_scales(int4 hx, int4 hy, float (&dw)[2],
   dm[1] = h2f((u16)((u32)hy.x >> 16));
 }
 
+// A Q6_K chunk's two 16-value MMA sums (lo, hi) into a superblock's integer sums: sx, sy hold
+// the chunk's two int8 scales of rows x and y in their low 16 bits.
+__device__ __forceinline__ void q6k_mma_acc(u32 sx, u32 sy, const int (&lo)[4], const int (&hi)[4], int (&is)[4]) {
+  int x0 = (int)(i8)(sx & 0xff), x1 = (int)(i8)((sx >> 8) & 0xff);
+  int y0 = (int)(i8)(sy & 0xff), y1 = (int)(i8)((sy >> 8) & 0xff);
+  is[0] += x0 * lo[0] + x1 * hi[0];
+  is[1] += x0 * lo[1] + x1 * hi[1];
+  is[2] += y0 * lo[2] + y1 * hi[2];
+  is[3] += y0 * lo[3] + y1 * hi[3];
+}
+__device__ __forceinline__ void q6k_mma_scales(u32 dx, u32 dy, float (&dw)[2], float (&dm)[2]) {
+  dw[0] = h2f((u16)dx);
+  dw[1] = h2f((u16)dy);
+  dm[0] = dm[1] = 0.f;
+}
+
 // One superblock's integer sums of rows x = g, y = g + 8 against activation rows 2t (e = 0, 2)
 // and 2t + 1 (e = 1, 3); `a`: activation row g at the superblock's first value; `v0`, `v1`: the
 // chunk sums of rows 2t and 2t + 1 from the superblock's first chunk. Also the scales.
@@ -251,17 +267,9 @@ __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q6_K>& x, const Q8kSb<T_Q6_
     int lo[4], hi[4];
     mma_s8_k16(lo, q6_bytes(x.l[li], x.hb[2 * hf], lsh, hsh), q6_bytes(y.l[li], y.hb[2 * hf], lsh, hsh), b0);
     mma_s8_k16(hi, q6_bytes(x.l[li + 1], x.hb[2 * hf + 1], lsh, hsh), q6_bytes(y.l[li + 1], y.hb[2 * hf + 1], lsh, hsh), b1);
-    u32 sx = x.sc[2 * hf + (g >> 1)] >> (16 * (g & 1)), sy = y.sc[2 * hf + (g >> 1)] >> (16 * (g & 1));
-    int x0 = (int)(i8)(sx & 0xff), x1 = (int)(i8)((sx >> 8) & 0xff);
-    int y0 = (int)(i8)(sy & 0xff), y1 = (int)(i8)((sy >> 8) & 0xff);
-    is[0] += x0 * lo[0] + x1 * hi[0];
-    is[1] += x0 * lo[1] + x1 * hi[1];
-    is[2] += y0 * lo[2] + y1 * hi[2];
-    is[3] += y0 * lo[3] + y1 * hi[3];
+    q6k_mma_acc(x.sc[2 * hf + (g >> 1)] >> (16 * (g & 1)), y.sc[2 * hf + (g >> 1)] >> (16 * (g & 1)), lo, hi, is);
   }
-  dw[0] = h2f((u16)x.d);
-  dw[1] = h2f((u16)y.d);
-  dm[0] = dm[1] = 0.f;
+  q6k_mma_scales(x.d, y.d, dw, dm);
 }
 
 __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q4_KR>& x, const Q8kSb<T_Q4_KR>& y, const i8* a, const int* v0,
@@ -277,9 +285,6 @@ __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q4_KR>& x, const Q8kSb<T_Q4
   }
   q4k_mma_scales(x.h, y.h, dw, dm);
 }
-__device__ __forceinline__ u32 r6_bytes(u32 l, u32 h, int lsh, int hsh) {
-  return (u32)sub32((int)(((l >> lsh) & 0x0F0F0F0Fu) | (((h >> hsh) & 0x03030303u) << 4)));
-}
 __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q6_KR>& x, const Q8kSb<T_Q6_KR>& y, const i8* a, const int* v0,
                                        const int* v1, int t, int (&is)[4], int (&ms)[4], float (&dw)[2],
                                        float (&dm)[2]) {
@@ -288,18 +293,11 @@ __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q6_KR>& x, const Q8kSb<T_Q6
     u32 b0 = *(const u32*)(a + j * 32 + 4 * t), b1 = *(const u32*)(a + j * 32 + 16 + 4 * t);
     int lo[4], hi[4];
     // Values 4t.. : low nibbles of word t, bits 2t of high word 0; 16 + 4t.. : high nibbles, word 1.
-    mma_s8_k16(lo, r6_bytes(x.l[j], x.hb[2 * j], 0, 2 * t), r6_bytes(y.l[j], y.hb[2 * j], 0, 2 * t), b0);
-    mma_s8_k16(hi, r6_bytes(x.l[j], x.hb[2 * j + 1], 4, 2 * t), r6_bytes(y.l[j], y.hb[2 * j + 1], 4, 2 * t), b1);
-    int x0 = (int)(i8)(x.sc[j] & 0xff), x1 = (int)(i8)((x.sc[j] >> 8) & 0xff);
-    int y0 = (int)(i8)(y.sc[j] & 0xff), y1 = (int)(i8)((y.sc[j] >> 8) & 0xff);
-    is[0] += x0 * lo[0] + x1 * hi[0];
-    is[1] += x0 * lo[1] + x1 * hi[1];
-    is[2] += y0 * lo[2] + y1 * hi[2];
-    is[3] += y0 * lo[3] + y1 * hi[3];
+    mma_s8_k16(lo, q6_bytes(x.l[j], x.hb[2 * j], 0, 2 * t), q6_bytes(y.l[j], y.hb[2 * j], 0, 2 * t), b0);
+    mma_s8_k16(hi, q6_bytes(x.l[j], x.hb[2 * j + 1], 4, 2 * t), q6_bytes(y.l[j], y.hb[2 * j + 1], 4, 2 * t), b1);
+    q6k_mma_acc(x.sc[j], y.sc[j], lo, hi, is);
   }
-  dw[0] = h2f((u16)x.d);
-  dw[1] = h2f((u16)y.d);
-  dm[0] = dm[1] = 0.f;
+  q6k_mma_scales(x.d, y.d, dw, dm);
 }
 
 template <int T>
