@@ -300,6 +300,32 @@ __device__ __forceinline__ void q8k_sb(const Q8kSb<T_Q6_KR>& x, const Q8kSb<T_Q6
   q6k_mma_scales(x.d, y.d, dw, dm);
 }
 
+// The NS warps' streams of a tile summed in the single-row kernel's order, NS = 4:
+// (S0 + S2) + (S1 + S3); NS = 8: ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)); warp 0 stores.
+template <int NS>
+__device__ __forceinline__ void q8k_reduce_store(float (&red)[NS][4][32], const float (&acc)[4], int r0, int rows,
+                                                 int B, float* out) {
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int e = 0; e < 4; e++) red[wp][e][lane] = acc[e];
+  __syncthreads();
+  if (wp == 0) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v;
+      if (NS == 4) {
+        v = __fadd_rn(__fadd_rn(red[0][e][lane], red[2][e][lane]), __fadd_rn(red[1][e][lane], red[3][e][lane]));
+      } else {
+        float a = __fadd_rn(__fadd_rn(red[0][e][lane], red[4][e][lane]), __fadd_rn(red[2][e][lane], red[6][e][lane]));
+        float b = __fadd_rn(__fadd_rn(red[1][e][lane], red[5][e][lane]), __fadd_rn(red[3][e][lane], red[7][e][lane]));
+        v = __fadd_rn(a, b);
+      }
+      int r = r0 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
+      if (r < rows && b < B) out[(u64)b * rows + r] = v;
+    }
+  }
+}
+
 template <int T>
 __device__ __forceinline__ void q8k_load_any(Q8kSb<T>& r, const u8* row, int s, int t, int n) {
   q8k_load(r, row, s, t);
@@ -349,24 +375,7 @@ __device__ void q8k_mma_t(const u8* w, u64 row_bytes, int rows, int cols, const 
     acc[2] = __fadd_rn(acc[2], q8k_term<T>(dw[1], dm[1], da0, is[2], ms[2]));
     acc[3] = __fadd_rn(acc[3], q8k_term<T>(dw[1], dm[1], da1, is[3], ms[3]));
   }
-#pragma unroll
-  for (int e = 0; e < 4; e++) red[wp][e][lane] = acc[e];
-  __syncthreads();
-  if (wp == 0) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v;
-      if (NS == 4) {
-        v = __fadd_rn(__fadd_rn(red[0][e][lane], red[2][e][lane]), __fadd_rn(red[1][e][lane], red[3][e][lane]));
-      } else {
-        float a = __fadd_rn(__fadd_rn(red[0][e][lane], red[4][e][lane]), __fadd_rn(red[2][e][lane], red[6][e][lane]));
-        float b = __fadd_rn(__fadd_rn(red[1][e][lane], red[5][e][lane]), __fadd_rn(red[3][e][lane], red[7][e][lane]));
-        v = __fadd_rn(a, b);
-      }
-      int r = r0 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
-      if (r < rows && b < B) out[(u64)b * rows + r] = v;
-    }
-  }
+  q8k_reduce_store<NS>(red, acc, r0, rows, B, out);
 }
 
 #define Q8K_KERNELS(SUF, T)                                                                                       \
@@ -394,3 +403,71 @@ Q8K_KERNELS(q4k, T_Q4_K)
 Q8K_KERNELS(q6k, T_Q6_K)
 Q8K_KERNELS(q4kr, T_Q4_KR)
 Q8K_KERNELS(q6kr, T_Q6_KR)
+
+// Q4_KR through shared memory (not yet run on a GPU): each warp copies its superblock of the 16
+// rows (16 x 144 bytes) with coalesced 16-byte loads, the next one's loads in flight during this
+// one's arithmetic, then reads the MMA fragments from there (a 144-byte row pitch: the quads'
+// words fall in 32 different banks). Same sums and order as q8k_mma_t<T_Q4_KR, NS>.
+template <int NS>
+__device__ void q8k_mmas_q4kr_t(const u8* w, u64 row_bytes, int rows, int cols, const i8* aq, const float* dk,
+                                const int* bs, int B, float* out) {
+  __shared__ __align__(16) u8 st[NS][16 * 144];
+  __shared__ float red[NS][4][32];
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  int r0 = blockIdx.x * 16;
+  int b0 = min(2 * t, B - 1), b1 = min(2 * t + 1, B - 1), ag = min(g, B - 1);
+  int nsb = cols / 256, nch = cols / 32;
+  const i8* arow = aq + (u64)ag * cols;
+  const int* bs0 = bs + (u64)b0 * nch;
+  const int* bs1 = bs + (u64)b1 * nch;
+  u8* mine = st[wp];
+  // Pieces lane + 32i (i < 5) of the 144 16-byte pieces of a superblock's 16 rows.
+  int4 nx[5];
+  auto load = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < 5; i++) {
+      int idx = lane + 32 * i;
+      if (idx < 144) {
+        int row = idx / 9, piece = idx % 9;
+        nx[i] = *(const int4*)(w + (u64)min(r0 + row, rows - 1) * row_bytes + (u64)s * 144 + 16 * piece);
+      }
+    }
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (wp < nsb) load(wp);
+  for (int s = wp; s < nsb; s += NS) {
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 5; i++) {
+      int idx = lane + 32 * i;
+      if (idx < 144) *(int4*)(mine + (idx / 9) * 144 + 16 * (idx % 9)) = nx[i];
+    }
+    __syncwarp();
+    if (s + NS < nsb) load(s + NS);
+    Q8kSb<T_Q4_KR> x, y;
+    x.h = *(const int4*)(mine + g * 144);
+    y.h = *(const int4*)(mine + (g + 8) * 144);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      x.q[j] = *(const u32*)(mine + g * 144 + 16 + 16 * j + 4 * t);
+      y.q[j] = *(const u32*)(mine + (g + 8) * 144 + 16 + 16 * j + 4 * t);
+    }
+    int is[4] = {0, 0, 0, 0}, ms[4] = {0, 0, 0, 0};
+    float dw[2], dm[2];
+    q8k_sb(x, y, arow + s * 256, bs0 + s * 8, bs1 + s * 8, t, is, ms, dw, dm);
+    float da0 = dk[b0 * nsb + s], da1 = dk[b1 * nsb + s];
+    acc[0] = __fadd_rn(acc[0], q8k_term<T_Q4_KR>(dw[0], dm[0], da0, is[0], ms[0]));
+    acc[1] = __fadd_rn(acc[1], q8k_term<T_Q4_KR>(dw[0], dm[0], da1, is[1], ms[1]));
+    acc[2] = __fadd_rn(acc[2], q8k_term<T_Q4_KR>(dw[1], dm[1], da0, is[2], ms[2]));
+    acc[3] = __fadd_rn(acc[3], q8k_term<T_Q4_KR>(dw[1], dm[1], da1, is[3], ms[3]));
+  }
+  q8k_reduce_store<NS>(red, acc, r0, rows, B, out);
+}
+extern "C" __global__ void __launch_bounds__(128) q8k_mmas_q4kr(const u8* w, u64 rb, int rows, int cols, const i8* aq,
+                                                                const float* dk, const int* bs, int B, float* out) {
+  q8k_mmas_q4kr_t<4>(w, rb, rows, cols, aq, dk, bs, B, out);
+}
+extern "C" __global__ void __launch_bounds__(256) q8k_mmas8_q4kr(const u8* w, u64 rb, int rows, int cols, const i8* aq,
+                                                                 const float* dk, const int* bs, int B, float* out) {
+  q8k_mmas_q4kr_t<8>(w, rb, rows, cols, aq, dk, bs, B, out);
+}

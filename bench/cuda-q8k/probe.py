@@ -202,6 +202,8 @@ def probe(shape):
 
     f_mvs = {4: fn(f"q8k_matvec_{ty}"), 8: fn(f"q8k_matvec8_{ty}")}
     f_mmas = {4: fn(f"q8k_mma_{ty}"), 8: fn(f"q8k_mma8_{ty}")}
+    # Q4_KR also through shared memory (q8k_mmas_q4kr: the same sums and order).
+    f_staged = {4: fn("q8k_mmas_q4kr"), 8: fn("q8k_mmas8_q4kr")} if ty == "q4kr" else None
     f_old = {n: fn(f"matmul_q8_{n}_{ty}") for n in (1, 4, 8)}
     f_mq = fn(f"matmul_mq_{ty}") if ty in ("q4k", "q6k") else None
 
@@ -210,8 +212,8 @@ def probe(shape):
                [U64(wp), U64(ROW_BYTES), I32(ROWS), I32(COLS), U64(d_aqk + b * COLS), U64(d_dk + 4 * b * (COLS // 256)),
                 U64(d_bs + 4 * b * (COLS // 32)), U64(out + 4 * b * ROWS)])
 
-    def run_mma(wp, nb, ns=4):
-        launch(f_mmas[ns], (ROWS + 15) // 16, 32 * ns,
+    def run_mma(wp, nb, ns=4, staged=False):
+        launch((f_staged if staged else f_mmas)[ns], (ROWS + 15) // 16, 32 * ns,
                [U64(wp), U64(ROW_BYTES), I32(ROWS), I32(COLS), U64(d_aqk), U64(d_dk), U64(d_bs), I32(nb), U64(out)])
 
     def run_old(wp, tile, nb):
@@ -228,24 +230,27 @@ def probe(shape):
 
     # 1. Bits: every activation row through the single-row kernel, then all 8 through the 8-row one
     # (each stream count).
-    def bits(ns):
+    def bits(ns, staged=False):
         ck(cu.cuMemsetD8_v2(U64(out), 0xFF, C.c_size_t(4 * NB * ROWS)), "memset")
         for b in range(NB):
             run_mv(W[0], b, ns)
         sync()
         alone = floats(NB * ROWS)
         ck(cu.cuMemsetD8_v2(U64(out), 0xFF, C.c_size_t(4 * NB * ROWS)), "memset")
-        run_mma(W[0], NB, ns)
+        run_mma(W[0], NB, ns, staged)
         sync()
         together = floats(NB * ROWS)
         diff = sum(1 for a, b in zip(alone, together) if struct.pack("<f", a) != struct.pack("<f", b))
-        print(f"bits, {ns} streams: {diff} of {NB * ROWS} values differ between the 8-row kernel and the single-row one")
+        what = "staged 8-row kernel" if staged else "8-row kernel"
+        print(f"bits, {ns} streams: {diff} of {NB * ROWS} values differ between the {what} and the single-row one")
         return diff, together
 
     print(f"\n## {ty} {ROWS} x {COLS}")
     diff4, together = bits(4)
     diff8, together8 = bits(8)
     diff = diff4 + diff8
+    if f_staged:
+        diff += bits(4, True)[0] + bits(8, True)[0]
 
     def ref(r, b):
         q, d = q256[b]
@@ -281,6 +286,11 @@ def probe(shape):
         ("q8k, 1 row, 8 streams (q8k_matvec8)", lambda wp: run_mv(wp, 0, 8)),
         ("q8k MMA, 8 rows, 8 warps (q8k_mma8)", lambda wp: run_mma(wp, 8, 8)),
     ]
+    if f_staged:
+        cases += [
+            ("q8k MMA staged, 8 rows, 4 warps (q8k_mmas)", lambda wp: run_mma(wp, 8, 4, True)),
+            ("q8k MMA staged, 8 rows, 8 warps (q8k_mmas8)", lambda wp: run_mma(wp, 8, 8, True)),
+        ]
     res = {name: [] for name, _ in cases}
     for rnd_i in range(3):
         for name, go in cases:
