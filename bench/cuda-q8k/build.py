@@ -15,6 +15,8 @@ src = "".join(open(os.path.join(kdir, f)).read() for f in files)
 src += open(os.path.join(here, "probe.cu")).read()
 
 libdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, ".cache/nvrtc/nvidia/cu13/lib")
+# NVRTC opens its builtins library by name at compile time: loaded first, by path, it is found.
+ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
 nv = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
 prog = ctypes.c_void_p()
 assert nv.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"probe.cu", 0, None, None) == 0
