@@ -335,6 +335,21 @@ __device__ __forceinline__ void q8k_load_any<T_Q6_KR>(Q8kSb<T_Q6_KR>& r, const u
   q8k_load_r6(r, row, s, t, n);
 }
 
+// Superblock s of rows x, y (loaded) added to the streams' sums of activation rows b0, b1.
+template <int T>
+__device__ __forceinline__ void q8k_sb_add(const Q8kSb<T>& x, const Q8kSb<T>& y, const i8* arow, const int* bs0,
+                                           const int* bs1, const float* dk, int b0, int b1, int nsb, int s, int t,
+                                           float (&acc)[4]) {
+  int is[4] = {0, 0, 0, 0}, ms[4] = {0, 0, 0, 0};
+  float dw[2], dm[2];
+  q8k_sb(x, y, arow + s * 256, bs0 + s * 8, bs1 + s * 8, t, is, ms, dw, dm);
+  float da0 = dk[b0 * nsb + s], da1 = dk[b1 * nsb + s];
+  acc[0] = __fadd_rn(acc[0], q8k_term<T>(dw[0], dm[0], da0, is[0], ms[0]));
+  acc[1] = __fadd_rn(acc[1], q8k_term<T>(dw[0], dm[0], da1, is[1], ms[1]));
+  acc[2] = __fadd_rn(acc[2], q8k_term<T>(dw[1], dm[1], da0, is[2], ms[2]));
+  acc[3] = __fadd_rn(acc[3], q8k_term<T>(dw[1], dm[1], da1, is[3], ms[3]));
+}
+
 // 16 weight rows x 8 activation rows a block of NS warps; warp g takes the superblocks s = g mod NS
 // (stream g), loading the next one's weights before this one's arithmetic. The chunk dots come from
 // mma.sync (s8, s32: exact); thread (g, t) holds D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1].
@@ -366,14 +381,7 @@ __device__ void q8k_mma_t(const u8* w, u64 row_bytes, int rows, int cols, const 
       q8k_load_any(nx, X, s + NS, t, nch);
       q8k_load_any(ny, Y, s + NS, t, nch);
     }
-    int is[4] = {0, 0, 0, 0}, ms[4] = {0, 0, 0, 0};
-    float dw[2], dm[2];
-    q8k_sb(x, y, arow + s * 256, bs0 + s * 8, bs1 + s * 8, t, is, ms, dw, dm);
-    float da0 = dk[b0 * nsb + s], da1 = dk[b1 * nsb + s];
-    acc[0] = __fadd_rn(acc[0], q8k_term<T>(dw[0], dm[0], da0, is[0], ms[0]));
-    acc[1] = __fadd_rn(acc[1], q8k_term<T>(dw[0], dm[0], da1, is[1], ms[1]));
-    acc[2] = __fadd_rn(acc[2], q8k_term<T>(dw[1], dm[1], da0, is[2], ms[2]));
-    acc[3] = __fadd_rn(acc[3], q8k_term<T>(dw[1], dm[1], da1, is[3], ms[3]));
+    q8k_sb_add<T>(x, y, arow, bs0, bs1, dk, b0, b1, nsb, s, t, acc);
   }
   q8k_reduce_store<NS>(red, acc, r0, rows, B, out);
 }
@@ -452,14 +460,7 @@ __device__ void q8k_mmas_q4kr_t(const u8* w, u64 row_bytes, int rows, int cols, 
       x.q[j] = *(const u32*)(mine + g * 144 + 16 + 16 * j + 4 * t);
       y.q[j] = *(const u32*)(mine + (g + 8) * 144 + 16 + 16 * j + 4 * t);
     }
-    int is[4] = {0, 0, 0, 0}, ms[4] = {0, 0, 0, 0};
-    float dw[2], dm[2];
-    q8k_sb(x, y, arow + s * 256, bs0 + s * 8, bs1 + s * 8, t, is, ms, dw, dm);
-    float da0 = dk[b0 * nsb + s], da1 = dk[b1 * nsb + s];
-    acc[0] = __fadd_rn(acc[0], q8k_term<T_Q4_KR>(dw[0], dm[0], da0, is[0], ms[0]));
-    acc[1] = __fadd_rn(acc[1], q8k_term<T_Q4_KR>(dw[0], dm[0], da1, is[1], ms[1]));
-    acc[2] = __fadd_rn(acc[2], q8k_term<T_Q4_KR>(dw[1], dm[1], da0, is[2], ms[2]));
-    acc[3] = __fadd_rn(acc[3], q8k_term<T_Q4_KR>(dw[1], dm[1], da1, is[3], ms[3]));
+    q8k_sb_add<T_Q4_KR>(x, y, arow, bs0, bs1, dk, b0, b1, nsb, s, t, acc);
   }
   q8k_reduce_store<NS>(red, acc, r0, rows, B, out);
 }
