@@ -17,6 +17,9 @@
 // kernel and the 8-row one of one NS follow this order, so a row's bits do not depend on the
 // kernel (checked by probe.py).
 
+// The GPU layouts' sums are their GGUF types' (as FINISH_AS in kernels/matvec.cu).
+__device__ __forceinline__ constexpr int q8k_gguf(int t) { return t == T_Q4_KR ? T_Q4_K : t == T_Q6_KR ? T_Q6_K : t; }
+
 template <int T>
 __device__ __forceinline__ float q8k_term(float dw, float dmw, float da, int isum, int msum) {
   return __fsub_rn(__fmul_rn(__fmul_rn(dw, da), (float)isum), __fmul_rn(__fmul_rn(dmw, da), (float)msum));
@@ -26,17 +29,7 @@ __device__ __forceinline__ float q8k_term<T_Q6_K>(float dw, float dmw, float da,
   return __fmul_rn(__fmul_rn(dw, da), (float)isum);
 }
 
-template <>
-__device__ __forceinline__ float q8k_term<T_Q4_KR>(float dw, float dmw, float da, int isum, int msum) {
-  return q8k_term<T_Q4_K>(dw, dmw, da, isum, msum);
-}
-template <>
-__device__ __forceinline__ float q8k_term<T_Q6_KR>(float dw, float dmw, float da, int isum, int msum) {
-  return q8k_term<T_Q6_K>(dw, dmw, da, isum, msum);
-}
-
-// A chunk's integer sums from the engine's unpacked chunk (W32, kernels/matvec.cu; the GPU
-// layouts unpack as their GGUF types).
+// A chunk's integer sums from the engine's unpacked chunk (W32, kernels/matvec.cu).
 template <int T>
 __device__ __forceinline__ void q8k_chunk(const W32& w, int4 a0, int4 a1, int bsum, int* is, int* ms);
 template <>
@@ -48,15 +41,6 @@ template <>
 __device__ __forceinline__ void q8k_chunk<T_Q6_K>(const W32& w, int4 a0, int4 a1, int bsum, int* is, int* ms) {
   *is = w.s0 * dot16(w.q, a0) + w.s1 * dot16(w.q + 4, a1);
   *ms = 0;
-}
-
-template <>
-__device__ __forceinline__ void q8k_chunk<T_Q4_KR>(const W32& w, int4 a0, int4 a1, int bsum, int* is, int* ms) {
-  q8k_chunk<T_Q4_K>(w, a0, a1, bsum, is, ms);
-}
-template <>
-__device__ __forceinline__ void q8k_chunk<T_Q6_KR>(const W32& w, int4 a0, int4 a1, int bsum, int* is, int* ms) {
-  q8k_chunk<T_Q6_K>(w, a0, a1, bsum, is, ms);
 }
 
 // One row a warp, 4 rows a block: lane l takes chunk 32k + l, so lanes 8g .. 8g + 7 hold one
@@ -83,7 +67,7 @@ __device__ void q8k_matvec_t(const u8* w, u64 row_bytes, int rows, int cols, con
       raw_unpack<T>(raw, wv);
       if (c + 32 < nchunks) raw_load<T>(raw, row, c + 32, nchunks);
       const int4* ap = (const int4*)(aq + c * 32);
-      q8k_chunk<T>(wv, ap[0], ap[1], bs[c], &is, &ms);
+      q8k_chunk<q8k_gguf(T)>(wv, ap[0], ap[1], bs[c], &is, &ms);
       dw = wv.a;
       dmw = wv.b;
       da = dk[c >> 3];
@@ -94,7 +78,7 @@ __device__ void q8k_matvec_t(const u8* w, u64 row_bytes, int rows, int cols, con
       ms += __shfl_xor_sync(0xffffffffu, ms, o);
     }
     if (ok && (lane & 7) == 0) {
-      float tm = q8k_term<T>(dw, dmw, da, is, ms);
+      float tm = q8k_term<q8k_gguf(T)>(dw, dmw, da, is, ms);
       if (NS == 8 && ((base >> 5) & 1)) acc2 = __fadd_rn(acc2, tm);
       else acc = __fadd_rn(acc, tm);
     }
@@ -124,13 +108,14 @@ struct Q8kSb<T_Q6_K> {
   u32 l[8], hb[4], sc[4];
   u32 d;
 };
-__device__ __forceinline__ void q8k_load(Q8kSb<T_Q4_K>& r, const u8* row, int s, int t) {
+// Superblock s of a row of n chunks, as thread t needs it.
+__device__ __forceinline__ void q8k_load(Q8kSb<T_Q4_K>& r, const u8* row, int s, int t, int n) {
   const u8* b = row + (u64)s * 144;
   r.h = *(const int4*)b;
 #pragma unroll
   for (int p = 0; p < 4; p++) r.q[p] = *(const uint2*)(b + 16 + 32 * p + 8 * t);
 }
-__device__ __forceinline__ void q8k_load(Q8kSb<T_Q6_K>& r, const u8* row, int s, int t) {
+__device__ __forceinline__ void q8k_load(Q8kSb<T_Q6_K>& r, const u8* row, int s, int t, int n) {
   const u8* b = row + (u64)s * 210;
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
@@ -150,16 +135,11 @@ struct Q8kSb<T_Q4_KR> {
   int4 h;
   u32 q[8];
 };
-__device__ __forceinline__ void q8k_load(Q8kSb<T_Q4_KR>& r, const u8* row, int s, int t) {
+__device__ __forceinline__ void q8k_load(Q8kSb<T_Q4_KR>& r, const u8* row, int s, int t, int n) {
   const u8* b = row + (u64)s * 144;
   r.h = *(const int4*)b;
 #pragma unroll
   for (int j = 0; j < 8; j++) r.q[j] = *(const u32*)(b + 16 + 16 * j + 4 * t);
-}
-__device__ __forceinline__ void q8k_zero(Q8kSb<T_Q4_KR>& r) {
-  r.h = make_int4(0, 0, 0, 0);
-#pragma unroll
-  for (int j = 0; j < 8; j++) r.q[j] = 0;
 }
 // Q6_KR (a row of n chunks: low nibbles at 16c, high bits at 16n + 8c, scales at 24n + 2c, d at
 // 26n + 2 sb): per chunk, word t of the low nibbles, the two words of high bits, the scales; d.
@@ -168,7 +148,7 @@ struct Q8kSb<T_Q6_KR> {
   u32 l[8], hb[16], sc[8];
   u32 d;
 };
-__device__ __forceinline__ void q8k_load_r6(Q8kSb<T_Q6_KR>& r, const u8* row, int s, int t, int n) {
+__device__ __forceinline__ void q8k_load(Q8kSb<T_Q6_KR>& r, const u8* row, int s, int t, int n) {
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     int c = 8 * s + j;
@@ -179,25 +159,6 @@ __device__ __forceinline__ void q8k_load_r6(Q8kSb<T_Q6_KR>& r, const u8* row, in
     r.sc[j] = *(const u16*)(row + 24 * n + 2 * c);
   }
   r.d = *(const u16*)(row + 26 * n + 2 * s);
-}
-__device__ __forceinline__ void q8k_zero(Q8kSb<T_Q6_KR>& r) {
-#pragma unroll
-  for (int j = 0; j < 8; j++) r.l[j] = r.sc[j] = 0;
-#pragma unroll
-  for (int j = 0; j < 16; j++) r.hb[j] = 0;
-  r.d = 0;
-}
-__device__ __forceinline__ void q8k_zero(Q8kSb<T_Q4_K>& r) {
-  r.h = make_int4(0, 0, 0, 0);
-#pragma unroll
-  for (int p = 0; p < 4; p++) r.q[p] = make_uint2(0, 0);
-}
-__device__ __forceinline__ void q8k_zero(Q8kSb<T_Q6_K>& r) {
-#pragma unroll
-  for (int i = 0; i < 8; i++) r.l[i] = 0;
-#pragma unroll
-  for (int i = 0; i < 4; i++) r.hb[i] = r.sc[i] = 0;
-  r.d = 0;
 }
 
 // Chunk j's MMA sums d (rows x, y against activation rows 2t, 2t + 1) into a Q4_K superblock's
@@ -326,15 +287,6 @@ __device__ __forceinline__ void q8k_reduce_store(float (&red)[NS][4][32], const 
   }
 }
 
-template <int T>
-__device__ __forceinline__ void q8k_load_any(Q8kSb<T>& r, const u8* row, int s, int t, int n) {
-  q8k_load(r, row, s, t);
-}
-template <>
-__device__ __forceinline__ void q8k_load_any<T_Q6_KR>(Q8kSb<T_Q6_KR>& r, const u8* row, int s, int t, int n) {
-  q8k_load_r6(r, row, s, t, n);
-}
-
 // Superblock s of rows x, y (loaded) added to the streams' sums of activation rows b0, b1.
 template <int T>
 __device__ __forceinline__ void q8k_sb_add(const Q8kSb<T>& x, const Q8kSb<T>& y, const i8* arow, const int* bs0,
@@ -344,10 +296,11 @@ __device__ __forceinline__ void q8k_sb_add(const Q8kSb<T>& x, const Q8kSb<T>& y,
   float dw[2], dm[2];
   q8k_sb(x, y, arow + s * 256, bs0 + s * 8, bs1 + s * 8, t, is, ms, dw, dm);
   float da0 = dk[b0 * nsb + s], da1 = dk[b1 * nsb + s];
-  acc[0] = __fadd_rn(acc[0], q8k_term<T>(dw[0], dm[0], da0, is[0], ms[0]));
-  acc[1] = __fadd_rn(acc[1], q8k_term<T>(dw[0], dm[0], da1, is[1], ms[1]));
-  acc[2] = __fadd_rn(acc[2], q8k_term<T>(dw[1], dm[1], da0, is[2], ms[2]));
-  acc[3] = __fadd_rn(acc[3], q8k_term<T>(dw[1], dm[1], da1, is[3], ms[3]));
+  constexpr int G = q8k_gguf(T);
+  acc[0] = __fadd_rn(acc[0], q8k_term<G>(dw[0], dm[0], da0, is[0], ms[0]));
+  acc[1] = __fadd_rn(acc[1], q8k_term<G>(dw[0], dm[0], da1, is[1], ms[1]));
+  acc[2] = __fadd_rn(acc[2], q8k_term<G>(dw[1], dm[1], da0, is[2], ms[2]));
+  acc[3] = __fadd_rn(acc[3], q8k_term<G>(dw[1], dm[1], da1, is[3], ms[3]));
 }
 
 // 16 weight rows x 8 activation rows a block of NS warps; warp g takes the superblocks s = g mod NS
@@ -368,18 +321,16 @@ __device__ void q8k_mma_t(const u8* w, u64 row_bytes, int rows, int cols, const 
   const int* bs0 = bs + (u64)b0 * nch;
   const int* bs1 = bs + (u64)b1 * nch;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  Q8kSb<T> nx, ny;
-  q8k_zero(nx);
-  q8k_zero(ny);
+  Q8kSb<T> nx = {}, ny = {};
   if (wp < nsb) {
-    q8k_load_any(nx, X, wp, t, nch);
-    q8k_load_any(ny, Y, wp, t, nch);
+    q8k_load(nx, X, wp, t, nch);
+    q8k_load(ny, Y, wp, t, nch);
   }
   for (int s = wp; s < nsb; s += NS) {
     Q8kSb<T> x = nx, y = ny;
     if (s + NS < nsb) {
-      q8k_load_any(nx, X, s + NS, t, nch);
-      q8k_load_any(ny, Y, s + NS, t, nch);
+      q8k_load(nx, X, s + NS, t, nch);
+      q8k_load(ny, Y, s + NS, t, nch);
     }
     q8k_sb_add<T>(x, y, arow, bs0, bs1, dk, b0, b1, nsb, s, t, acc);
   }
@@ -452,14 +403,9 @@ __device__ void q8k_mmas_q4kr_t(const u8* w, u64 row_bytes, int rows, int cols, 
     }
     __syncwarp();
     if (s + NS < nsb) load(s + NS);
-    Q8kSb<T_Q4_KR> x, y;
-    x.h = *(const int4*)(mine + g * 144);
-    y.h = *(const int4*)(mine + (g + 8) * 144);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      x.q[j] = *(const u32*)(mine + g * 144 + 16 + 16 * j + 4 * t);
-      y.q[j] = *(const u32*)(mine + (g + 8) * 144 + 16 + 16 * j + 4 * t);
-    }
+    Q8kSb<T_Q4_KR> x, y;  // rows g and g + 8 of the staged copy: superblock 0 of a 144-byte row
+    q8k_load(x, mine + g * 144, 0, t, 8);
+    q8k_load(y, mine + (g + 8) * 144, 0, t, 8);
     q8k_sb_add<T_Q4_KR>(x, y, arow, bs0, bs1, dk, b0, b1, nsb, s, t, acc);
   }
   q8k_reduce_store<NS>(red, acc, r0, rows, B, out);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Times the q8k probe kernels (probe.cu) against the engine's batch kernels on Q4_K and Q6_K
-matrices of given shapes (random weights in the GGUF layout), through the CUDA driver API by
-ctypes (no packages needed): python3 probe.py probe.ptx TYPE:ROWSxCOLS ...  (TYPE q4k or q6k;
-default q4k:18944x3584, the 7B's gate)
+matrices of given shapes (random weights), through the CUDA driver API by ctypes (no packages
+needed): python3 probe.py probe.ptx TYPE:ROWSxCOLS ...  (TYPE q4k or q6k, the GGUF layouts, or
+q4kr or q6kr, mens's GPU layouts; default q4k:18944x3584, the 7B's gate)
 
 Checks first: the 8-row kernel gives each activation row the single-row kernel's bits, and both
 agree with a float64 reference on a few rows. Then, rounds alternating: each kernel launched 200
@@ -172,7 +172,6 @@ def probe(shape):
     def rnd(v):
         return int(math.floor(abs(v) + 0.5)) * (1 if v >= 0 else -1)
 
-
     def quant(row, blk):
         q, d = [], []
         for i in range(0, COLS, blk):
@@ -252,15 +251,12 @@ def probe(shape):
     if f_staged:
         diff += bits(4, True)[0] + bits(8, True)[0]
 
-    def ref(r, b):
-        q, d = q256[b]
-        w = dequant_row(ty, wb, r, ROW_BYTES, COLS)
-        return sum(w[i] * q[i] * d[i // 256] for i in range(COLS))
-
     worst = 0.0
     for r in (0, 1, ROWS // 2, ROWS - 1):
+        w = dequant_row(ty, wb, r, ROW_BYTES, COLS)
         for b in (0, NB - 1):
-            e = ref(r, b)
+            q, d = q256[b]
+            e = sum(w[i] * q[i] * d[i // 256] for i in range(COLS))
             for v in (together, together8):
                 worst = max(worst, abs(v[b * ROWS + r] - e) / max(abs(e), 1e-6))
     print(f"reference: worst relative error {worst:.2e} on 8 (row, activation row) pairs, both stream counts")
