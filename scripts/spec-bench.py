@@ -5,7 +5,7 @@ alternating within a task; decode tokens/s of each mode against plain decoding, 
 whether the text equals plain decoding's.
 
     python3 scripts/spec-bench.py [--target M.gguf] [--draft D.gguf] [--modes plain,ngram,draft]
-                                  [-n 160] [-t 2] [--only id,id] [--json out.json]
+                                  [-n 160] [-t 2] [--only id,id] [--reps R] [--json out.json]
 
 Run from the repository root after `cargo build --release`. Prints a Markdown table.
 
@@ -30,6 +30,10 @@ ap.add_argument("--only", default="")
 ap.add_argument("--extra", default="", help="more flags for every speculating run, e.g. --spec-always")
 ap.add_argument("--json", default="")
 ap.add_argument("--llama", default="", help="llama.cpp bin directory: enables the llama* modes")
+ap.add_argument("--reps", type=int, default=1,
+                help="runs of every (task, mode), the order of the modes reversed each time; a mode's "
+                     "figures are the sums over its runs (a shared VM's slow and fast spells then fall "
+                     "on every mode alike)")
 a = ap.parse_args()
 
 tasks = [json.loads(l) for l in open(a.tasks) if l.strip()]
@@ -125,8 +129,19 @@ with tempfile.TemporaryDirectory() as d:
     for i, task in enumerate(tasks):
         f = os.path.join(d, task["id"] + ".txt")
         open(f, "w").write(task["prompt"])
-        order = modes if i % 2 == 0 else modes[::-1]  # alternate which mode runs first
-        r = {m: run(m, f) for m in order}
+        r = {}
+        for rep in range(a.reps):
+            order = modes if (i + rep) % 2 == 0 else modes[::-1]  # alternate which mode runs first
+            for m in order:
+                x = run(m, f)
+                if m not in r:
+                    r[m] = x
+                    continue
+                if x["text"] != r[m]["text"]:
+                    sys.exit(f"{task['id']} {m}: run {rep + 1}'s text differs from run 1's")
+                for key in ["generated", "steps", "ms", "proposed", "accepted"]:
+                    r[m][key] += x[key]
+                r[m]["tps"] = r[m]["generated"] / r[m]["ms"] * 1e3
         results.append({"id": task["id"], "kind": task["kind"], **r})
         line = [task["id"], task["kind"]]
         for m in modes:

@@ -124,6 +124,22 @@ pub fn attention_masked(
         let k = &k_cache.f16()[first * hd..(first + n) * hd];
         let v = &v_cache.f16()[first * hd..(first + n) * hd];
         let q = |h: usize| &qkv[ti * row + (h0 + h) * hd..ti * row + (h0 + h + 1) * hd];
+        #[cfg(target_arch = "x86_64")]
+        if path == Path::Avx512 {
+            // As many heads at once as keep their accumulators in registers, a run each.
+            let mut runs = [0f32; 4 * (RUN_HEADER + MAX_HEAD_DIM)];
+            let sl = RUN_HEADER + hd;
+            let most = path.heads_at_once(hd);
+            for (c, o) in o.chunks_mut(most * hd).enumerate() {
+                let runs = &mut runs[..o.len() / hd * sl];
+                runs.chunks_exact_mut(sl).for_each(run_start);
+                run_heads(path, most, &|h| q(c * most + h), k, v, n, scale, runs);
+                for (st, o) in runs.chunks_exact(sl).zip(o.chunks_exact_mut(hd)) {
+                    run_finish(st, o);
+                }
+            }
+            return;
+        }
         // Heads two at a time where the CPU has the registers for it, then one.
         let pairs = if path.pairs(hd) {
             o.len() / (2 * hd)
@@ -268,27 +284,16 @@ fn tiled(
                     );
                     let runs = &mut runs[(ti - t0) * group * sl..(ti - t0 + 1) * group * sl];
                     let (n, sc) = (b - a, mask.scale);
-                    let mut h = 0;
-                    let mut rest = &mut runs[..];
-                    while h < group {
-                        let left = group - h;
-                        if left >= 4 {
-                            let (four, r) = rest.split_at_mut(4 * sl);
-                            let st: [&mut [f32]; 4] = split_runs(four, sl);
-                            let qs = [q(ti, h), q(ti, h + 1), q(ti, h + 2), q(ti, h + 3)];
-                            path.run_n(qs, k, v, hd, n, sc, st);
-                            (rest, h) = (r, h + 4);
-                        } else if left >= 2 {
-                            let (two, r) = rest.split_at_mut(2 * sl);
-                            let st: [&mut [f32]; 2] = split_runs(two, sl);
-                            path.run_n([q(ti, h), q(ti, h + 1)], k, v, hd, n, sc, st);
-                            (rest, h) = (r, h + 2);
-                        } else {
-                            let (one, r) = rest.split_at_mut(sl);
-                            path.run(q(ti, h), k, v, hd, n, sc, one);
-                            (rest, h) = (r, h + 1);
-                        }
-                    }
+                    run_heads(
+                        path,
+                        path.heads_at_once(hd),
+                        &|h| q(ti, h),
+                        k,
+                        v,
+                        n,
+                        sc,
+                        runs,
+                    );
                 }
                 k0 = k1;
             }
@@ -306,12 +311,87 @@ fn tiled(
     token_blocks(t, n_kv_head, n_head, pos0, TILE_TOKENS, &work);
 }
 
+/// The runs `runs` (one a head, [`RUN_HEADER`] + hd values each) of heads `q(0)`, `q(1)`, … of
+/// one KV group, `n` more keys each: at most `most` heads a pass (4, then 3, 2, 1 for what is left).
+#[allow(clippy::too_many_arguments)]
+fn run_heads<'q>(
+    path: Path,
+    most: usize,
+    q: &dyn Fn(usize) -> &'q [f32],
+    k: &[f16],
+    v: &[f16],
+    n: usize,
+    scale: f32,
+    runs: &mut [f32],
+) {
+    let hd = q(0).len();
+    let sl = RUN_HEADER + hd;
+    let heads = runs.len() / sl;
+    let (mut h, mut rest) = (0, runs);
+    while h < heads {
+        let take = (heads - h).min(most).min(4);
+        let (now, r) = rest.split_at_mut(take * sl);
+        match take {
+            4 => {
+                let qs = [q(h), q(h + 1), q(h + 2), q(h + 3)];
+                path.run_n(qs, k, v, hd, n, scale, split_runs(now, sl));
+            }
+            3 => path.run_n(
+                [q(h), q(h + 1), q(h + 2)],
+                k,
+                v,
+                hd,
+                n,
+                scale,
+                split_runs(now, sl),
+            ),
+            2 => path.run_n([q(h), q(h + 1)], k, v, hd, n, scale, split_runs(now, sl)),
+            _ => path.run(q(h), k, v, hd, n, scale, now),
+        }
+        (rest, h) = (r, h + take);
+    }
+}
+
 /// Which implementation runs for a head dimension on this CPU.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Path {
     Reference,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// The AVX2 path's arithmetic on 512-bit vectors ([`attend512_heads`]), where [`wide`].
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// Whether attention runs on 512-bit vectors: on AMD CPUs with AVX-512 (Zen 4 and later run them
+/// with no warm-up; Intel's cores pay one between the 256-bit matmuls, see [`attend_avx2`]).
+/// `MENS_ATTN=256` or `MENS_ATTN=512` overrides the choice (A/B runs in one binary). Measured on
+/// a 2-vCPU Zen 5 VM, the 1.5B at 512 keys: see docs/benchmarks.md, session 55.
+#[cfg(target_arch = "x86_64")]
+fn wide() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        use super::simd::{level, Level};
+        let has = level() == Level::Vnni && is_x86_feature_detected!("avx512f");
+        match std::env::var("MENS_ATTN").as_deref() {
+            Ok("256") => false,
+            Ok("512") => has,
+            _ => has && amd(),
+        }
+    })
+}
+
+/// Whether the CPU's vendor string is AMD's.
+#[cfg(target_arch = "x86_64")]
+fn amd() -> bool {
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+    let r = unsafe { std::arch::x86_64::__cpuid(0) };
+    let mut v = [0u8; 12];
+    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    &v == b"AuthenticAMD"
 }
 
 impl Path {
@@ -320,7 +400,7 @@ impl Path {
         {
             use super::simd::{level, Level};
             if hd.is_multiple_of(64) && hd <= MAX_HEAD_DIM && level() != Level::None {
-                return Path::Avx2;
+                return if wide() { Path::Avx512 } else { Path::Avx2 };
             }
         }
         let _ = hd;
@@ -329,18 +409,31 @@ impl Path {
 
     /// Whether [`Path::attend2`] serves two heads of `hd` values in one pass: AVX-512VL (the 32
     /// registers), and head size 64 (two heads' accumulators take 16 of them; at 128 they would
-    /// take all 32). Measured on the 0.5B (hd 64), this VM, three alternating pairs: prefill
+    /// take all 32); on 512-bit vectors, head sizes up to 128 (16 registers). Measured on the 0.5B (hd 64), this VM, three alternating pairs: prefill
     /// 297–302 → 315–320 tokens/s at 512 tokens, 208–211 → 215–218 at 2048.
     fn pairs(self, hd: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use super::simd::{level, Level};
-            self == Path::Avx2 && hd == 64 && level() == Level::Vnni
+            (self == Path::Avx2 && hd == 64 && level() == Level::Vnni)
+                || (self == Path::Avx512 && hd <= 128)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = hd;
             false
+        }
+    }
+
+    /// Query heads a tiled pass runs at once ([`Path::run_n`]): four, or on 512-bit vectors as
+    /// many as keep their accumulators in the 32 registers (4 of 64 values, 2 of 128).
+    fn heads_at_once(self, hd: usize) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 if hd > 128 => 1,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 if hd > 64 => 3,
+            _ => 4,
         }
     }
 
@@ -401,6 +494,10 @@ impl Path {
     ) {
         let [s0, s1] = st;
         #[cfg(target_arch = "x86_64")]
+        if self == Path::Avx512 {
+            return self.run_n(q, k, v, stride, n, scale, [s0, s1]);
+        }
+        #[cfg(target_arch = "x86_64")]
         if self.pairs(q[0].len()) {
             assert!(
                 n > 0
@@ -457,6 +554,18 @@ impl Path {
                     _ => attend_avx2_heads::<32, H>(qp, k, v, stride, n, scale, sp),
                 }
             },
+            // SAFETY: as for Avx2; `wide` says AVX-512F and VL are present.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 => unsafe {
+                let qp = q.map(|q| q.as_ptr());
+                let sp = st.map(|s| s.as_mut_ptr());
+                match hd {
+                    64 => attend512_heads::<4, H>(qp, k, v, stride, n, scale, sp),
+                    128 => attend512_heads::<8, H>(qp, k, v, stride, n, scale, sp),
+                    192 => attend512_heads::<12, H>(qp, k, v, stride, n, scale, sp),
+                    _ => attend512_heads::<16, H>(qp, k, v, stride, n, scale, sp),
+                }
+            },
         }
     }
 
@@ -490,6 +599,8 @@ impl Path {
                     _ => attend_avx2::<32>(q, k, v, stride, n, scale, st),
                 }
             },
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 => self.run_n([q], k, v, stride, n, scale, [st]),
         }
     }
 }
@@ -985,8 +1096,6 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
     let mut max: [f32; H] = std::array::from_fn(|hh| *st[hh]);
     let mut sum: [f32; H] = std::array::from_fn(|hh| *st[hh].add(1));
     let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
-    // Key i of a block ends in lane UNSCRAMBLE^-1: the tree leaves keys 0,2,4,6 | 1,3,5,7.
-    let unscramble = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let mut p0 = 0;
     while p0 < n {
         let m = (n - p0).min(8);
@@ -1015,54 +1124,7 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
                 w[i] = _mm256_add_ps(x1, x0);
             }
         }
-        let mut sv = [_mm256_setzero_ps(); H];
-        let mut sc = [[0f32; 8]; H];
-        for hh in 0..H {
-            let w = &w[hh];
-            // Distance 4: two keys a vector, one 128-bit lane each.
-            let w2: [__m256; 4] = std::array::from_fn(|j| {
-                let (a, b) = (w[2 * j], w[2 * j + 1]);
-                _mm256_add_ps(
-                    _mm256_permute2f128_ps::<0x31>(a, b),
-                    _mm256_permute2f128_ps::<0x20>(a, b),
-                )
-            });
-            // Distance 2, then 1, inside each 128-bit lane.
-            let w3: [__m256; 2] = std::array::from_fn(|j| {
-                let (a, b) = (w2[2 * j], w2[2 * j + 1]);
-                _mm256_add_ps(
-                    _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
-                    _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
-                )
-            });
-            let w4 = _mm256_add_ps(
-                _mm256_shuffle_ps::<0b10_00_10_00>(w3[0], w3[1]),
-                _mm256_shuffle_ps::<0b11_01_11_01>(w3[0], w3[1]),
-            );
-            sv[hh] = _mm256_mul_ps(
-                _mm256_permutevar8x32_ps(w4, unscramble),
-                _mm256_set1_ps(scale),
-            );
-            _mm256_storeu_ps(sc[hh].as_mut_ptr(), sv[hh]);
-        }
-        // The running max after each key; vs = expf(s − max after) for all 8 at once. Where the
-        // max moves (rare), ms = expf(max before − max after) one at a time.
-        let mut after = [[0f32; 8]; H];
-        let mut before = [[0f32; 8]; H];
-        let mut vs = [[0f32; 8]; H];
-        for hh in 0..H {
-            for i in 0..m {
-                before[hh][i] = max[hh];
-                if sc[hh][i] > max[hh] {
-                    max[hh] = sc[hh][i];
-                }
-                after[hh][i] = max[hh];
-            }
-            _mm256_storeu_ps(
-                vs[hh].as_mut_ptr(),
-                expf8(_mm256_sub_ps(sv[hh], _mm256_loadu_ps(after[hh].as_ptr()))),
-            );
-        }
+        let (sc, before, vs) = block_softmax::<H>(&w, m, scale, &mut max);
         for i in 0..m {
             let mut e = [_mm256_setzero_ps(); H];
             for hh in 0..H {
@@ -1095,6 +1157,151 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
             _mm256_storeu_ps(st[hh].add(RUN_HEADER + 8 * j), *a);
         }
     }
+}
+
+/// [`attend_heads`] on 512-bit vectors, for `H` heads of `16 * L` values: the same arithmetic lane
+/// by lane (ggml's four 16-lane Q·K accumulators are one vector each here; the f16 rounding of the
+/// V accumulator takes one conversion pair per 16 values, not per 8), so the same bits (tested). It
+/// is [`Path::Avx512`]'s kernel, chosen where wide vectors cost no warm-up (see [`wide`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn attend512_heads<const L: usize, const H: usize>(
+    q: [*const f32; H],
+    k: &[f16],
+    v: &[f16],
+    stride: usize,
+    n: usize,
+    scale: f32,
+    st: [*mut f32; H],
+) {
+    use std::arch::x86_64::*;
+    let mut acc: [[__m512; L]; H] = std::array::from_fn(|hh| {
+        std::array::from_fn(|j| _mm512_loadu_ps(st[hh].add(RUN_HEADER + 16 * j)))
+    });
+    let mut max: [f32; H] = std::array::from_fn(|hh| *st[hh]);
+    let mut sum: [f32; H] = std::array::from_fn(|hh| *st[hh].add(1));
+    let round = |x: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+    let mut p0 = 0;
+    while p0 < n {
+        let m = (n - p0).min(8);
+        // Per key: ggml's four 16-lane accumulators (chunk c into c % 4), folded 0+2, 1+3, 0+1,
+        // then the halves at distance 8: one 8-lane vector a key.
+        let mut w = [[_mm256_setzero_ps(); 8]; H];
+        for i in 0..m {
+            let kp = k.as_ptr().add((p0 + i) * stride) as *const __m256i;
+            let mut s = [[_mm512_setzero_ps(); 4]; H];
+            for c in 0..L {
+                let kc = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(c)));
+                for (s, q) in s.iter_mut().zip(&q) {
+                    s[c % 4] = _mm512_fmadd_ps(kc, _mm512_loadu_ps(q.add(c * 16)), s[c % 4]);
+                }
+            }
+            for (w, s) in w.iter_mut().zip(&s) {
+                let x = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+                w[i] = _mm256_add_ps(hi, _mm512_castps512_ps256(x));
+            }
+        }
+        let (sc, before, vs) = block_softmax::<H>(&w, m, scale, &mut max);
+        for i in 0..m {
+            let mut e = [_mm512_setzero_ps(); H];
+            for hh in 0..H {
+                if sc[hh][i] > before[hh][i] {
+                    let ms = expf(before[hh][i] - sc[hh][i]);
+                    let mv = _mm512_set1_ps(ms);
+                    for a in acc[hh].iter_mut() {
+                        *a = round(_mm512_mul_ps(*a, mv));
+                    }
+                    sum[hh] = sum[hh].mul_add(ms, 1.0);
+                } else {
+                    sum[hh] += vs[hh][i];
+                }
+                e[hh] = _mm512_set1_ps(vs[hh][i]);
+            }
+            let vp = v.as_ptr().add((p0 + i) * stride) as *const __m256i;
+            for j in 0..L {
+                let vv = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j)));
+                for (a, e) in acc.iter_mut().zip(&e) {
+                    a[j] = round(_mm512_fmadd_ps(vv, *e, a[j]));
+                }
+            }
+        }
+        p0 += m;
+    }
+    for hh in 0..H {
+        *st[hh] = max[hh];
+        *st[hh].add(1) = sum[hh];
+        for (j, a) in acc[hh].iter().enumerate() {
+            _mm512_storeu_ps(st[hh].add(RUN_HEADER + 16 * j), *a);
+        }
+    }
+}
+
+/// The scores of a block of `m` ≤ 8 keys for `H` heads, from each key's 8-lane partial sums `w`
+/// (ggml's 16-lane accumulators folded to 8 lanes), and the online softmax's bookkeeping for them:
+/// the scores (× `scale`), the running max before each key (`max` moves on to the max after the
+/// block), and vs = expf(s − max after) on 8 lanes. Shared by the 256- and 512-bit kernels.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+unsafe fn block_softmax<const H: usize>(
+    w: &[[std::arch::x86_64::__m256; 8]; H],
+    m: usize,
+    scale: f32,
+    max: &mut [f32; H],
+) -> ([[f32; 8]; H], [[f32; 8]; H], [[f32; 8]; H]) {
+    use std::arch::x86_64::*;
+    // Key i of a block ends in lane UNSCRAMBLE^-1: the tree leaves keys 0,2,4,6 | 1,3,5,7.
+    let unscramble = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut sv = [_mm256_setzero_ps(); H];
+    let mut sc = [[0f32; 8]; H];
+    for hh in 0..H {
+        let w = &w[hh];
+        // Distance 4: two keys a vector, one 128-bit lane each.
+        let w2: [__m256; 4] = std::array::from_fn(|j| {
+            let (a, b) = (w[2 * j], w[2 * j + 1]);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x31>(a, b),
+                _mm256_permute2f128_ps::<0x20>(a, b),
+            )
+        });
+        // Distance 2, then 1, inside each 128-bit lane.
+        let w3: [__m256; 2] = std::array::from_fn(|j| {
+            let (a, b) = (w2[2 * j], w2[2 * j + 1]);
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            )
+        });
+        let w4 = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(w3[0], w3[1]),
+            _mm256_shuffle_ps::<0b11_01_11_01>(w3[0], w3[1]),
+        );
+        sv[hh] = _mm256_mul_ps(
+            _mm256_permutevar8x32_ps(w4, unscramble),
+            _mm256_set1_ps(scale),
+        );
+        _mm256_storeu_ps(sc[hh].as_mut_ptr(), sv[hh]);
+    }
+    // The running max after each key; vs = expf(s − max after) for all 8 at once. Where the
+    // max moves (rare), ms = expf(max before − max after) one at a time.
+    let mut after = [[0f32; 8]; H];
+    let mut before = [[0f32; 8]; H];
+    let mut vs = [[0f32; 8]; H];
+    for hh in 0..H {
+        for i in 0..m {
+            before[hh][i] = max[hh];
+            if sc[hh][i] > max[hh] {
+                max[hh] = sc[hh][i];
+            }
+            after[hh][i] = max[hh];
+        }
+        _mm256_storeu_ps(
+            vs[hh].as_mut_ptr(),
+            expf8(_mm256_sub_ps(sv[hh], _mm256_loadu_ps(after[hh].as_ptr()))),
+        );
+    }
+    (sc, before, vs)
 }
 
 #[cfg(test)]
@@ -1385,7 +1592,13 @@ pub(super) mod tests {
             eprintln!("SKIP (not run, not passed): no AVX2+FMA+F16C on this CPU");
             return;
         }
-        let paths = [Path::Avx2];
+        // The 512-bit path wherever the CPU has it, whichever path this CPU's vendor gets.
+        let mut paths = vec![Path::Avx2];
+        if level() == Level::Vnni && is_x86_feature_detected!("avx512f") {
+            paths.push(Path::Avx512);
+        } else {
+            eprintln!("no AVX-512: the 512-bit path is not tested here");
+        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for hd in [64, 128, 192, 256] {
             for n in [1, 2, 7, 8, 9, 15, 16, 17, 37, 300] {
@@ -1420,6 +1633,37 @@ pub(super) mod tests {
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&a), bits(&want), "{p:?} pair, head 0, hd {hd} n {n}");
                     assert_eq!(bits(&b), bits(&want2), "{p:?} pair, head 1, hd {hd} n {n}");
+                    // Four heads in one pass, the keys fed in two runs (as a tiled pass feeds
+                    // them): each head's bits are its own.
+                    let qs: Vec<Vec<f32>> = (0..4)
+                        .map(|h| {
+                            q.iter()
+                                .map(|x| round_f16(x * (0.5 + 0.3 * h as f32)))
+                                .collect()
+                        })
+                        .collect();
+                    let mut runs = vec![0f32; 4 * (RUN_HEADER + hd)];
+                    runs.chunks_exact_mut(RUN_HEADER + hd).for_each(run_start);
+                    let cut = n / 2;
+                    for (from, len) in [(0, cut), (cut, n - cut)] {
+                        if len == 0 {
+                            continue;
+                        }
+                        let st: [&mut [f32]; 4] = split_runs(&mut runs, RUN_HEADER + hd);
+                        let q4 = [&qs[0][..], &qs[1], &qs[2], &qs[3]];
+                        let (k, v) = (&k[from * stride..], &v[from * stride..]);
+                        p.run_n(q4, k, v, stride, len, scale, st);
+                    }
+                    for (h, st) in runs.chunks_exact(RUN_HEADER + hd).enumerate() {
+                        let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
+                        Path::Reference.attend(&qs[h], &k, &v, stride, n, scale, &mut want);
+                        run_finish(st, &mut got);
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{p:?} four, head {h}, hd {hd} n {n}"
+                        );
+                    }
                 }
             }
         }
