@@ -11,7 +11,8 @@
 //!
 //! `run_ref` is the plain reference; `attend_avx2` gives the same bits (tested): Q·K and `expf` for
 //! 8 keys at a time, then the sequential accumulator updates, with no call in the loop (a call would
-//! spill the accumulators). It is 256-bit on purpose, see `attend_avx2`.
+//! spill the accumulators). It is 256-bit on purpose, see `attend_avx2`; on AMD CPUs its 512-bit
+//! twin `attend512_heads` runs instead (`wide`), with the same bits.
 
 use super::count_dispatch;
 use super::kv::KvRows;
@@ -409,8 +410,9 @@ impl Path {
 
     /// Whether [`Path::attend2`] serves two heads of `hd` values in one pass: AVX-512VL (the 32
     /// registers), and head size 64 (two heads' accumulators take 16 of them; at 128 they would
-    /// take all 32); on 512-bit vectors, head sizes up to 128 (16 registers). Measured on the 0.5B (hd 64), this VM, three alternating pairs: prefill
-    /// 297–302 → 315–320 tokens/s at 512 tokens, 208–211 → 215–218 at 2048.
+    /// take all 32); on 512-bit vectors, head sizes up to 128 (16 registers). The AVX2 pairs,
+    /// measured on the 0.5B (hd 64), three alternating pairs: prefill 297–302 → 315–320 tokens/s
+    /// at 512 tokens, 208–211 → 215–218 at 2048.
     fn pairs(self, hd: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -426,7 +428,8 @@ impl Path {
     }
 
     /// Query heads a tiled pass runs at once ([`Path::run_n`]): four, or on 512-bit vectors as
-    /// many as keep their accumulators in the 32 registers (4 of 64 values, 2 of 128).
+    /// many as keep their accumulators in the 32 registers (4 of 64 values, 3 of 128, else 1; for
+    /// 128, 3 a pass measured 6.7–6.9 ms a 9-row pass of the 1.5B at 512 keys, 2 7.9–8.5, 4 7.1–7.3).
     fn heads_at_once(self, hd: usize) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
