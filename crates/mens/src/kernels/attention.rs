@@ -11,8 +11,8 @@
 //!
 //! `run_ref` is the plain reference; `attend_avx2` gives the same bits (tested): Q·K and `expf` for
 //! 8 keys at a time, then the sequential accumulator updates, with no call in the loop (a call would
-//! spill the accumulators). It is 256-bit on purpose, see `attend_avx2`; on AMD CPUs its 512-bit
-//! twin `attend512_heads` runs instead (`wide`), with the same bits.
+//! spill the accumulators). On CPUs with AVX-512 its 512-bit twin `attend512_heads` runs instead
+//! (`wide`), with the same bits.
 
 use super::count_dispatch;
 use super::kv::KvRows;
@@ -364,35 +364,20 @@ enum Path {
     Avx512,
 }
 
-/// Whether attention runs on 512-bit vectors: on AMD CPUs with AVX-512 (Zen 4 and later run them
-/// with no warm-up; Intel's cores pay one between the 256-bit matmuls, see [`attend_avx2`]).
-/// `MENS_ATTN=256` or `MENS_ATTN=512` overrides the choice (A/B runs in one binary). Measured on
-/// a 2-vCPU Zen 5 VM, the 1.5B at 512 keys: see docs/benchmarks.md, session 55.
+/// Whether attention runs on 512-bit vectors: on CPUs with AVX-512 (the VNNI kernel level), unless
+/// `MENS_ATTN=256` (A/B runs in one binary). Measured in real steps, 2 threads (docs/benchmarks.md,
+/// session 55): a Zen 5 VM's 1.5B verify of 8 at 512 keys 2.45–2.49 → 2.18–2.19 decode steps; an
+/// Intel Xeon with AMX, the synthetic 1.5B, decode after 2048 tokens faster in each of three
+/// alternations (11.1–12.8 → 13.0–13.4 tokens/s) and a verify of 8 at 1024 keys 3.08–3.23 →
+/// 2.18–2.78 steps.
 #[cfg(target_arch = "x86_64")]
 fn wide() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         use super::simd::{level, Level};
         let has = level() == Level::Vnni && is_x86_feature_detected!("avx512f");
-        match std::env::var("MENS_ATTN").as_deref() {
-            Ok("256") => false,
-            Ok("512") => has,
-            _ => has && amd(),
-        }
+        has && std::env::var("MENS_ATTN").as_deref() != Ok("256")
     })
-}
-
-/// Whether the CPU's vendor string is AMD's.
-#[cfg(target_arch = "x86_64")]
-fn amd() -> bool {
-    #[allow(unused_unsafe)]
-    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-    let r = unsafe { std::arch::x86_64::__cpuid(0) };
-    let mut v = [0u8; 12];
-    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-    &v == b"AuthenticAMD"
 }
 
 impl Path {
@@ -1019,9 +1004,11 @@ pub(super) unsafe fn expf16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::
 /// `run_ref` on 256-bit vectors for head dimension `8 * L` (L a multiple of 8): Q·K of 8 keys at
 /// a time, each key's 16-lane vectors of ggml's order as two 8-lane halves, the 8 lane-reductions
 /// done together in the same order (a transposing tree), `expf` on 8 lanes, then the sequential
-/// softmax and f16 accumulator updates. 256-bit on purpose: the rest of a decode step (the matmuls)
-/// is 256-bit, and a 512-bit kernel between them pays the core's wide-vector warm-up every layer
-/// (measured: 512-bit attention 1.8 ms hot, 4.4 ms between other kernels, at 512 keys on the 0.5B).
+/// softmax and f16 accumulator updates. The path of CPUs without AVX-512 (and of `MENS_ATTN=256`).
+/// Session 1 measured a 512-bit kernel of one head a pass slower than this one in a real step on an
+/// Intel Xeon (the core's wide-vector warm-up between 256-bit matmuls: 1.8 ms hot, 4.4 ms between
+/// other kernels, at 512 keys on the 0.5B); [`attend512_heads`], several heads a pass, is faster in
+/// a real step on Intel Xeon and AMD Zen 5 alike (see [`wide`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_avx2<const L: usize>(
@@ -1165,7 +1152,7 @@ unsafe fn attend_heads<const L: usize, const H: usize>(
 /// [`attend_heads`] on 512-bit vectors, for `H` heads of `16 * L` values: the same arithmetic lane
 /// by lane (ggml's four 16-lane Q·K accumulators are one vector each here; the f16 rounding of the
 /// V accumulator takes one conversion pair per 16 values, not per 8), so the same bits (tested). It
-/// is [`Path::Avx512`]'s kernel, chosen where wide vectors cost no warm-up (see [`wide`]).
+/// is [`Path::Avx512`]'s kernel, chosen on CPUs with AVX-512 (see [`wide`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 unsafe fn attend512_heads<const L: usize, const H: usize>(
@@ -1595,7 +1582,7 @@ pub(super) mod tests {
             eprintln!("SKIP (not run, not passed): no AVX2+FMA+F16C on this CPU");
             return;
         }
-        // The 512-bit path wherever the CPU has it, whichever path this CPU's vendor gets.
+        // Both paths wherever the CPU has AVX-512 (`MENS_ATTN=256` must keep its bits too).
         let mut paths = vec![Path::Avx2];
         if level() == Level::Vnni && is_x86_feature_detected!("avx512f") {
             paths.push(Path::Avx512);
