@@ -393,17 +393,16 @@ impl Path {
         Path::Reference
     }
 
-    /// Whether [`Path::attend2`] serves two heads of `hd` values in one pass: AVX-512VL (the 32
-    /// registers), and head size 64 (two heads' accumulators take 16 of them; at 128 they would
-    /// take all 32); on 512-bit vectors, head sizes up to 128 (16 registers). The AVX2 pairs,
-    /// measured on the 0.5B (hd 64), three alternating pairs: prefill 297–302 → 315–320 tokens/s
-    /// at 512 tokens, 208–211 → 215–218 at 2048.
+    /// Whether the AVX2 path's [`Path::attend2`] serves two heads of `hd` values in one pass:
+    /// AVX-512VL (the 32 registers), and head size 64 (two heads' accumulators take 16 of them; at
+    /// 128 they would take all 32). Measured on the 0.5B (hd 64), three alternating pairs: prefill
+    /// 297–302 → 315–320 tokens/s at 512 tokens, 208–211 → 215–218 at 2048. (The 512-bit path
+    /// groups heads by [`Path::heads_at_once`] instead.)
     fn pairs(self, hd: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use super::simd::{level, Level};
-            (self == Path::Avx2 && hd == 64 && level() == Level::Vnni)
-                || (self == Path::Avx512 && hd <= 128)
+            self == Path::Avx2 && hd == 64 && level() == Level::Vnni
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
