@@ -125,35 +125,17 @@ pub fn attention_masked(
         let k = &k_cache.f16()[first * hd..(first + n) * hd];
         let v = &v_cache.f16()[first * hd..(first + n) * hd];
         let q = |h: usize| &qkv[ti * row + (h0 + h) * hd..ti * row + (h0 + h + 1) * hd];
-        #[cfg(target_arch = "x86_64")]
-        if path == Path::Avx512 {
-            // As many heads at once as keep their accumulators in registers, a run each.
-            let mut runs = [0f32; 4 * (RUN_HEADER + MAX_HEAD_DIM)];
-            let sl = RUN_HEADER + hd;
-            let most = path.heads_at_once(hd);
-            for (c, o) in o.chunks_mut(most * hd).enumerate() {
-                let runs = &mut runs[..o.len() / hd * sl];
-                runs.chunks_exact_mut(sl).for_each(run_start);
-                run_heads(path, most, &|h| q(c * most + h), k, v, n, scale, runs);
-                for (st, o) in runs.chunks_exact(sl).zip(o.chunks_exact_mut(hd)) {
-                    run_finish(st, o);
-                }
+        // As many heads at once as the path serves best ([`Path::heads_at_once`]), a run each.
+        let mut runs = [0f32; 4 * (RUN_HEADER + MAX_HEAD_DIM)];
+        let sl = RUN_HEADER + hd;
+        let most = path.heads_at_once(hd);
+        for (c, o) in o.chunks_mut(most * hd).enumerate() {
+            let runs = &mut runs[..o.len() / hd * sl];
+            runs.chunks_exact_mut(sl).for_each(run_start);
+            run_heads(path, most, &|h| q(c * most + h), k, v, n, scale, runs);
+            for (st, o) in runs.chunks_exact(sl).zip(o.chunks_exact_mut(hd)) {
+                run_finish(st, o);
             }
-            return;
-        }
-        // Heads two at a time where the CPU has the registers for it, then one.
-        let pairs = if path.pairs(hd) {
-            o.len() / (2 * hd)
-        } else {
-            0
-        };
-        let (two, one) = o.split_at_mut(pairs * 2 * hd);
-        for (i, o) in two.chunks_exact_mut(2 * hd).enumerate() {
-            let (a, b) = o.split_at_mut(hd);
-            path.attend2([q(2 * i), q(2 * i + 1)], k, v, hd, n, scale, [a, b]);
-        }
-        for (i, o) in one.chunks_exact_mut(hd).enumerate() {
-            path.attend(q(2 * pairs + i), k, v, hd, n, scale, o);
         }
     };
     let tasks = t * n_kv_head * parts;
@@ -393,62 +375,28 @@ impl Path {
         Path::Reference
     }
 
-    /// Whether the AVX2 path's [`Path::attend2`] serves two heads of `hd` values in one pass:
-    /// AVX-512VL (the 32 registers), and head size 64 (two heads' accumulators take 16 of them; at
-    /// 128 they would take all 32). Measured on the 0.5B (hd 64), three alternating pairs: prefill
-    /// 297–302 → 315–320 tokens/s at 512 tokens, 208–211 → 215–218 at 2048. (The 512-bit path
-    /// groups heads by [`Path::heads_at_once`] instead.)
-    fn pairs(self, hd: usize) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use super::simd::{level, Level};
-            self == Path::Avx2 && hd == 64 && level() == Level::Vnni
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = hd;
-            false
-        }
-    }
-
-    /// Query heads a tiled pass runs at once ([`Path::run_n`]): four, or on 512-bit vectors as
-    /// many as keep their accumulators in the 32 registers (4 of 64 values, 3 of 128, else 1; for
-    /// 128, 3 a pass measured 6.7–6.9 ms a 9-row pass of the 1.5B at 512 keys, 2 7.9–8.5, 4 7.1–7.3).
+    /// Query heads a pass runs at once ([`Path::run_n`], decode and tiled passes alike). On 512-bit
+    /// vectors as many as keep their accumulators in the 32 registers (4 of 64 values, 3 of 128,
+    /// else 1; for 128, 3 a pass measured 6.7–6.9 ms a 9-row pass of the 1.5B at 512 keys, 2
+    /// 7.9–8.5, 4 7.1–7.3). On 256-bit vectors (16 registers) 4 of 64 values, else 1: on a Zen 3
+    /// (AVX2 only; docs/benchmarks.md, session 57) the 0.5B's decode attention at 512 keys took
+    /// 1.11–1.31 ms with 4 against 1.59–2.05 one head at a time, the 1.5B's 9-row pass 21.3–22.3
+    /// ms with 1 against 23.5–26.0 with 4.
     fn heads_at_once(self, hd: usize) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
             Path::Avx512 if hd > 128 => 1,
             #[cfg(target_arch = "x86_64")]
             Path::Avx512 if hd > 64 => 3,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 if hd > 64 => 1,
             _ => 4,
         }
     }
 
-    /// Two query heads against the same `n` cached positions: the bits of two [`Path::attend`]s.
-    #[allow(clippy::too_many_arguments)]
-    fn attend2(
-        self,
-        q: [&[f32]; 2],
-        k: &[f16],
-        v: &[f16],
-        stride: usize,
-        n: usize,
-        scale: f32,
-        out: [&mut [f32]; 2],
-    ) {
-        let hd = q[0].len();
-        let mut a = [0f32; RUN_HEADER + MAX_HEAD_DIM];
-        let mut b = [0f32; RUN_HEADER + MAX_HEAD_DIM];
-        let (a, b) = (&mut a[..RUN_HEADER + hd], &mut b[..RUN_HEADER + hd]);
-        run_start(a);
-        run_start(b);
-        self.run2(q, k, v, stride, n, scale, [a, b]);
-        let [o0, o1] = out;
-        run_finish(a, o0);
-        run_finish(b, o1);
-    }
-
-    /// One query head against `n` cached positions (rows `stride` apart), into `out`.
+    /// One query head against `n` cached positions (rows `stride` apart), into `out` (the tests'
+    /// single-head pass).
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     fn attend(
         self,
@@ -465,41 +413,6 @@ impl Path {
         run_start(st);
         self.run(q, k, v, stride, n, scale, st);
         run_finish(st, out);
-    }
-
-    /// [`Path::run`] for two query heads at once where the CPU has the registers for it.
-    #[allow(clippy::too_many_arguments)]
-    fn run2(
-        self,
-        q: [&[f32]; 2],
-        k: &[f16],
-        v: &[f16],
-        stride: usize,
-        n: usize,
-        scale: f32,
-        st: [&mut [f32]; 2],
-    ) {
-        let [s0, s1] = st;
-        #[cfg(target_arch = "x86_64")]
-        if self == Path::Avx512 {
-            return self.run_n(q, k, v, stride, n, scale, [s0, s1]);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if self.pairs(q[0].len()) {
-            assert!(
-                n > 0
-                    && q[0].len() == q[1].len()
-                    && s0.len() == RUN_HEADER + q[0].len()
-                    && s1.len() == s0.len()
-                    && k.len().min(v.len()) >= (n - 1) * stride + q[0].len()
-            );
-            // SAFETY: `pairs` says AVX-512VL (and the Avx2 path's features) are present and hd is
-            // 64, and k and v hold n rows (asserted above).
-            unsafe { attend2_avx512vl(q, k, v, stride, n, scale, [s0, s1]) };
-            return;
-        }
-        self.run(q[0], k, v, stride, n, scale, s0);
-        self.run(q[1], k, v, stride, n, scale, s1);
     }
 
     /// [`Path::run`] for `H` query heads of one KV group over the same keys in one pass: their
@@ -1037,34 +950,6 @@ unsafe fn attend_avx2_heads<const L: usize, const H: usize>(
     attend_heads::<L, H>(q, k, v, stride, n, scale, st)
 }
 
-/// Two query heads of 64 values of one KV group in one pass over the keys: each K and V row is
-/// loaded and widened once for both, and each head's arithmetic is exactly [`attend_avx2`]'s (the
-/// same bits, tested). With AVX-512VL for its 32 vector registers (two heads' accumulators fill the
-/// 16 of AVX2), still 256-bit (see `attend_avx2`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend2_avx512vl(
-    q: [&[f32]; 2],
-    k: &[f16],
-    v: &[f16],
-    stride: usize,
-    n: usize,
-    scale: f32,
-    st: [&mut [f32]; 2],
-) {
-    let [s0, s1] = st;
-    attend_heads::<8, 2>(
-        [q[0].as_ptr(), q[1].as_ptr()],
-        k,
-        v,
-        stride,
-        n,
-        scale,
-        [s0.as_mut_ptr(), s1.as_mut_ptr()],
-    )
-}
-
 /// The body of [`attend_avx2`] for `H` query heads (L × 8 values each) against the same keys:
 /// `n` more keys of each head's run (`st`, see [`RUN_HEADER`]).
 #[cfg(target_arch = "x86_64")]
@@ -1571,6 +1456,52 @@ pub(super) mod tests {
         assert!(differs > 0);
     }
 
+    /// `H` heads of `qs` in one [`Path::run_n`] pass over the keys in two runs: each head's bits
+    /// are a single-head reference pass's.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn heads_equal_reference<const H: usize>(
+        p: Path,
+        qs: &[Vec<f32>],
+        k: &[f16],
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        scale: f32,
+    ) {
+        let hd = qs[0].len();
+        let mut runs = vec![0f32; H * (RUN_HEADER + hd)];
+        runs.chunks_exact_mut(RUN_HEADER + hd).for_each(run_start);
+        let cut = n / 2;
+        for (from, len) in [(0, cut), (cut, n - cut)] {
+            if len == 0 {
+                continue;
+            }
+            let st: [&mut [f32]; H] = split_runs(&mut runs, RUN_HEADER + hd);
+            let q: [&[f32]; H] = std::array::from_fn(|h| &qs[h][..]);
+            p.run_n(
+                q,
+                &k[from * stride..],
+                &v[from * stride..],
+                stride,
+                len,
+                scale,
+                st,
+            );
+        }
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (h, st) in runs.chunks_exact(RUN_HEADER + hd).enumerate() {
+            let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
+            Path::Reference.attend(&qs[h], k, v, stride, n, scale, &mut want);
+            run_finish(st, &mut got);
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{p:?} {H} heads, head {h}, hd {hd} n {n}"
+            );
+        }
+    }
+
     /// The SIMD paths give the same bits as the reference, for every head dimension they take and
     /// key counts around the 8-key blocks of the vector path.
     #[cfg(target_arch = "x86_64")]
@@ -1613,56 +1544,20 @@ pub(super) mod tests {
                         .zip(&got)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{p:?} hd {hd} n {n}: {got:?} vs {want:?}");
-                    // Two heads in one pass: a second query, each head its own bits.
-                    let q2: Vec<f32> = q.iter().map(|x| round_f16(-0.7 * x + 0.1)).collect();
-                    let mut want2 = vec![0f32; hd];
-                    Path::Reference.attend(&q2, &k, &v, stride, n, scale, &mut want2);
-                    let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
-                    p.attend2([&q, &q2], &k, &v, stride, n, scale, [&mut a, &mut b]);
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&a), bits(&want), "{p:?} pair, head 0, hd {hd} n {n}");
-                    assert_eq!(bits(&b), bits(&want2), "{p:?} pair, head 1, hd {hd} n {n}");
-                    // Four heads in one pass, the keys fed in two runs (as a tiled pass feeds
-                    // them): each head's bits are its own.
+                    // Two, three and four heads in one pass, the keys fed in two runs (as a tiled
+                    // pass feeds them): each head's bits are its own.
                     let qs: Vec<Vec<f32>> = (0..4)
                         .map(|h| {
                             q.iter()
-                                .map(|x| round_f16(x * (0.5 + 0.3 * h as f32)))
+                                .map(|x| round_f16(x * (0.5 + 0.3 * h as f32) - 0.1 * h as f32))
                                 .collect()
                         })
                         .collect();
-                    let mut runs = vec![0f32; 4 * (RUN_HEADER + hd)];
-                    runs.chunks_exact_mut(RUN_HEADER + hd).for_each(run_start);
-                    let cut = n / 2;
-                    for (from, len) in [(0, cut), (cut, n - cut)] {
-                        if len == 0 {
-                            continue;
-                        }
-                        let st: [&mut [f32]; 4] = split_runs(&mut runs, RUN_HEADER + hd);
-                        let q4 = [&qs[0][..], &qs[1], &qs[2], &qs[3]];
-                        let (k, v) = (&k[from * stride..], &v[from * stride..]);
-                        p.run_n(q4, k, v, stride, len, scale, st);
-                    }
-                    for (h, st) in runs.chunks_exact(RUN_HEADER + hd).enumerate() {
-                        let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
-                        Path::Reference.attend(&qs[h], &k, &v, stride, n, scale, &mut want);
-                        run_finish(st, &mut got);
-                        assert_eq!(
-                            bits(&got),
-                            bits(&want),
-                            "{p:?} four, head {h}, hd {hd} n {n}"
-                        );
-                    }
+                    heads_equal_reference::<2>(p, &qs, &k, &v, stride, n, scale);
+                    heads_equal_reference::<3>(p, &qs, &k, &v, stride, n, scale);
+                    heads_equal_reference::<4>(p, &qs, &k, &v, stride, n, scale);
                 }
             }
         }
-        eprintln!(
-            "two heads a pass: {}",
-            if Path::Avx2.pairs(64) {
-                "AVX-512VL kernel (hd 64)"
-            } else {
-                "two one-head passes"
-            }
-        );
     }
 }
