@@ -528,21 +528,18 @@ pub fn prepare(w: &QTensor) {
     let _ = w;
 }
 
-/// The repacked copy of a matrix of whole 8-row groups: Q4_K, Q6_K and Q5_0 on a CPU with AVX2,
-/// Q8_0 with AVX-512 VNNI
-/// (made on first use, replacing the mapped pages), or None.
+/// The repacked copy of a matrix of whole 8-row groups: Q4_K, Q6_K, Q5_0 and Q8_0 on a CPU with
+/// AVX2 (made on first use, replacing the mapped pages), or None.
 #[cfg(target_arch = "x86_64")]
 fn repacked(level: simd::Level, w: &QTensor) -> Option<(&[u8], x8::Packed)> {
     let p = x8::Packed::of(w.ttype)?;
-    // Q8_0's layout needs VNNI (its unsigned values overflow AVX2's 16-bit sums); the others AVX2.
     let wanted = match p {
         x8::Packed::Q4K | x8::Packed::Q6K => {
             level != simd::Level::None && kquant::enabled() && k8::enabled()
         }
-        x8::Packed::Q5_0 => {
+        x8::Packed::Q5_0 | x8::Packed::Q8_0 => {
             level == simd::Level::Vnni || (level == simd::Level::Avx2 && k8::enabled())
         }
-        x8::Packed::Q8_0 => level == simd::Level::Vnni,
     };
     if !wanted || !w.rows.is_multiple_of(8) {
         return None;
@@ -622,7 +619,7 @@ fn rows_x8(
                         &std::array::from_fn(|k| d[(ti + k) * nb..].as_ptr()),
                         &std::array::from_fn(|k| s[(ti + k) * nb..].as_ptr()),
                     );
-                    // SAFETY: AVX-512 VNNI (or AVX2, for `dot_q5_0_avx2`) checked by `repacked`;
+                    // SAFETY: AVX-512 VNNI (or AVX2, for the `_avx2` kernels) checked by `repacked`;
                     // bounds asserted above.
                     unsafe {
                         match p {
@@ -630,6 +627,7 @@ fn rows_x8(
                                 x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, o)
                             }
                             x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, o),
+                            x8::Packed::Q8_0 if avx2 => x8::dot_q8_0_avx2::<$T>(nb, gp, qs, ds, o),
                             x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, o),
                             x8::Packed::Q4K | x8::Packed::Q6K => {
                                 unreachable!("K-quant groups go through rows_k8")
@@ -641,9 +639,9 @@ fn rows_x8(
             by_height!(n, call)
         })
     };
-    // Four blocks a pass on the tiles (a CPU with AMX has VNNI, so never the AVX2 Q5_0 kernel).
+    // Four blocks a pass on the tiles (a CPU with AMX has VNNI, so never the AVX2 kernels).
     let f = match p {
-        x8::Packed::Q8_0 => Some(amx::Format::Q8_0),
+        x8::Packed::Q8_0 if !avx2 => Some(amx::Format::Q8_0),
         x8::Packed::Q5_0 if !avx2 => Some(amx::Format::Q5_0),
         _ => None,
     }
@@ -1232,8 +1230,7 @@ mod tests {
         }
     }
 
-    /// The repacked kernels through `matmul` (Q4_K, Q6_K and Q5_0 on AVX2 and up, Q8_0 on AVX-512
-    /// VNNI): against a scalar reference on the same quantized numbers (exact integer block dots,
+    /// The repacked kernels through `matmul` (Q4_K, Q6_K, Q5_0 and Q8_0 on AVX2 and up): against a scalar reference on the same quantized numbers (exact integer block dots,
     /// so within f32 rounding of the scale products), every activation row giving the same bits
     /// alone as in a batch of 1 to 9 rows or of 70 (past a block of 64: decode = prefill).
     #[test]

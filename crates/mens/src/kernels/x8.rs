@@ -1,4 +1,4 @@
-//! Q5_0 and Q8_0 weights repacked for AVX-512 VNNI: eight rows interleaved four bytes at a time, so that one
+//! Q5_0 and Q8_0 weights repacked for AVX-512 VNNI (and AVX2): eight rows interleaved four bytes at a time, so that one
 //! `vpdpbusd` multiplies four values of one activation row with the same four values of eight
 //! weight rows, and its eight 32-bit lanes are those eight rows' partial dots. A block's whole
 //! integer dot is then exact, and the scale is applied once per block for eight rows together,
@@ -209,7 +209,7 @@ pub unsafe fn dot<const T: usize, const Q8: bool>(
 /// `vpmaddwd` by ones per four registers. The fifth bits are expanded from the masks with a byte
 /// shuffle and a compare. Twice the work per multiply instruction of the row-at-a-time kernel,
 /// which spends a `vpmaddwd` on every 32 products. (Q8_0's values, 0..255 unsigned, would
-/// overflow a 16-bit lane: on AVX2 it stays in the file's layout.)
+/// overflow a 16-bit lane: [`dot_q8_0_avx2`] multiplies them signed.)
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `g` holds `nb` Q5_0 groups; each activation row `nb` blocks.
@@ -274,6 +274,61 @@ pub unsafe fn dot_q5_0_avx2<const T: usize>(
     }
 }
 
+/// As [`dot`] for Q8_0 groups, with AVX2 alone. The stored values (q + 128, unsigned) would
+/// overflow `vpmaddubsw`'s 16-bit lanes (2 · 255 · 127), so each register is turned back into q
+/// (XOR 0x80) and multiplied as llama.cpp's AVX2 Q8_0 dot does: |q| (unsigned) against y with q's
+/// sign (`vpsignb`), a pair of products at most 2 · 128 · 127 = 32,512, then `vpmaddwd` by ones.
+/// The block's integer dot is exact, as [`dot`]'s (which subtracts 128 · Σy instead), and its float
+/// steps are [`dot`]'s, so both give the same bits. Against the file's layout (`simd::dot_rows`, a
+/// row at a time: a sign fix, a convert, a scale and an FMA per row and block) on a Zen 3 core the
+/// 0.5B's LM head read 12.3 GB/s (docs/benchmarks.md, session 57).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `g` holds `nb` Q8_0 groups; each activation row `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0_avx2<const T: usize>(
+    nb: usize,
+    g: *const u8,
+    q: &[*const u8; T],
+    d: &[*const f32; T],
+    out: &mut [[f32; 8]; T],
+) {
+    use std::arch::x86_64::*;
+    let flip = _mm256_set1_epi8(-128);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for i in 0..nb {
+        let b = g.add(i * 272);
+        super::simd::prefetch(b, 272);
+        let dx = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+        // Each register: q (signed) and |q|.
+        let mut w = [_mm256_setzero_si256(); 8];
+        let mut a = [_mm256_setzero_si256(); 8];
+        for j in 0..8 {
+            w[j] = _mm256_xor_si256(
+                _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i),
+                flip,
+            );
+            a[j] = _mm256_sign_epi8(w[j], w[j]);
+        }
+        for t in 0..T {
+            let y = q[t].add(i * 34 + 2);
+            let mut sum = _mm256_setzero_si256();
+            for j in 0..8 {
+                let yj = _mm256_set1_epi32((y.add(4 * j) as *const i32).read_unaligned());
+                let p = _mm256_maddubs_epi16(a[j], _mm256_sign_epi8(yj, w[j]));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+            }
+            let scale = _mm256_mul_ps(dx, _mm256_set1_ps(*d[t].add(i)));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,22 +372,46 @@ mod tests {
     }
 
     /// The AVX2 Q5_0 group kernel against candle's scalar reference, every tile height giving the
-    /// same bits for the same pair.
+    /// same bits for the same pair (and, where the CPU has VNNI, the bits of [`dot`]).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_q5_0_matches_reference() {
+        avx2_group_kernel_matches_reference(TensorType::Q5_0);
+    }
+
+    /// As above for the AVX2 Q8_0 group kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_q8_0_matches_reference() {
+        avx2_group_kernel_matches_reference(TensorType::Q8_0);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_group_kernel_matches_reference(ttype: TensorType) {
+        use crate::kernels::simd::{level, Level};
         use candle_core::quantized::k_quants::{BlockQ5_0, BlockQ8_0, GgmlType};
-        if crate::kernels::simd::level() == crate::kernels::simd::Level::None {
+        if level() == Level::None {
             eprintln!("SKIP: no AVX2 on this CPU");
             return;
         }
+        let q8 = ttype == TensorType::Q8_0;
+        let (p, bb) = if q8 {
+            (Packed::Q8_0, 34)
+        } else {
+            (Packed::Q5_0, 22)
+        };
+        let gb = p.group_bytes();
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let (rows, cols) = (16, 320);
         let nb = cols / 32;
         let x: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let src = quantize(TensorType::Q5_0, &x);
-        let mut g = vec![0u8; rows / 8 * nb * 176];
-        repack_q5_0(&src, rows, nb, &mut g);
+        let src = quantize(ttype, &x);
+        let mut g = vec![0u8; rows / 8 * nb * gb];
+        if q8 {
+            repack_q8_0(&src, rows, nb, &mut g);
+        } else {
+            repack_q5_0(&src, rows, nb, &mut g);
+        }
         // Random rows and one at the extremes (-128 and 127 in every block).
         let acts: Vec<Vec<u8>> = (0..4)
             .map(|a| {
@@ -378,33 +457,59 @@ mod tests {
             std::array::from_fn(|t| d[t].as_ptr()),
             std::array::from_fn(|t| s[t].as_ptr()),
         );
+        let vnni = level() == Level::Vnni;
         for grp in 0..rows / 8 {
-            let gp = g[grp * nb * 176..].as_ptr();
+            let gp = g[grp * nb * gb..].as_ptr();
             let mut four = [[0f32; 8]; 4];
             let mut one = [[0f32; 8]; 1];
-            // SAFETY: AVX2 checked above; the buffers hold `nb` blocks.
-            unsafe { dot_q5_0_avx2::<4>(nb, gp, &qp, &dp, &sp, &mut four) };
+            // SAFETY: AVX2 checked above (VNNI for `dot`); the buffers hold `nb` blocks.
+            unsafe {
+                if q8 {
+                    dot_q8_0_avx2::<4>(nb, gp, &qp, &dp, &mut four);
+                } else {
+                    dot_q5_0_avx2::<4>(nb, gp, &qp, &dp, &sp, &mut four);
+                }
+                if vnni {
+                    let mut wide = [[0f32; 8]; 4];
+                    if q8 {
+                        dot::<4, true>(nb, gp, &qp, &dp, &sp, &mut wide);
+                    } else {
+                        dot::<4, false>(nb, gp, &qp, &dp, &sp, &mut wide);
+                    }
+                    assert_eq!(wide, four, "{ttype:?}: the VNNI kernel's bits");
+                }
+            }
             for t in 0..4 {
-                unsafe { dot_q5_0_avx2::<1>(nb, gp, &[qp[t]], &[dp[t]], &[sp[t]], &mut one) };
+                unsafe {
+                    if q8 {
+                        dot_q8_0_avx2::<1>(nb, gp, &[qp[t]], &[dp[t]], &mut one);
+                    } else {
+                        dot_q5_0_avx2::<1>(nb, gp, &[qp[t]], &[dp[t]], &[sp[t]], &mut one);
+                    }
+                }
                 assert_eq!(one[0], four[t], "T=1 and T=4 differ");
                 for l in 0..8 {
                     let r = grp * 8 + l;
-                    let w: &[BlockQ5_0] =
-                        crate::weights::cast(&src[r * nb * 22..(r + 1) * nb * 22]);
+                    let w = &src[r * nb * bb..(r + 1) * nb * bb];
                     let y: &[BlockQ8_0] = crate::weights::cast(&acts[t]);
-                    let want = BlockQ5_0::vec_dot_unopt(cols, w, y);
-                    // Rounding relative to the terms' size: Σ |dx · dy| · 32 · 16 · 128 bounds them.
+                    let want = if q8 {
+                        BlockQ8_0::vec_dot_unopt(cols, crate::weights::cast::<BlockQ8_0>(w), y)
+                    } else {
+                        BlockQ5_0::vec_dot_unopt(cols, crate::weights::cast::<BlockQ5_0>(w), y)
+                    };
+                    // Rounding relative to the terms' size: Σ |dx · dy| · 32 · max|q| · 128.
                     let f16_at = |b: &[u8], o: usize| {
                         half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32().abs()
                     };
+                    let qmax = if q8 { 128.0 } else { 16.0 };
                     let size: f32 = (0..nb)
                         .map(|i| {
-                            f16_at(&src, (r * nb + i) * 22) * d[t][i].abs() * 32.0 * 16.0 * 128.0
+                            f16_at(&src, (r * nb + i) * bb) * d[t][i].abs() * 32.0 * qmax * 128.0
                         })
                         .sum();
                     assert!(
                         (four[t][l] - want).abs() <= 1e-6 * size,
-                        "row {r} act {t}: {} against {want}",
+                        "{ttype:?} row {r} act {t}: {} against {want}",
                         four[t][l]
                     );
                 }
