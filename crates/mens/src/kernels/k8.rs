@@ -21,8 +21,8 @@
 //!   byte 4r + m holding value 32j + 4k + m of row r in its low nibble and value 32j + 16 + 4k + m
 //!   in its high nibble.
 
-/// False when `MENS_NO_K8` is set: Q4_K, Q6_K (and, on AVX2, Q5_0) stay in the file's layout, for
-/// the row-at-a-time kernels (A/B measurements).
+/// False when `MENS_NO_K8` is set: Q4_K, Q6_K (and, on AVX2, Q5_0 and Q8_0) stay in the file's
+/// layout, for the row-at-a-time kernels (A/B measurements).
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MENS_NO_K8").is_none())
