@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compiles the q8k probe (probe.cu appended to the engine's batch-module sources, as
+"""Compiles the q8k probe and the staged 8-row probe (probe.cu, stage8.cu appended to the engine's batch-module sources, as
 crates/mens/src/cuda/mod.rs joins them, with -DMENS_BATCH_MODULE) to PTX for sm_90 with NVRTC,
 here, where no GPU is needed: python3 bench/cuda-q8k/build.py [NVRTC_LIB_DIR] -> bench/cuda-q8k/probe.ptx
 """
@@ -12,7 +12,7 @@ root = os.path.dirname(os.path.dirname(here))
 kdir = os.path.join(root, "crates/mens/src/cuda/kernels")
 files = ["common.cuh", "matvec.cu", "attention.cu", "sample.cu", "batch.cu", "mmq.cu"]
 src = "".join(open(os.path.join(kdir, f)).read() for f in files)
-src += open(os.path.join(here, "probe.cu")).read()
+src += "".join(open(os.path.join(here, f)).read() for f in ("probe.cu", "stage8.cu"))
 
 libdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, ".cache/nvrtc/nvidia/cu13/lib")
 # NVRTC opens its builtins library by name at compile time: loaded first, by path, it is found.
