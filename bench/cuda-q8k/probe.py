@@ -72,9 +72,9 @@ class Seg(C.Structure):
     _fields_ = [("w", C.c_uint64), ("row_bytes", C.c_uint64), ("type", C.c_int), ("rows", C.c_int)]
 
 
-def launch(f, grid, block, args):
+def launch(f, grid, block, args, smem=0):
     ptrs = (C.c_void_p * len(args))(*[C.cast(C.pointer(a), C.c_void_p) for a in args])
-    ck(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, None, ptrs, None), "launch")
+    ck(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, None, ptrs, None), "launch")
 
 
 U64, I32 = C.c_uint64, C.c_int
@@ -144,6 +144,39 @@ def dequant_row(ty, wb, r, row_bytes, cols):
                     out[128 * hf + l + 96] = d * sc[s8 + 6] * q4
             v += out
     return v
+
+
+def time_cases(cases, W, nbytes, what, rounds=None):
+    """Rounds alternating the cases (name, go(weights)), each launched N times cycling over the
+    matrix copies W, timed with events after a warm-up; prints a table of µs a launch and GB/s."""
+    rounds = rounds or ROUNDS
+    N, copies = 200, len(W)
+    res = {name: [] for name, _ in cases}
+    # The GPU's clocks ramp up under load: every kernel a while first, untimed.
+    for _ in range(3):
+        for name, go in cases:
+            for i in range(N):
+                go(W[i % copies])
+    sync()
+    for _ in range(rounds):
+        for name, go in cases:
+            for i in range(10):
+                go(W[i % copies])
+            sync()
+            ck(cu.cuEventRecord(ev0, None), "record")
+            for i in range(N):
+                go(W[i % copies])
+            ck(cu.cuEventRecord(ev1, None), "record")
+            ck(cu.cuEventSynchronize(ev1), "event sync")
+            ms = C.c_float()
+            ck(elapsed(C.byref(ms), ev0, ev1), "elapsed")
+            res[name].append(1000 * ms.value / N)
+    gb = nbytes / 1e9
+    print(f"\n{what} ({nbytes / 1e6:.1f} MB), {copies} copies cycled; µs a launch, {rounds} rounds")
+    print("| kernel | µs (rounds) | GB/s (best) |\n|---|---|---|")
+    for name, _ in cases:
+        v = res[name]
+        print(f"| {name} | {' / '.join(f'{t:.1f}' for t in v)} | {gb / (max(min(v), 1e-3) * 1e-6):.0f} |")
 
 
 def probe(shape):
@@ -268,7 +301,6 @@ def probe(shape):
         failed = True
 
     # 2. Time: rounds alternating the kernels; µs a launch (events around 200 launches).
-    N = 200
     cases = [
         ("engine dp4a, 1 row (matmul_q8_1)", lambda wp: run_old(wp, 1, 1)),
         ("engine dp4a, 4 rows (matmul_q8_4)", lambda wp: run_old(wp, 4, 4)),
@@ -290,37 +322,13 @@ def probe(shape):
             ("q8k MMA staged, 8 rows, 4 warps (q8k_mmas)", lambda wp: run_mma(wp, 8, 4, True)),
             ("q8k MMA staged, 8 rows, 8 warps (q8k_mmas8)", lambda wp: run_mma(wp, 8, 8, True)),
         ]
-    res = {name: [] for name, _ in cases}
-    # The GPU's clocks ramp up under load: every kernel a while first, untimed.
-    for _ in range(3):
-        for name, go in cases:
-            for i in range(N):
-                go(W[i % copies])
-    sync()
-    for rnd_i in range(ROUNDS):
-        for name, go in cases:
-            for i in range(10):
-                go(W[i % copies])
-            sync()
-            ck(cu.cuEventRecord(ev0, None), "record")
-            for i in range(N):
-                go(W[i % copies])
-            ck(cu.cuEventRecord(ev1, None), "record")
-            ck(cu.cuEventSynchronize(ev1), "event sync")
-            ms = C.c_float()
-            ck(elapsed(C.byref(ms), ev0, ev1), "elapsed")
-            res[name].append(1000 * ms.value / N)
-    gb = len(wb) / 1e9
-    print(f"\n{ty} {ROWS} x {COLS} ({len(wb) / 1e6:.1f} MB), {copies} copies cycled; µs a launch, {ROUNDS} rounds")
-    print("| kernel | µs (rounds) | GB/s (best) |\n|---|---|---|")
-    for name, _ in cases:
-        v = res[name]
-        print(f"| {name} | {' / '.join(f'{t:.1f}' for t in v)} | {gb / (max(min(v), 1e-3) * 1e-6):.0f} |")
+    time_cases(cases, W, len(wb), f"{ty} {ROWS} x {COLS}")
     for p in W + [d_aq32, d_ad32, d_aqk, d_dk, d_bs, out]:
         ck(cu.cuMemFree_v2(U64(p)), "free")
 
 
-for shape in SHAPES:
-    probe(shape)
-if failed:
-    raise SystemExit("FAILED")
+if __name__ == "__main__":  # stage8.py imports the helpers above
+    for shape in SHAPES:
+        probe(shape)
+    if failed:
+        raise SystemExit("FAILED")

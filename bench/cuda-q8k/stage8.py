@@ -7,88 +7,31 @@ Checks first: every activation row through the staged kernel gets the bits the e
 kernel gives it (the output poisoned before each run). Then rounds alternating the kernels
 (ROUNDS, default 3), each launched 200 times over enough copies of the matrix that L2 holds none
 of it, timed with events. NCU=1: each kernel launched once (for ncu), no checks, no timing.
-(The driver helpers repeat probe.py's few lines: that script runs its probe on import.)
 """
-import ctypes as C
 import math
 import os
 import random
 import struct
 import sys
 
-ptx_path = sys.argv[1]
+# probe.py's driver helpers: importing it reads the same arguments (the PTX path first) and loads
+# the module once; its own probe runs only as a script.
+import probe as P
+from probe import C, U64, I32, Seg, ck, cu, fn, alloc, upload, download, sync
+
 SHAPES = sys.argv[2:] or ["q4kr:18944x3584"]
-ROUNDS = int(os.environ.get("ROUNDS", "3"))
 NCU = os.environ.get("NCU") == "1"
 NB = 8
-cu = C.CDLL("libcuda.so.1")
-
-
-def ck(rc, what):
-    if rc != 0:
-        s = C.c_char_p()
-        cu.cuGetErrorString(rc, C.byref(s))
-        raise SystemExit(f"{what}: CUDA error {rc} {s.value}")
-
-
-ck(cu.cuInit(0), "init")
-dev = C.c_int()
-ck(cu.cuDeviceGet(C.byref(dev), 0), "device")
-ctx = C.c_void_p()
-ck(cu.cuDevicePrimaryCtxRetain(C.byref(ctx), dev), "ctx")
-ck(cu.cuCtxSetCurrent(ctx), "ctx current")
 sms = C.c_int()
-ck(cu.cuDeviceGetAttribute(C.byref(sms), 16, dev), "SM count")  # MULTIPROCESSOR_COUNT
+ck(cu.cuDeviceGetAttribute(C.byref(sms), 16, P.dev), "SM count")  # MULTIPROCESSOR_COUNT
 SMS = sms.value
-mod = C.c_void_p()
-ptx = open(ptx_path, "rb").read()
-ck(cu.cuModuleLoadData(C.byref(mod), ptx if ptx.endswith(b"\0") else ptx + b"\0"), "module load")
-
-
-def fn(name):
-    f = C.c_void_p()
-    ck(cu.cuModuleGetFunction(C.byref(f), mod, name.encode()), name)
-    return f
-
-
-def alloc(n):
-    p = C.c_uint64()
-    ck(cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(n)), "alloc")
-    return p.value
-
-
-def upload(data):
-    p = alloc(len(data))
-    ck(cu.cuMemcpyHtoD_v2(C.c_uint64(p), data, C.c_size_t(len(data))), "upload")
-    return p
-
-
-def download(p, n):
-    b = C.create_string_buffer(n)
-    ck(cu.cuMemcpyDtoH_v2(b, C.c_uint64(p), C.c_size_t(n)), "download")
-    return b.raw
-
-
-class Seg(C.Structure):
-    _fields_ = [("w", C.c_uint64), ("row_bytes", C.c_uint64), ("type", C.c_int), ("rows", C.c_int)]
+failed = False
 
 
 def launch(f, grid, block, args, smem=0):
-    ptrs = (C.c_void_p * len(args))(*[C.cast(C.pointer(a), C.c_void_p) for a in args])
-    ck(cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, None, ptrs, None), "launch")
-    ck(cu.cuCtxSynchronize() if NCU else 0, "launch (sync)")
-
-
-def sync():
-    ck(cu.cuCtxSynchronize(), "sync")
-
-
-ev0, ev1 = C.c_void_p(), C.c_void_p()
-ck(cu.cuEventCreate(C.byref(ev0), 0), "event")
-ck(cu.cuEventCreate(C.byref(ev1), 0), "event")
-elapsed = getattr(cu, "cuEventElapsedTime_v2", None) or cu.cuEventElapsedTime
-U64, I32 = C.c_uint64, C.c_int
-failed = False
+    P.launch(f, grid, block, args, smem)
+    if NCU:
+        sync()
 
 
 def probe(shape):
@@ -185,32 +128,7 @@ def probe(shape):
     diff = sum(1 for a, b in zip(alone, floats()) if struct.pack("<f", a) != struct.pack("<f", b))
     print(f"bits: engine 8-row tile: {diff} of {NB * ROWS} values differ from the 1-row kernel's")
 
-    N = 200
-    res = {name: [] for name, _ in cases}
-    for _ in range(3):  # clocks ramp up: every kernel a while first, untimed
-        for _, go in cases:
-            for i in range(N):
-                go(W[i % copies])
-    sync()
-    for _ in range(ROUNDS):
-        for name, go in cases:
-            for i in range(10):
-                go(W[i % copies])
-            sync()
-            ck(cu.cuEventRecord(ev0, None), "record")
-            for i in range(N):
-                go(W[i % copies])
-            ck(cu.cuEventRecord(ev1, None), "record")
-            ck(cu.cuEventSynchronize(ev1), "event sync")
-            ms = C.c_float()
-            ck(elapsed(C.byref(ms), ev0, ev1), "elapsed")
-            res[name].append(1000 * ms.value / N)
-    gb = len(wb) / 1e9
-    print(f"\n{ty} {ROWS} x {COLS} ({len(wb) / 1e6:.1f} MB), {copies} copies cycled; µs a launch, {ROUNDS} rounds")
-    print("| kernel | µs (rounds) | GB/s (best) |\n|---|---|---|")
-    for name, _ in cases:
-        v = res[name]
-        print(f"| {name} | {' / '.join(f'{t:.1f}' for t in v)} | {gb / (min(v) * 1e-6):.0f} |")
+    P.time_cases(cases, W, len(wb), f"{ty} {ROWS} x {COLS}")
     for p in W + [d_aq, d_ad, out]:
         ck(cu.cuMemFree_v2(U64(p)), "free")
 
