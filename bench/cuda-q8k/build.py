@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Compiles the q8k probe and the staged 8-row probe (probe.cu, stage8.cu appended to the engine's batch-module sources, as
-crates/mens/src/cuda/mod.rs joins them, with -DMENS_BATCH_MODULE) to PTX for sm_90 with NVRTC,
-here, where no GPU is needed: python3 bench/cuda-q8k/build.py [NVRTC_LIB_DIR] -> bench/cuda-q8k/probe.ptx
+"""Compiles the q8k probe and the staged 8-row probe (probe.cu, stage8.cu appended to the engine's
+batch-module sources, as crates/mens/src/cuda/mod.rs joins them, with -DMENS_BATCH_MODULE) to PTX
+for sm_90 with NVRTC, here, where no GPU is needed: python3 bench/cuda-q8k/build.py [NVRTC_LIB_DIR] -> bench/cuda-q8k/probe.ptx
 """
 import ctypes
 import os

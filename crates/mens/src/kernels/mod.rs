@@ -621,19 +621,7 @@ fn rows_x8(
                     );
                     // SAFETY: AVX-512 VNNI (or AVX2, for the `_avx2` kernels) checked by `repacked`;
                     // bounds asserted above.
-                    unsafe {
-                        match p {
-                            x8::Packed::Q5_0 if avx2 => {
-                                x8::dot_q5_0_avx2::<$T>(nb, gp, qs, ds, ss, o)
-                            }
-                            x8::Packed::Q5_0 => x8::dot::<$T, false>(nb, gp, qs, ds, ss, o),
-                            x8::Packed::Q8_0 if avx2 => x8::dot_q8_0_avx2::<$T>(nb, gp, qs, ds, o),
-                            x8::Packed::Q8_0 => x8::dot::<$T, true>(nb, gp, qs, ds, ss, o),
-                            x8::Packed::Q4K | x8::Packed::Q6K => {
-                                unreachable!("K-quant groups go through rows_k8")
-                            }
-                        }
-                    }
+                    unsafe { x8::group_dot::<$T>(p, avx2, nb, gp, qs, ds, ss, o) }
                 }};
             }
             by_height!(n, call)
@@ -1230,8 +1218,9 @@ mod tests {
         }
     }
 
-    /// The repacked kernels through `matmul` (Q4_K, Q6_K, Q5_0 and Q8_0 on AVX2 and up): against a scalar reference on the same quantized numbers (exact integer block dots,
-    /// so within f32 rounding of the scale products), every activation row giving the same bits
+    /// The repacked kernels through `matmul` (Q4_K, Q6_K, Q5_0 and Q8_0 on AVX2 and up): against a
+    /// scalar reference on the same quantized numbers (exact integer block dots, so within f32
+    /// rounding of the scale products), every activation row giving the same bits
     /// alone as in a batch of 1 to 9 rows or of 70 (past a block of 64: decode = prefill).
     #[test]
     fn repacked_matrices_match_the_scalar_dot() {

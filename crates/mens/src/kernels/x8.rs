@@ -1,5 +1,5 @@
-//! Q5_0 and Q8_0 weights repacked for AVX-512 VNNI (and AVX2): eight rows interleaved four bytes at a time, so that one
-//! `vpdpbusd` multiplies four values of one activation row with the same four values of eight
+//! Q5_0 and Q8_0 weights repacked for AVX-512 VNNI (and AVX2): eight rows interleaved four bytes
+//! at a time, so that one `vpdpbusd` multiplies four values of one activation row with the same four values of eight
 //! weight rows, and its eight 32-bit lanes are those eight rows' partial dots. A block's whole
 //! integer dot is then exact, and the scale is applied once per block for eight rows together,
 //! where the row-at-a-time kernels spend a sign fix, a convert and a multiply per row per block
@@ -329,6 +329,34 @@ pub unsafe fn dot_q8_0_avx2<const T: usize>(
     }
 }
 
+/// Format `p`'s group kernel (Q5_0 or Q8_0): [`dot`] on AVX-512 VNNI, the `_avx2` kernels with
+/// `avx2`. The one dispatch of `kernels::rows_x8` and of the tests.
+///
+/// # Safety
+/// As the kernel it calls: with `avx2` AVX2, FMA and F16C, else AVX-512 VNNI, VL and BW; `g` holds
+/// `nb` groups; each activation row `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_dot<const T: usize>(
+    p: Packed,
+    avx2: bool,
+    nb: usize,
+    g: *const u8,
+    q: &[*const u8; T],
+    d: &[*const f32; T],
+    s: &[*const i32; T],
+    out: &mut [[f32; 8]; T],
+) {
+    match (p, avx2) {
+        (Packed::Q5_0, true) => dot_q5_0_avx2::<T>(nb, g, q, d, s, out),
+        (Packed::Q5_0, false) => dot::<T, false>(nb, g, q, d, s, out),
+        (Packed::Q8_0, true) => dot_q8_0_avx2::<T>(nb, g, q, d, out),
+        (Packed::Q8_0, false) => dot::<T, true>(nb, g, q, d, s, out),
+        (Packed::Q4K | Packed::Q6K, _) => unreachable!("K-quant groups go through rows_k8"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,29 +492,15 @@ mod tests {
             let mut one = [[0f32; 8]; 1];
             // SAFETY: AVX2 checked above (VNNI for `dot`); the buffers hold `nb` blocks.
             unsafe {
-                if q8 {
-                    dot_q8_0_avx2::<4>(nb, gp, &qp, &dp, &mut four);
-                } else {
-                    dot_q5_0_avx2::<4>(nb, gp, &qp, &dp, &sp, &mut four);
-                }
+                group_dot::<4>(p, true, nb, gp, &qp, &dp, &sp, &mut four);
                 if vnni {
                     let mut wide = [[0f32; 8]; 4];
-                    if q8 {
-                        dot::<4, true>(nb, gp, &qp, &dp, &sp, &mut wide);
-                    } else {
-                        dot::<4, false>(nb, gp, &qp, &dp, &sp, &mut wide);
-                    }
+                    group_dot::<4>(p, false, nb, gp, &qp, &dp, &sp, &mut wide);
                     assert_eq!(wide, four, "{ttype:?}: the VNNI kernel's bits");
                 }
             }
             for t in 0..4 {
-                unsafe {
-                    if q8 {
-                        dot_q8_0_avx2::<1>(nb, gp, &[qp[t]], &[dp[t]], &mut one);
-                    } else {
-                        dot_q5_0_avx2::<1>(nb, gp, &[qp[t]], &[dp[t]], &[sp[t]], &mut one);
-                    }
-                }
+                unsafe { group_dot::<1>(p, true, nb, gp, &[qp[t]], &[dp[t]], &[sp[t]], &mut one) };
                 assert_eq!(one[0], four[t], "T=1 and T=4 differ");
                 for l in 0..8 {
                     let r = grp * 8 + l;
